@@ -1,0 +1,1 @@
+"""Offline datasets: every source becomes one TensorDict with TorchRL's keys."""

@@ -1,0 +1,1 @@
+"""Policy evaluation on vectorized TorchRL environments and result analyses."""

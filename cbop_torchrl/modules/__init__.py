@@ -1,0 +1,1 @@
+"""Networks: vectorized ensembles, the dynamics model, the actor and the Q-ensemble."""

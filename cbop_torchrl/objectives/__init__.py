@@ -1,0 +1,1 @@
+"""Losses and value estimators: CBOP, behaviour cloning and fitted Q evaluation."""

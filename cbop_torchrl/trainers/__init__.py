@@ -1,0 +1,1 @@
+"""The offline trainer: dynamics -> BC -> FQE -> CBOP, with checkpoints and logging."""

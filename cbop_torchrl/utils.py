@@ -1,0 +1,87 @@
+"""Small helpers shared by every stage: cache location, atomic writes, seeding, devices."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def cache_dir(*parts: str) -> Path:
+    """Root of the project's caches (``$CBOP_TORCHRL_CACHE`` or ``~/.cache/cbop_torchrl``).
+
+    Sub-directories named by ``parts`` are created on demand.
+    """
+    root = Path(os.environ.get("CBOP_TORCHRL_CACHE", Path.home() / ".cache" / "cbop_torchrl"))
+    path = root.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def config_hash(config: Any, length: int = 12) -> str:
+    """A stable short hash of a JSON-serializable config, used as a cache key."""
+    text = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Calls ``write(tmp_path)`` and renames the result onto ``path``.
+
+    A reader sees either the old file or the complete new one, never a partial
+    write, even if the process is killed in between.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp_path = Path(tmp_name)
+    try:
+        write(tmp_path)
+        with open(tmp_path, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp_path, path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+    return path
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> Path:
+    """``torch.save`` through :func:`atomic_write`. Load with ``weights_only=True``."""
+    return atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def atomic_json_dump(obj: Any, path: str | Path) -> Path:
+    """Writes ``obj`` as indented JSON through :func:`atomic_write`."""
+
+    def write(tmp: Path) -> None:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")
+
+    return atomic_write(path, write)
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds Python, NumPy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``"auto"`` picks CUDA when present, else CPU; ``"cuda"`` without a GPU is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"device={device!r} was requested but no CUDA device is available; "
+            "use device=cpu or device=auto."
+        )
+    return resolved
