@@ -1,0 +1,105 @@
+"""The actor and the Q-network of the EDAC-style SAC that CBOP trains.
+
+Both are plain TorchRL modules, so they plug into ``SACLoss`` unchanged: the
+actor is a ``ProbabilisticActor`` over a ``TanhNormal``; a Q-network is a
+``ValueOperator`` reading ``observation`` and ``action`` and writing
+``state_action_value``. The Q-ensemble is a list of M such networks, which
+``SACLoss`` stacks into one ``[M, ...]`` parameter TensorDict and runs with
+``vmap`` (one batched matmul per layer).
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.data import Bounded
+from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
+
+LOG_STD_MIN = -5.0
+LOG_STD_MAX = 2.0
+
+
+class ClampedLogStdHead(nn.Module):
+    """Splits ``[..., 2 * A]`` features into ``loc`` and ``scale = exp(clamp(log_std))``.
+
+    TorchRL's ``NormalParamExtractor`` bounds the scale from below only; CBOP's
+    reference actor (like EDAC's) clamps the log-std on both sides, so that
+    the entropy bonus cannot push the policy to an unbounded scale.
+    """
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, log_std = features.chunk(2, dim=-1)
+        return loc, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp()
+
+
+def action_spec(action_dim: int, device: torch.device | str | None = None) -> Bounded:
+    """The ``[-1, 1]^A`` action box of the MuJoCo locomotion tasks."""
+    return Bounded(-1.0, 1.0, shape=(action_dim,), device=device)
+
+
+def make_actor(
+    obs_dim: int,
+    action_dim: int,
+    hidden_sizes: tuple[int, ...] = (256, 256, 256),
+    device: torch.device | str | None = None,
+) -> ProbabilisticActor:
+    """A TanhNormal policy ``observation [..., obs_dim] -> action [..., action_dim]``.
+
+    The MLP has ReLU hidden layers; its ``2 * action_dim`` outputs become the
+    pre-tanh mean and a clamped log-std. Call it under
+    ``set_exploration_type(ExplorationType.DETERMINISTIC)`` for the tanh of
+    the mean (evaluation), or ``RANDOM`` for samples (training).
+    """
+    net = MLP(
+        in_features=obs_dim,
+        out_features=2 * action_dim,
+        num_cells=list(hidden_sizes),
+        activation_class=nn.ReLU,
+        device=device,
+    )
+    params = TensorDictModule(
+        nn.Sequential(net, ClampedLogStdHead()),
+        in_keys=["observation"],
+        out_keys=["loc", "scale"],
+    )
+    return ProbabilisticActor(
+        params,
+        in_keys=["loc", "scale"],
+        spec=action_spec(action_dim, device),
+        distribution_class=TanhNormal,
+        distribution_kwargs={"low": -1.0, "high": 1.0},
+        return_log_prob=False,
+    )
+
+
+def make_qvalue(
+    obs_dim: int,
+    action_dim: int,
+    hidden_sizes: tuple[int, ...] = (256, 256, 256),
+    device: torch.device | str | None = None,
+) -> ValueOperator:
+    """One Q-network ``(observation, action) -> state_action_value [..., 1]``."""
+    net = MLP(
+        in_features=obs_dim + action_dim,
+        out_features=1,
+        num_cells=list(hidden_sizes),
+        activation_class=nn.ReLU,
+        device=device,
+    )
+    return ValueOperator(net, in_keys=["observation", "action"])
+
+
+def make_qvalue_ensemble(
+    num_members: int,
+    obs_dim: int,
+    action_dim: int,
+    hidden_sizes: tuple[int, ...] = (256, 256, 256),
+    device: torch.device | str | None = None,
+) -> list[ValueOperator]:
+    """``num_members`` independently initialised Q-networks.
+
+    Passed to ``SACLoss`` as a list (not one module with ``expand_dim``) so
+    that every member keeps its own default initialisation.
+    """
+    return [make_qvalue(obs_dim, action_dim, hidden_sizes, device) for _ in range(num_members)]
