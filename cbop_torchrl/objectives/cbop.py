@@ -1,0 +1,24 @@
+"""CBOP's public objects in one place.
+
+- :func:`gaussian_posterior` and the ablation reductions (``posterior.py``),
+- :class:`CBOPValueEstimator`, the model-based target (``estimator.py``),
+- :class:`CBOPLoss`, the EDAC-style SAC loss on that target (``loss.py``).
+"""
+
+from cbop_torchrl.objectives.posterior import (
+    VAR_FLOOR,
+    GaussianPosterior,
+    fixed_weight_moments,
+    fixed_weights,
+    gaussian_posterior,
+    pooled_quantile,
+)
+
+__all__ = [
+    "VAR_FLOOR",
+    "GaussianPosterior",
+    "fixed_weight_moments",
+    "fixed_weights",
+    "gaussian_posterior",
+    "pooled_quantile",
+]
