@@ -1,0 +1,21 @@
+"""The dataset layer's error type and the commands its messages point users to."""
+
+from __future__ import annotations
+
+GENERATE_COMMAND = "python scripts/collect.py env={family} kind={kind}"
+"""Generator command (issue 3) that writes a D4RL look-alike ``<family>-<kind>-gen.hdf5``.
+
+Kept in one place so every error message names the same, current command.
+"""
+
+
+class DatasetError(ValueError):
+    """A dataset source cannot be loaded; the message says what is wrong and what would work.
+
+    CLIs catch it, print the message and exit non-zero instead of showing a traceback.
+    """
+
+
+def generate_command(family: str = "hopper", kind: str = "medium-replay") -> str:
+    """The generator command for one family and D4RL kind, e.g. for error messages."""
+    return GENERATE_COMMAND.format(family=family, kind=kind)

@@ -1,0 +1,138 @@
+"""``load_dataset``/``dataset_info``: one entry point for every offline dataset source.
+
+A source string is one of
+
+- a D4RL id such as ``"hopper-medium-replay-v2"`` (through TorchRL's
+  ``D4RLExperienceReplay``; see :mod:`cbop_torchrl.data.d4rl`),
+- a path to a D4RL-format HDF5 file (see :mod:`cbop_torchrl.data.hdf5`),
+- ``"minari:<dataset id>"`` (through TorchRL's ``MinariExperienceReplay``),
+- ``"demo"``: the small hopper dataset bundled with the package.
+
+Whatever the source, the result is the TensorDict described in
+:mod:`cbop_torchrl.data.transitions`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tensordict import TensorDict
+
+from cbop_torchrl.data.errors import DatasetError
+from cbop_torchrl.data.hdf5 import load_hdf5
+from cbop_torchrl.registry import EnvFamily, d4rl_ids, get_family, parse_d4rl_id
+
+DEMO_DATASET_PATH = (
+    Path(__file__).resolve().parents[1] / "assets" / "hopper-demo-medium-replay-gen.hdf5"
+)
+"""The bundled default dataset (``load_dataset("demo")``)."""
+
+DEMO_COMMAND = "python scripts/collect.py env=hopper kind=medium-replay"
+"""How the demo file is regenerated; its provenance file beside it has the exact command."""
+
+MINARI_PREFIX = "minari:"
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a run needs to know about its dataset without holding the data.
+
+    Attributes:
+        name: clean id for logs and run names (``hopper-medium-replay-v2``,
+            the file stem of an HDF5 file, the Minari id).
+        family: the environment family the data was recorded on.
+        fingerprint: stable string identifying the data, for cache keys.
+        num_transitions: rows in the dataset TensorDict.
+        source_kind: ``"d4rl"``, ``"hdf5"``, ``"minari"`` or ``"demo"``.
+    """
+
+    name: str
+    family: EnvFamily
+    fingerprint: str
+    num_transitions: int
+    source_kind: str
+
+
+def load_dataset(
+    source: str | Path,
+    family: str | None = None,
+    *,
+    torchrl_root: str | Path | None = None,
+) -> TensorDict:
+    """The dataset TensorDict of ``source`` (see the module docstring for sources).
+
+    Args:
+        source: D4RL id, path to a D4RL-format HDF5 file, ``minari:<id>`` or ``demo``.
+        family: environment family name; needed only when it cannot be told from the
+            file (metadata, file name, or unique observation/action sizes).
+        torchrl_root: root of TorchRL's dataset caches (default ``~/.cache/torchrl``);
+            D4RL data lives in ``<root>/d4rl/<id>``, Minari data in ``<root>/minari/<id>``.
+
+    Returns:
+        TensorDict of batch ``[N]``; keys in :data:`cbop_torchrl.data.DATASET_KEYS`.
+
+    Raises:
+        DatasetError: unknown source, data not available offline, or invalid file.
+    """
+    return load_dataset_with_info(source, family, torchrl_root=torchrl_root)[0]
+
+
+def dataset_info(
+    source: str | Path,
+    family: str | None = None,
+    *,
+    torchrl_root: str | Path | None = None,
+) -> DatasetInfo:
+    """The :class:`DatasetInfo` of ``source`` (loads, and on first use converts, the data)."""
+    return load_dataset_with_info(source, family, torchrl_root=torchrl_root)[1]
+
+
+def load_dataset_with_info(
+    source: str | Path,
+    family: str | None = None,
+    *,
+    torchrl_root: str | Path | None = None,
+) -> tuple[TensorDict, DatasetInfo]:
+    """``load_dataset`` and ``dataset_info`` in one pass."""
+    text = str(source)
+    if text == "demo":
+        if not DEMO_DATASET_PATH.is_file():
+            raise DatasetError(
+                f"the bundled demo dataset is missing: expected {str(DEMO_DATASET_PATH)!r}. "
+                f"Regenerate it with `{DEMO_COMMAND}` (see the provenance file in "
+                "cbop_torchrl/assets/ for the exact seed and size) and move the file there, "
+                "or pass another source: a D4RL id, a D4RL-format HDF5 path or minari:<id>."
+            )
+        return _from_hdf5(DEMO_DATASET_PATH, family, kind="demo")
+    if text.startswith(MINARI_PREFIX):
+        from cbop_torchrl.data.minari import load_minari
+
+        return load_minari(text[len(MINARI_PREFIX) :], family, torchrl_root=torchrl_root)
+    if parse_d4rl_id(text) is not None:
+        from cbop_torchrl.data.d4rl import load_d4rl
+
+        return load_d4rl(text, torchrl_root=torchrl_root)
+    path = Path(text).expanduser()
+    if path.is_file() or path.suffix in (".hdf5", ".h5"):
+        return _from_hdf5(path, family, kind="hdf5")
+    raise DatasetError(
+        f"unknown dataset source {text!r}. Valid D4RL ids are {', '.join(d4rl_ids())}. "
+        "To use data you have locally, pass the path of a D4RL-format HDF5 file (keys "
+        "observations, next_observations, actions, rewards, terminals, timeouts), "
+        "'minari:<dataset id>' for a Minari dataset, or 'demo' for the bundled hopper dataset."
+    )
+
+
+def _from_hdf5(
+    path: Path, family: str | EnvFamily | None, kind: str, name: str | None = None
+) -> tuple[TensorDict, DatasetInfo]:
+    data, summary = load_hdf5(path, family)
+    info = DatasetInfo(
+        name=name or path.stem,
+        family=get_family(summary["family"]),
+        fingerprint=summary["fingerprint"],
+        num_transitions=summary["num_transitions"],
+        source_kind=kind,
+    )
+    return data, info
