@@ -87,10 +87,11 @@ def build_transitions(
         "reward")`` ``[N, 1]``, bool ``("next", "terminated" | "truncated" | "done")``
         ``[N, 1]``, bool ``dynamics_mask``/``next_action_mask`` ``[N]``.
     """
-    observation = observation.float()
-    action = action.float()
-    next_observation = next_observation.float()
-    terminated = terminated.reshape(-1).bool()
+    # Fresh float32 copies: sources may hand in memory-mapped cache tensors.
+    observation = observation.to(torch.float32, copy=True)
+    action = action.to(torch.float32, copy=True)
+    next_observation = next_observation.to(torch.float32, copy=True)
+    terminated = terminated.reshape(-1).to(torch.bool, copy=True)
     timeout = truncated.reshape(-1).bool() & ~terminated
     continues = continues_episode(observation, next_observation, terminated, timeout)
     cut = ~continues & ~terminated & ~timeout
@@ -109,7 +110,7 @@ def build_transitions(
             "action": action,
             "next": {
                 "observation": next_observation,
-                "reward": reward.float().reshape(n, 1),
+                "reward": reward.to(torch.float32, copy=True).reshape(n, 1),
                 "terminated": terminated.unsqueeze(-1),
                 "truncated": truncated.unsqueeze(-1),
                 "done": (terminated | truncated).unsqueeze(-1),

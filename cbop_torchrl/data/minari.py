@@ -1,0 +1,142 @@
+"""``minari:<dataset id>`` through TorchRL's ``MinariExperienceReplay``.
+
+Where the data comes from, in order: TorchRL's converted copy under
+``<torchrl_root>/minari/<id>`` (no network); a locally stored Minari dataset under
+``$MINARI_DATASETS_PATH`` or ``~/.minari/datasets`` (converted by TorchRL, no
+network); otherwise Minari's remote download. Minari keeps every episode's final
+observation, so next observations are real everywhere.
+
+Minari's MuJoCo sets are recorded on ``*-v5`` environments and are not D4RL data:
+the family comes from the dataset's env spec (``Hopper-v5`` -> ``hopper``), with a
+warning that evaluation uses the family's registered gym id.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict
+from torchrl.data.datasets import MinariExperienceReplay
+
+from cbop_torchrl.data.errors import DatasetError
+from cbop_torchrl.data.hdf5 import FORMAT_VERSION, _resolve_family, family_from_env_id
+from cbop_torchrl.data.transitions import build_transitions
+from cbop_torchrl.registry import EnvFamily
+from cbop_torchrl.utils import config_hash
+
+
+class MinariKeepingData(MinariExperienceReplay):
+    """``MinariExperienceReplay`` whose conversion keeps the data it reads.
+
+    TorchRL 0.14.1 fills an in-memory TensorDict with the episodes and then calls
+    ``memmap_like`` on it, which writes a contentless (all-zero) copy to disk. During
+    the conversion we route that one call to ``memmap``, which writes the contents.
+    """
+
+    def _download_and_preproc(self):
+        memmap_like = TensorDict.memmap_like
+
+        def memmap_with_contents(data, prefix=None, *args, **kwargs):
+            return data.memmap(prefix)
+
+        TensorDict.memmap_like = memmap_with_contents
+        try:
+            return super()._download_and_preproc()
+        finally:
+            TensorDict.memmap_like = memmap_like
+
+
+def local_minari_path(dataset_id: str) -> Path:
+    """Where Minari stores ``dataset_id`` on this machine."""
+    root = os.environ.get("MINARI_DATASETS_PATH", Path.home() / ".minari" / "datasets")
+    return Path(root) / dataset_id
+
+
+def load_minari(
+    dataset_id: str, family: str | None = None, *, torchrl_root: str | Path | None = None
+):
+    """Dataset and :class:`~cbop_torchrl.data.sources.DatasetInfo` of a Minari dataset."""
+    from cbop_torchrl.data.sources import DatasetInfo
+
+    base = Path(torchrl_root) if torchrl_root else Path.home() / ".cache" / "torchrl"
+    root = base / "minari"
+    converted = (root / dataset_id).exists()
+    local = (local_minari_path(dataset_id) / "data" / "main_data.hdf5").is_file()
+    try:
+        buffer = MinariKeepingData(
+            dataset_id,
+            batch_size=1,
+            root=root,
+            download=not converted,
+            load_from_local_minari=local and not converted,
+        )
+    except ImportError as err:
+        raise DatasetError(
+            f"minari:{dataset_id} needs the minari package ({err}); install it with "
+            "`pip install 'cbop-torchrl[minari]'`."
+        ) from None
+    except Exception as err:  # Minari's download raises many error types
+        raise DatasetError(
+            f"Minari dataset {dataset_id!r} is neither converted by TorchRL under "
+            f"{str(root / dataset_id)!r} nor stored locally under "
+            f"{str(local_minari_path(dataset_id))!r}, and downloading it failed ({err!r}). "
+            "Check the id with `minari list remote`, download it on a machine with network "
+            "access (`minari download <id>`) and copy ~/.minari/datasets/<id> here, or use a "
+            "D4RL-format HDF5 file instead."
+        ) from None
+
+    stored = buffer.storage.get(slice(None))
+    where = f"Minari dataset {dataset_id!r} (TorchRL cache {str(root / dataset_id)!r})"
+    env_spec = (buffer.metadata or {}).get("env_spec") or {}
+    if family is not None:
+        resolved: EnvFamily = _resolve_family(family)
+    elif env_spec.get("id"):
+        resolved = family_from_env_id(env_spec["id"])
+    else:
+        raise DatasetError(f"{where} records no environment id; pass family=<name>.")
+    data = _to_dataset(stored, resolved, where)
+    content = [float(data[key].double().sum()) for key in ("observation", ("next", "reward"))]
+    fingerprint = config_hash([dataset_id, FORMAT_VERSION, int(data.shape[0]), content])
+    name = dataset_id.replace("/", "-")
+    info = DatasetInfo(
+        dataset_id, resolved, f"minari-{name}-{fingerprint}", int(data.shape[0]), "minari"
+    )
+    return data, info
+
+
+def _to_dataset(stored: TensorDict, family: EnvFamily, where: str) -> TensorDict:
+    observation = stored.get("observation")
+    if not isinstance(observation, torch.Tensor):
+        raise DatasetError(
+            f"{where} has structured (dict) observations; only flat vector observations "
+            f"of size {family.obs_dim} ({family.name}) are supported."
+        )
+    sizes = (observation.shape[-1], stored["action"].shape[-1])
+    if sizes != (family.obs_dim, family.action_dim):
+        raise DatasetError(
+            f"{where}: observation/action sizes are {sizes[0]}/{sizes[1]} but family "
+            f"{family.name!r} needs {family.obs_dim}/{family.action_dim}; pass the right "
+            "family=<name>."
+        )
+    if observation.numel() and not observation.any():
+        raise DatasetError(
+            f"{where}: every observation is zero, the signature of TorchRL 0.14.1's Minari "
+            "conversion bug. Delete that directory and load the dataset again."
+        )
+    for key in ("observation", ("next", "observation"), "action", ("next", "reward")):
+        finite = torch.isfinite(stored[key]).reshape(stored.shape[0], -1).all(-1)
+        if not finite.all():
+            raise DatasetError(
+                f"{where}: {key} has a non-finite value at row "
+                f"{int((~finite).nonzero()[0])}; every value must be finite."
+            )
+    return build_transitions(
+        observation,
+        stored["action"],
+        stored["next", "observation"],
+        stored["next", "reward"],
+        stored["next", "terminated"],
+        stored["next", "truncated"],
+    )
