@@ -5,6 +5,8 @@
 - :class:`CBOPLoss`, the EDAC-style SAC loss on that target (``loss.py``).
 """
 
+from cbop_torchrl.objectives.estimator import CBOPValueEstimator
+from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.objectives.posterior import (
     VAR_FLOOR,
     GaussianPosterior,
@@ -15,6 +17,8 @@ from cbop_torchrl.objectives.posterior import (
 )
 
 __all__ = [
+    "CBOPLoss",
+    "CBOPValueEstimator",
     "VAR_FLOOR",
     "GaussianPosterior",
     "fixed_weight_moments",

@@ -1,0 +1,488 @@
+"""CBOP's value estimator: K-particle model rollouts, an M-member target Q, a Bayesian target.
+
+:class:`CBOPValueEstimator` is a TorchRL ``ValueEstimatorBase``. Given a batch of
+dataset transitions ``(s, a, r, s', terminated)`` it
+
+1. samples ``a' ~ pi(.|s')`` once per transition (shared by the particles, so
+   horizon 0 is exactly the model-free SAC bootstrap) and starts K particles at
+   ``s_1 = s'``;
+2. rolls them out H steps, particle k with dynamics elite k (TS-infinity): one
+   batched dynamics call and one actor call per step for all particles;
+3. evaluates the target Q-ensemble on every ``(s_{h+1}, a_{h+1})``, h = 0..H, in
+   ONE vmapped call over the stacked ``[M, ...]`` parameters;
+4. forms ``returns`` ``(N, H+1, K, M)`` with
+   ``R_h[k, m] = sum_{t=1..h} gamma^(t-1) r_t[k] + gamma^h Q'_m(s_{h+1}[k], a_{h+1}[k])``,
+   reduces it with :func:`gaussian_posterior` (or an ablation) and returns
+   ``y = r + gamma (1 - terminated) (mu - psi sigma - alpha log pi(a'|s'))``.
+
+Model termination: a particle whose predicted next state is terminal is absorbing
+(no later reward, no bootstrap). With ``termination="zero_precision"`` (default,
+as in the reference code) every horizon from the first step at which ANY
+particle of a transition terminated also gets zero precision; with
+``termination="absorb"`` only the absorbing rule applies. The precision mask
+only enters the Bayesian modes (``lcb``/``map``).
+
+The estimator owns no parameters: it reads the actor, the target Q parameters
+and alpha from a loss (:meth:`CBOPValueEstimator.from_sac_loss`) or from the
+objects given to the constructor, and keeps the dynamics model as a plain
+reference. Registering it in a loss (``loss.make_value_estimator(estimator)``)
+therefore adds nothing to the loss's ``state_dict`` or ``parameters()``; move
+the dynamics model to the loss's device yourself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torchrl.modules.distributions.utils import rsample_and_log_prob
+from torchrl.objectives.utils import _vmap_func
+from torchrl.objectives.value import ValueEstimatorBase
+
+from cbop_torchrl.objectives.posterior import (
+    VAR_FLOOR,
+    fixed_weight_moments,
+    fixed_weights,
+    gaussian_posterior,
+    pooled_quantile,
+)
+
+MODES = ("lcb", "map", "fixed", "quantile")
+FIXED_WEIGHTINGS = ("uniform", "lambda")
+TERMINATIONS = ("zero_precision", "absorb")
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def _resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(
+                f"rollout_dtype {dtype!r} is not supported; use 'float32' (default) or "
+                "'bfloat16' (rollout matmuls in bf16, posterior in fp32)."
+            )
+        dtype = _DTYPES[dtype]
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(
+            f"rollout_dtype {dtype} is not supported; use torch.float32 or torch.bfloat16."
+        )
+    return dtype
+
+
+class CBOPValueEstimator(ValueEstimatorBase):
+    """The CBOP target ``y`` as a TorchRL value estimator.
+
+    Args:
+        actor_network: the policy, a ``ProbabilisticActor`` reading ``obs_key``
+            and sampling ``action_key`` (e.g. :func:`make_actor`). Its current
+            parameters are used (SAC has no target actor).
+        qvalue_network: the target Q-ensemble: either a list of M Q-networks
+            (``observation``, ``action`` -> ``state_action_value``) whose
+            parameters are stacked, or one network run with ``qvalue_params``.
+        dynamics: a TensorDict module reading ``observation``/``action`` with
+            batch ``[K, N]`` and writing ``("next", "observation")``,
+            ``("next", "reward")`` ``[..., 1]`` and ``("next", "terminated")``
+            ``[..., 1]``, particle k with elite k (:class:`DynamicsModel`).
+        gamma: discount.
+        horizon: rollout length H (``0`` gives the model-free target).
+        psi: LCB coefficient (``lcb`` and ``fixed`` modes).
+        mode: ``"lcb"`` (CBOP), ``"map"`` (STEVE: posterior mean), ``"fixed"``
+            (fixed horizon weights, then the LCB of the K*M weighted samples)
+            or ``"quantile"`` (DiMVE: a quantile of all pooled samples).
+        fixed_weighting: ``"uniform"`` or ``"lambda"`` (``mode="fixed"``).
+        lmbda: lambda of the lambda-weighting.
+        quantile: the DiMVE quantile (``mode="quantile"``).
+        alpha: entropy coefficient: a float, a scalar tensor or a zero-argument
+            callable returning one (read at every call).
+        termination: ``"zero_precision"`` (default) or ``"absorb"``, see the module doc.
+        rollout_dtype: ``torch.float32`` (default) or ``torch.bfloat16``: run the
+            actor, dynamics and Q matmuls under ``torch.autocast``; the action
+            distribution, returns and posterior stay in float32.
+        qvalue_params: ``[M, ...]`` parameters for a single ``qvalue_network``.
+        actor_params: parameters to load into ``actor_network`` for the call
+            (``None``: its own).
+        num_particles: K; defaults to ``dynamics.num_elites``.
+        seed: if given, every call draws its randomness (actions, model noise
+            without an explicit generator) from a private stream seeded with
+            it, leaving the global RNG untouched: two estimators with the same
+            seed produce the same targets whatever else consumed random numbers.
+        obs_key, action_key: observation/action keys of the actor, Q and dynamics.
+        q_value_key: the Q-network's output key.
+        var_floor: floor of the per-horizon variance (see :data:`VAR_FLOOR`).
+        deactivate_vmap: run the Q-ensemble with a Python loop (debugging only).
+    """
+
+    def __init__(
+        self,
+        *,
+        actor_network: TensorDictModuleBase,
+        qvalue_network: TensorDictModuleBase | Sequence[TensorDictModuleBase],
+        dynamics: TensorDictModuleBase,
+        gamma: float = 0.99,
+        horizon: int = 10,
+        psi: float = 1.0,
+        mode: str = "lcb",
+        fixed_weighting: str = "uniform",
+        lmbda: float = 0.9,
+        quantile: float = 0.3085,
+        alpha: float | torch.Tensor | Callable[[], torch.Tensor] = 0.0,
+        termination: str = "zero_precision",
+        rollout_dtype: torch.dtype | str = torch.float32,
+        qvalue_params: TensorDictBase | None = None,
+        actor_params: TensorDictBase | None = None,
+        num_particles: int | None = None,
+        seed: int | None = None,
+        obs_key: str = "observation",
+        action_key: str = "action",
+        q_value_key: str = "state_action_value",
+        var_floor: float = VAR_FLOOR,
+        deactivate_vmap: bool = False,
+    ) -> None:
+        super().__init__(value_network=None, deactivate_vmap=deactivate_vmap)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}; got {mode!r}.")
+        if termination not in TERMINATIONS:
+            raise ValueError(f"termination must be one of {TERMINATIONS}; got {termination!r}.")
+        if fixed_weighting not in FIXED_WEIGHTINGS:
+            raise ValueError(
+                f"fixed_weighting must be one of {FIXED_WEIGHTINGS}; got {fixed_weighting!r}."
+            )
+        if int(horizon) != horizon or horizon < 0:
+            raise ValueError(f"horizon must be a non-negative integer; got {horizon!r}.")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1]; got {gamma}.")
+        if num_particles is None:
+            num_particles = getattr(dynamics, "num_elites", None)
+            if num_particles is None:
+                raise ValueError(
+                    "num_particles was not given and the dynamics model has no `num_elites`; "
+                    "pass num_particles=K (particle k is propagated by elite k)."
+                )
+        self.gamma = float(gamma)
+        self.horizon = int(horizon)
+        self.psi = float(psi)
+        self.mode = mode
+        self.termination = termination
+        self.quantile = float(quantile)
+        self.num_particles = int(num_particles)
+        self.rollout_dtype = _resolve_dtype(rollout_dtype)
+        self.obs_key, self.action_key, self.q_value_key = obs_key, action_key, q_value_key
+        self.var_floor = float(var_floor)
+        self._fixed_weights = (
+            fixed_weights(self.horizon, None if fixed_weighting == "uniform" else lmbda)
+            if mode == "fixed"
+            else None
+        )
+        if mode == "quantile":
+            pooled_quantile(torch.zeros(1, 1, 1, 1), self.quantile)  # validates the range
+
+        # Everything below is referenced, not registered: see the module doc.
+        if isinstance(qvalue_network, (list, tuple)):
+            if qvalue_params is not None:
+                raise ValueError("Pass either a list of Q-networks or qvalue_params, not both.")
+            qvalue_params = TensorDict.from_modules(*qvalue_network, as_module=True)
+            qvalue_network = qvalue_network[0]
+        elif qvalue_params is None:
+            raise ValueError(
+                "qvalue_network is a single network: pass its stacked [M, ...] parameters as "
+                "qvalue_params, or pass the ensemble as a list of networks."
+            )
+        self.__dict__["actor_network"] = actor_network
+        self.__dict__["qvalue_network"] = qvalue_network
+        self.__dict__["dynamics"] = dynamics
+        self.__dict__["_own_sources"] = {
+            "actor_params": actor_params,
+            "qvalue_params": qvalue_params,
+            "alpha": alpha,
+        }
+        self.__dict__["_loss"] = None
+        self._vmap_q = _vmap_func(
+            qvalue_network, (None, 0), randomness=self.vmap_randomness, pseudo_vmap=deactivate_vmap
+        )
+        self._seed_stream = None if seed is None else torch.Generator().manual_seed(int(seed))
+        #: Detached diagnostics of the last call (a TensorDict with batch ``[]``).
+        self.last_diagnostics: TensorDictBase | None = None
+
+    @classmethod
+    def from_sac_loss(
+        cls,
+        loss: Any,
+        dynamics: TensorDictModuleBase,
+        **kwargs: Any,
+    ) -> CBOPValueEstimator:
+        """An estimator wired to a TorchRL ``SACLoss`` (or :class:`CBOPLoss`).
+
+        It reads, at every call, the loss's actor parameters, its TARGET
+        Q-ensemble parameters and its current alpha, so it follows training and
+        target updates without copying anything. Keys come from the loss's
+        actor/Q ``in_keys``. Pass it back with ``loss.make_value_estimator(est)``.
+
+        Args:
+            loss: the SAC loss (version 2: no state-value network).
+            dynamics: see the class doc.
+            **kwargs: the other constructor arguments (``gamma``, ``horizon``, ``psi``, ...).
+        """
+        if getattr(loss, "_version", 2) != 2:
+            raise ValueError(
+                "from_sac_loss needs a SACLoss without a value_network (SAC v2); the CBOP "
+                "target replaces the Q bootstrap, not a state-value network."
+            )
+        kwargs.setdefault("obs_key", loss.actor_network.in_keys[0])
+        kwargs.setdefault("action_key", loss.tensor_keys.action)
+        kwargs.setdefault("q_value_key", loss.tensor_keys.state_action_value)
+        kwargs.setdefault("deactivate_vmap", loss.deactivate_vmap)
+        estimator = cls(
+            actor_network=loss.actor_network,
+            qvalue_network=loss.qvalue_network,
+            qvalue_params=loss.target_qvalue_network_params,
+            dynamics=dynamics,
+            **kwargs,
+        )
+        estimator.__dict__["_loss"] = loss
+        estimator.set_vmap_randomness(loss.vmap_randomness)
+        estimator._vmap_q = _vmap_func(
+            loss.qvalue_network,
+            (None, 0),
+            randomness=loss.vmap_randomness,
+            pseudo_vmap=estimator.deactivate_vmap,
+        )
+        return estimator
+
+    # ----------------------------------------------------------------- sources
+    def _actor_params(self) -> TensorDictBase | None:
+        loss = self.__dict__["_loss"]
+        return loss.actor_network_params if loss is not None else self._own_sources["actor_params"]
+
+    def _qvalue_params(self, target_params: TensorDictBase | None) -> TensorDictBase:
+        if target_params is not None:
+            return target_params
+        loss = self.__dict__["_loss"]
+        if loss is not None:
+            return loss.target_qvalue_network_params
+        return self._own_sources["qvalue_params"]
+
+    def _alpha(self) -> torch.Tensor | float:
+        loss = self.__dict__["_loss"]
+        if loss is not None:
+            return loss._alpha
+        alpha = self._own_sources["alpha"]
+        return alpha() if callable(alpha) else alpha
+
+    # ------------------------------------------------------------- TorchRL API
+    @property
+    def in_keys(self) -> list:
+        return [
+            ("next", self.obs_key),
+            ("next", self.tensor_keys.reward),
+            ("next", self.tensor_keys.terminated),
+        ]
+
+    @property
+    def out_keys(self) -> list:
+        return [self.tensor_keys.value_target]
+
+    def forward(
+        self,
+        tensordict: TensorDictBase,
+        *,
+        params: TensorDictBase | None = None,
+        target_params: TensorDictBase | None = None,
+    ) -> TensorDictBase:
+        """Writes the target ``[*batch, 1]`` under ``tensor_keys.value_target``."""
+        target = self.value_estimate(tensordict, target_params=target_params)
+        tensordict.set(self.tensor_keys.value_target, target)
+        return tensordict
+
+    def value_estimate(
+        self,
+        tensordict: TensorDictBase,
+        target_params: TensorDictBase | None = None,
+        next_value: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """The CBOP target ``y`` ``[*batch, 1]`` (no gradient); diagnostics in ``last_diagnostics``.
+
+        ``("next", "state_value")``, which ``SACLoss`` writes before calling
+        this, is ignored: the rollout computes its own bootstrap.
+        """
+        if next_value is not None:
+            raise ValueError(
+                "CBOPValueEstimator computes its own bootstrap from model rollouts; "
+                "next_value cannot be given."
+            )
+        target, diagnostics = self.compute_target(tensordict, target_params=target_params)
+        self.last_diagnostics = diagnostics
+        return target
+
+    # --------------------------------------------------------------- the maths
+    def _rng_context(self, device: torch.device):
+        if self._seed_stream is None:
+            return contextlib.nullcontext()
+        seed = int(torch.randint(2**62, (), generator=self._seed_stream))
+        devices = [device] if device.type == "cuda" else []
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.random.fork_rng(devices=devices))
+        torch.manual_seed(seed)
+        return stack
+
+    def _autocast(self, device: torch.device):
+        if self.rollout_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=self.rollout_dtype)
+
+    def _sample_action(
+        self, obs: torch.Tensor, with_log_prob: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``a ~ pi(.|obs)`` ``[*b, A]`` (and ``log pi`` ``[*b]``); dist maths in fp32."""
+        actor = self.actor_network
+        td = TensorDict({self.obs_key: obs}, batch_size=obs.shape[:-1])
+        params = self._actor_params()
+        with params.to_module(actor) if params is not None else contextlib.nullcontext():
+            with self._autocast(obs.device):
+                dist_params = actor.get_dist_params(td)
+            dist_params = dist_params.apply(lambda x: x.float() if x.is_floating_point() else x)
+            dist = actor.build_dist_from_params(dist_params)
+        if with_log_prob:
+            action, log_prob = rsample_and_log_prob(dist)
+            return action, log_prob
+        return dist.sample(), None
+
+    def _q_values(
+        self, obs: torch.Tensor, action: torch.Tensor, params: TensorDictBase
+    ) -> torch.Tensor:
+        """All members on all rows in one vmapped call: ``[R, O], [R, A] -> [M, R]`` (fp32)."""
+        td = TensorDict({self.obs_key: obs, self.action_key: action}, batch_size=obs.shape[:1])
+        with self._autocast(obs.device):
+            out = self._vmap_q(td, params)
+        return out.get(self.q_value_key).squeeze(-1).float()
+
+    @torch.no_grad()
+    def rollout_returns(
+        self, next_obs: torch.Tensor, target_params: TensorDictBase | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The h-step samples from ``s'``.
+
+        Args:
+            next_obs: ``[N, O]`` the dataset's next observations ``s'``.
+            target_params: optional ``[M, ...]`` Q parameters overriding the target ones.
+
+        Returns:
+            ``returns`` ``(N, H+1, K, M)``, ``valid`` bool ``(N, H+1)`` (horizons
+            before any particle's termination) and ``log pi(a'|s')`` ``[N]``.
+        """
+        H, K = self.horizon, self.num_particles
+        N = next_obs.shape[0]
+        gamma = self.gamma
+        device = next_obs.device
+        q_params = self._qvalue_params(target_params)
+
+        first_action, log_prob = self._sample_action(next_obs, with_log_prob=True)
+        obs = next_obs.unsqueeze(0).expand(K, N, next_obs.shape[-1])  # a view: s_1 = s'
+        action = first_action.unsqueeze(0).expand(K, *first_action.shape)
+        alive = torch.ones(K, N, dtype=torch.bool, device=device)
+        q_obs, q_action, rewards, alive_after = [], [], [], []
+        for _ in range(H):
+            step_td = TensorDict({self.obs_key: obs, self.action_key: action}, batch_size=[K, N])
+            with self._autocast(device):
+                step_td = self.dynamics(step_td)
+            obs = step_td.get(("next", self.obs_key)).float()
+            reward = step_td.get(("next", self.tensor_keys.reward)).float().squeeze(-1)
+            terminated = step_td.get(("next", self.tensor_keys.terminated)).squeeze(-1)
+            # Absorbing: no reward once terminated; the terminal step's reward counts.
+            rewards.append(torch.where(alive, reward, torch.zeros_like(reward)))
+            alive = alive & ~terminated.bool()
+            alive_after.append(alive)
+            action, _ = self._sample_action(obs, with_log_prob=False)
+            q_obs.append(obs)
+            q_action.append(action)
+
+        # One Q call for every horizon: rows [N] (h = 0) then [H, K, N] (h >= 1).
+        rows_obs = torch.cat([next_obs, *(o.reshape(K * N, -1) for o in q_obs)])
+        rows_action = torch.cat([first_action, *(a.reshape(K * N, -1) for a in q_action)])
+        q = self._q_values(rows_obs, rows_action, q_params)  # [M, N + H*K*N]
+        M = q.shape[0]
+        q0 = q[:, :N]  # [M, N]
+        returns_0 = q0.t()[:, None, None, :].expand(N, 1, K, M)
+        if H == 0:
+            valid = torch.ones(N, 1, dtype=torch.bool, device=device)
+            return returns_0.contiguous(), valid, log_prob
+
+        q_h = q[:, N:].reshape(M, H, K, N)
+        reward_h = torch.stack(rewards)  # [H, K, N]
+        discounts = gamma ** torch.arange(H, device=device, dtype=reward_h.dtype)  # gamma^(h-1)
+        partial = torch.cumsum(reward_h * discounts[:, None, None], dim=0)
+        alive_h = torch.stack(alive_after)  # [H, K, N]
+        bootstrap = torch.where(alive_h, gamma * discounts[:, None, None], 0.0)  # gamma^h
+        returns_h = partial + bootstrap * q_h  # [M, H, K, N]
+        returns = torch.cat([returns_0, returns_h.permute(3, 1, 2, 0)], dim=1)
+        valid = torch.cat(
+            [torch.ones(1, N, dtype=torch.bool, device=device), alive_h.all(dim=1)]
+        ).t()
+        if self.termination == "absorb":
+            valid = torch.ones_like(valid)
+        return returns, valid, log_prob
+
+    @torch.no_grad()
+    def compute_target(
+        self,
+        tensordict: TensorDictBase,
+        target_params: TensorDictBase | None = None,
+    ) -> tuple[torch.Tensor, TensorDictBase]:
+        """``y`` ``[*batch, 1]`` and the diagnostics (a TensorDict, batch ``[]``).
+
+        Reads ``("next", obs_key)``, ``("next", "reward")`` and
+        ``("next", "terminated")`` from ``tensordict`` (any batch shape).
+
+        Diagnostics (all means over the batch):
+            ``weights`` ``(H+1,)`` posterior ``w_h``; ``expected_horizon`` ``E[h]``;
+            ``posterior_std`` ``sigma``; ``value_var_share`` ``(H+1,)`` ``A/(A+B)``;
+            ``valid_fraction`` ``(H+1,)`` share of transitions whose horizon h
+            kept its precision; ``target_mean`` mean ``y``. In the ``fixed`` and
+            ``quantile`` modes the posterior quantities are still reported for
+            comparison, though they do not enter ``y``.
+        """
+        batch_shape = tensordict.batch_size
+        flat = tensordict.reshape(-1)
+        next_obs = flat.get(("next", self.obs_key))
+        reward = flat.get(("next", self.tensor_keys.reward)).float().reshape(-1)
+        terminated = flat.get(("next", self.tensor_keys.terminated)).reshape(-1)
+        with self._rng_context(next_obs.device):
+            returns, valid, log_prob = self.rollout_returns(next_obs, target_params)
+        post = gaussian_posterior(returns, valid, self.var_floor)
+        sigma = post.var.sqrt()
+        if self.mode == "lcb":
+            value = post.mean - self.psi * sigma
+        elif self.mode == "map":
+            value = post.mean
+        elif self.mode == "fixed":
+            weights = self._fixed_weights.to(returns.device)
+            mean, var = fixed_weight_moments(returns, weights)
+            value = mean - self.psi * var.sqrt()
+        else:
+            value = pooled_quantile(returns, self.quantile)
+        alpha = torch.as_tensor(self._alpha(), dtype=value.dtype, device=value.device)
+        not_terminal = 1.0 - terminated.to(value.dtype)
+        target = reward + self.gamma * not_terminal * (value - alpha * log_prob.float())
+
+        horizons = torch.arange(self.horizon + 1, device=value.device, dtype=value.dtype)
+        total_var = post.var_value + post.var_model
+        diagnostics = TensorDict(
+            {
+                "weights": post.weights.mean(0),
+                "expected_horizon": (post.weights * horizons).sum(-1).mean(),
+                "posterior_std": sigma.mean(),
+                "value_var_share": (post.var_value / total_var.clamp_min(1e-12)).mean(0),
+                "valid_fraction": valid.float().mean(0),
+                "target_mean": target.mean(),
+            },
+            batch_size=[],
+        )
+        return target.reshape(*batch_shape, 1), diagnostics

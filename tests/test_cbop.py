@@ -1,0 +1,392 @@
+"""CBOPValueEstimator and CBOPLoss on tiny networks with known answers."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModuleBase
+from torch import nn
+from torchrl.modules import MLP, ValueOperator
+from torchrl.objectives import SACLoss
+
+from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
+from cbop_torchrl.objectives.cbop import (
+    CBOPLoss,
+    CBOPValueEstimator,
+    fixed_weight_moments,
+    fixed_weights,
+    gaussian_posterior,
+    pooled_quantile,
+)
+
+OBS, ACT, GAMMA = 4, 2, 0.9
+
+pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
+
+
+class CounterDynamics(TensorDictModuleBase):
+    """Deterministic toy model for batch ``[K, N]``: feature 0 counts steps.
+
+    Particle k earns reward ``1 + k`` per step. Particle 0 terminates when the
+    counter reaches ``terminate_at`` (never if None); the others never do.
+    """
+
+    in_keys = ["observation", "action"]
+    out_keys = [("next", "observation"), ("next", "reward"), ("next", "terminated")]
+
+    def __init__(self, num_elites: int, terminate_at: float | None = None) -> None:
+        super().__init__()
+        self.num_elites = num_elites
+        self.terminate_at = terminate_at
+        self.scale = nn.Parameter(torch.ones(()))  # so we can check it gets no gradient
+
+    def forward(self, td):
+        obs = td.get("observation")
+        next_obs = obs + self.scale * torch.nn.functional.one_hot(
+            torch.zeros((), dtype=torch.long), obs.shape[-1]
+        ).to(obs)
+        k = torch.arange(obs.shape[0], device=obs.device, dtype=obs.dtype)
+        k = k.view(-1, *([1] * (obs.dim() - 1)))
+        reward = (1.0 + k).expand(*obs.shape[:-1], 1)
+        if self.terminate_at is None:
+            terminated = torch.zeros(*obs.shape[:-1], 1, dtype=torch.bool)
+        else:
+            terminated = (next_obs[..., :1] >= self.terminate_at) & (k == 0)
+        td.set(("next", "observation"), next_obs)
+        td.set(("next", "reward"), reward)
+        td.set(("next", "terminated"), terminated)
+        return td
+
+
+def constant_q_ensemble(constants: list[float]) -> list[ValueOperator]:
+    """Q_m(s, a) = constants[m] everywhere."""
+    members = []
+    for c in constants:
+        net = MLP(in_features=OBS + ACT, out_features=1, num_cells=[])
+        with torch.no_grad():
+            net[0].weight.zero_()
+            net[0].bias.fill_(c)
+        members.append(ValueOperator(net, in_keys=["observation", "action"]))
+    return members
+
+
+def make_batch(shape=(5,), seed=0, terminated=False) -> TensorDict:
+    gen = torch.Generator().manual_seed(seed)
+    next_obs = torch.randn(*shape, OBS, generator=gen)
+    next_obs[..., 0] = 0.0
+    return TensorDict(
+        {
+            "observation": torch.randn(*shape, OBS, generator=gen),
+            "action": torch.rand(*shape, ACT, generator=gen) * 2 - 1,
+            "next": {
+                "observation": next_obs,
+                "reward": torch.randn(*shape, 1, generator=gen),
+                "terminated": torch.full((*shape, 1), terminated),
+                "done": torch.full((*shape, 1), terminated),
+            },
+        },
+        batch_size=shape,
+    )
+
+
+def toy_estimator(constants=(1.0, 2.0, 4.0), K=3, H=3, terminate_at=None, **kwargs):
+    torch.manual_seed(0)
+    return CBOPValueEstimator(
+        actor_network=make_actor(OBS, ACT, hidden_sizes=(8,)),
+        qvalue_network=constant_q_ensemble(list(constants)),
+        dynamics=CounterDynamics(K, terminate_at),
+        gamma=GAMMA,
+        horizon=H,
+        **kwargs,
+    )
+
+
+def expected_returns(constants, K, H, terminate_at=None):
+    """Hand-computed R_h[k, m] for CounterDynamics + constant Q, as (H+1, K, M)."""
+    out = torch.zeros(H + 1, K, len(constants), dtype=torch.float64)
+    for k in range(K):
+        for m, c in enumerate(constants):
+            for h in range(H + 1):
+                value, alive = 0.0, True
+                for t in range(1, h + 1):
+                    if alive:
+                        value += GAMMA ** (t - 1) * (1 + k)
+                        if k == 0 and terminate_at is not None and t >= terminate_at:
+                            alive = False
+                out[h, k, m] = value + (GAMMA**h * c if alive else 0.0)
+    return out
+
+
+def test_returns_match_hand_computation_without_termination():
+    est = toy_estimator()
+    returns, valid, log_prob = est.rollout_returns(make_batch().get(("next", "observation")))
+    assert returns.shape == (5, 4, 3, 3) and valid.all() and log_prob.shape == (5,)
+    ref = expected_returns([1.0, 2.0, 4.0], 3, 3).float()
+    torch.testing.assert_close(returns, ref.expand(5, -1, -1, -1))
+
+
+@pytest.mark.parametrize("termination", ["absorb", "zero_precision"])
+def test_terminating_particle_is_absorbing(termination):
+    est = toy_estimator(terminate_at=2, termination=termination)
+    returns, valid, _ = est.rollout_returns(make_batch().get(("next", "observation")))
+    ref = expected_returns([1.0, 2.0, 4.0], 3, 3, terminate_at=2).float()
+    torch.testing.assert_close(returns, ref.expand(5, -1, -1, -1))
+    # Particle 0 after its terminal step: only r_1 + gamma r_2, for every Q member.
+    torch.testing.assert_close(returns[:, 2:, 0], torch.full((5, 2, 3), 1 + GAMMA))
+    if termination == "absorb":
+        assert valid.all()
+    else:  # horizons from the terminating step on get zero precision
+        assert valid[:, :2].all() and not valid[:, 2:].any()
+        post = gaussian_posterior(returns, valid)
+        assert torch.all(post.weights[:, 2:] == 0)
+
+
+def test_zero_precision_changes_the_target():
+    kw = dict(terminate_at=2, psi=1.0, seed=0)
+    y_zero = toy_estimator(termination="zero_precision", **kw).value_estimate(make_batch())
+    y_absorb = toy_estimator(termination="absorb", **kw).value_estimate(make_batch())
+    assert not torch.allclose(y_zero, y_absorb)
+
+
+def test_dataset_terminal_transition_gives_reward():
+    est = toy_estimator(alpha=0.7, psi=2.0)
+    batch = make_batch(terminated=True)
+    torch.testing.assert_close(est.value_estimate(batch), batch.get(("next", "reward")))
+
+
+def test_target_formula_lcb_map_and_psi_zero():
+    batch = make_batch()
+    reward = batch.get(("next", "reward")).squeeze(-1)
+    constants = (1.0, 2.0, 4.0)
+    post = gaussian_posterior(expected_returns(constants, 3, 3).float().expand(5, -1, -1, -1))
+    targets = {}
+    for mode, psi in [("lcb", 2.0), ("lcb", 0.0), ("map", 2.0)]:
+        est = toy_estimator(constants, mode=mode, psi=psi, alpha=0.0)
+        targets[mode, psi] = est.value_estimate(batch).squeeze(-1)
+    sigma = post.var.sqrt()
+    torch.testing.assert_close(targets["lcb", 2.0], reward + GAMMA * (post.mean - 2.0 * sigma))
+    torch.testing.assert_close(targets["map", 2.0], reward + GAMMA * post.mean)
+    torch.testing.assert_close(targets["lcb", 0.0], targets["map", 2.0])
+    assert torch.all(targets["lcb", 2.0] < targets["map", 2.0])
+
+
+def test_entropy_term_uses_log_prob_of_first_action():
+    batch = make_batch()
+    y0 = toy_estimator(alpha=0.0, seed=3).value_estimate(batch)
+    y1 = toy_estimator(alpha=0.5, seed=3).value_estimate(batch)
+    # y1 - y0 = -gamma * 0.5 * log pi(a'|s'): the same a' thanks to the shared seed.
+    est = toy_estimator(seed=3)
+    with est._rng_context(torch.device("cpu")):
+        _, _, log_prob = est.rollout_returns(batch.get(("next", "observation")))
+    torch.testing.assert_close((y1 - y0).squeeze(-1), -GAMMA * 0.5 * log_prob)
+
+
+def test_fixed_and_quantile_modes():
+    batch = make_batch()
+    reward = batch.get(("next", "reward")).squeeze(-1)
+    returns = expected_returns((1.0, 2.0, 4.0), 3, 3).float().expand(5, -1, -1, -1)
+    est = toy_estimator(mode="fixed", fixed_weighting="lambda", lmbda=0.5, psi=1.5)
+    mean, var = fixed_weight_moments(returns, fixed_weights(3, 0.5))
+    torch.testing.assert_close(
+        est.value_estimate(batch).squeeze(-1), reward + GAMMA * (mean - 1.5 * var.sqrt())
+    )
+    est = toy_estimator(mode="quantile", quantile=0.25)
+    torch.testing.assert_close(
+        est.value_estimate(batch).squeeze(-1), reward + GAMMA * pooled_quantile(returns, 0.25)
+    )
+
+
+def test_bad_arguments_are_explained():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        toy_estimator(mode="steve")
+    with pytest.raises(ValueError, match="termination must be one of"):
+        toy_estimator(termination="cut")
+    with pytest.raises(ValueError, match="rollout_dtype"):
+        toy_estimator(rollout_dtype="float16")
+    with pytest.raises(ValueError, match="num_particles"):
+        CBOPValueEstimator(
+            actor_network=make_actor(OBS, ACT, (8,)),
+            qvalue_network=constant_q_ensemble([1.0, 2.0]),
+            dynamics=nn.Identity(),
+        )
+
+
+def tiny_cbop_loss(dynamics=None, M=3, seed=0, **kwargs) -> CBOPLoss:
+    torch.manual_seed(0)
+    actor = make_actor(OBS, ACT, hidden_sizes=(16,))
+    qvalues = make_qvalue_ensemble(M, OBS, ACT, hidden_sizes=(16,))
+    return CBOPLoss(
+        actor,
+        qvalues,
+        dynamics if dynamics is not None else CounterDynamics(3),
+        action_spec=action_spec(ACT),
+        gamma=GAMMA,
+        horizon=3,
+        psi=1.0,
+        seed=seed,
+        **kwargs,
+    )
+
+
+def test_batched_tensordicts_without_manual_reshape():
+    loss = tiny_cbop_loss()
+    batch = make_batch(shape=(2, 3))
+    target = loss.value_estimator.value_estimate(batch)
+    assert target.shape == (2, 3, 1)
+    out = loss(batch)
+    assert out["loss_qvalue"].shape == () and torch.isfinite(out["loss_qvalue"])
+    assert out["cbop", "weights"].shape == (4,)
+    torch.testing.assert_close(out["cbop", "weights"].sum(), torch.tensor(1.0))
+    assert 0.0 <= out["cbop", "expected_horizon"] <= 3.0
+    assert out["cbop", "value_var_share"].shape == (4,)
+
+
+def test_critic_gradient_reaches_only_the_online_q_ensemble():
+    dynamics = CounterDynamics(3)
+    loss = tiny_cbop_loss(dynamics)
+    out = loss(make_batch())
+    out["loss_qvalue"].backward()
+    assert dynamics.scale.grad is None
+    assert all(p.grad is None for p in loss.actor_network_params.values(True, True))
+    assert all(not p.requires_grad for p in loss.target_qvalue_network_params.values(True, True))
+    grads = [p.grad for p in loss.qvalue_network_params.values(True, True)]
+    assert all(g is not None for g in grads) and any(g.abs().sum() > 0 for g in grads)
+
+
+def test_state_dict_has_no_estimator_or_dynamics_entries():
+    loss = tiny_cbop_loss()
+    keys = set(loss.state_dict())
+    assert not any("estimator" in k or "dynamics" in k for k in keys)
+    n_params = sum(p.numel() for p in loss.parameters())
+    plain = SACLoss(
+        make_actor(OBS, ACT, (16,)),
+        make_qvalue_ensemble(3, OBS, ACT, (16,)),
+        num_qvalue_nets=3,
+        action_spec=action_spec(ACT),
+    )
+    assert keys == set(plain.state_dict())
+    assert n_params == sum(p.numel() for p in plain.parameters())
+
+
+def test_deepcopy_rewires_the_estimator_to_the_copy():
+    loss = tiny_cbop_loss()
+    clone = copy.deepcopy(loss)
+    assert clone.value_estimator.__dict__["_loss"] is clone
+    batch = make_batch()
+    with torch.no_grad():
+        for p in clone.target_qvalue_network_params.values(True, True):
+            p.add_(1.0)
+    assert not torch.allclose(
+        clone.value_estimator.value_estimate(batch), loss.value_estimator.value_estimate(batch)
+    )
+
+
+def edac_loop(loss: CBOPLoss, batch: TensorDict) -> torch.Tensor:
+    """EDAC's definition with explicit pairs: 1/(M-1) sum_{i != j} cos(g_i, g_j), batch mean."""
+    grads = []
+    params = loss.qvalue_network_params
+    M = loss.num_qvalue_nets
+    for m in range(M):
+        action = batch["action"].detach().requires_grad_()
+        td = TensorDict({"observation": batch["observation"], "action": action}, batch.batch_size)
+        with params[m].to_module(loss.qvalue_network):
+            q = loss.qvalue_network(td)["state_action_value"].sum()
+        grads.append(torch.autograd.grad(q, action, create_graph=True)[0])
+    total = 0.0
+    for i in range(M):
+        for j in range(M):
+            if i != j:
+                total = total + nn.functional.cosine_similarity(grads[i], grads[j], dim=-1, eps=0)
+    return (total / (M - 1)).mean()
+
+
+def test_edac_penalty_matches_definition_and_finite_differences():
+    torch.manual_seed(0)
+    M = 3
+    actor = make_actor(OBS, ACT, hidden_sizes=(8,)).double()
+    qvalues = []
+    for _ in range(M):
+        net = MLP(OBS + ACT, 1, num_cells=[6], activation_class=nn.Tanh).double()
+        qvalues.append(ValueOperator(net, in_keys=["observation", "action"]))
+    loss = CBOPLoss(actor, qvalues, CounterDynamics(3), action_spec=action_spec(ACT), horizon=1)
+    batch = make_batch(shape=(4,)).apply(lambda x: x.double() if x.is_floating_point() else x)
+
+    penalty = loss.edac_penalty(batch).mean()
+    torch.testing.assert_close(penalty, edac_loop(loss, batch))
+
+    weight = loss.qvalue_network_params["module", "0", "weight"]
+    (grad,) = torch.autograd.grad(penalty, weight)
+    eps = 1e-6
+    for index in [(0, 0, 0), (1, 2, 3), (2, 5, 5)]:
+        with torch.no_grad():
+            weight[index] += eps
+            up = loss.edac_penalty(batch).mean()
+            weight[index] -= 2 * eps
+            down = loss.edac_penalty(batch).mean()
+            weight[index] += eps
+        torch.testing.assert_close(grad[index], (up - down) / (2 * eps), rtol=1e-5, atol=1e-8)
+
+
+def test_eta_scales_the_critic_loss():
+    batch = make_batch()
+    out0 = tiny_cbop_loss(eta=0.0)(batch)
+    out2 = tiny_cbop_loss(eta=2.0)(batch)
+    torch.testing.assert_close(out0["loss_qvalue"], out0["qvalue_mse"])
+    torch.testing.assert_close(out2["qvalue_mse"], out0["qvalue_mse"])
+    torch.testing.assert_close(out2["loss_qvalue"], out2["qvalue_mse"] + 2.0 * out2["edac_penalty"])
+    assert out2["edac_penalty"] != 0
+
+
+def test_stock_sac_loss_swap_gives_cbop_loss_targets():
+    torch.manual_seed(0)
+    actor = make_actor(OBS, ACT, hidden_sizes=(16,))
+    qvalues = make_qvalue_ensemble(4, OBS, ACT, hidden_sizes=(16,))
+    dynamics = CounterDynamics(3)
+    settings = dict(gamma=GAMMA, horizon=3, psi=2.0, seed=11)
+
+    sac = SACLoss(
+        copy.deepcopy(actor),
+        copy.deepcopy(qvalues),
+        num_qvalue_nets=4,
+        action_spec=action_spec(ACT),
+        loss_function="l2",
+    )
+    keys_before = set(sac.state_dict())
+    sac.make_value_estimator(CBOPValueEstimator.from_sac_loss(sac, dynamics, **settings))
+    assert set(sac.state_dict()) == keys_before
+
+    cbop = CBOPLoss(actor, qvalues, dynamics, action_spec=action_spec(ACT), eta=0.0, **settings)
+    batch = make_batch(shape=(6,))
+    # SACLoss first runs its own (discarded) bootstrap with the global RNG; the
+    # estimator's private seed stream makes the targets identical regardless.
+    torch.testing.assert_close(sac._compute_target_v2(batch), cbop._compute_target_v2(batch))
+    out_sac, out_cbop = sac(batch), cbop(batch)
+    torch.testing.assert_close(out_sac["loss_qvalue"], out_cbop["loss_qvalue"])
+
+
+def test_bf16_rollout_is_close_to_fp32():
+    torch.manual_seed(0)
+    actor = make_actor(OBS, ACT, hidden_sizes=(32, 32))
+    qvalues = make_qvalue_ensemble(4, OBS, ACT, hidden_sizes=(32, 32))
+    batch = make_batch(shape=(64,))
+    batch.set(("next", "reward"), torch.zeros(64, 1))  # std(y) is the value part's alone
+    targets = {}
+    for dtype in ("float32", "bfloat16"):
+        est = CBOPValueEstimator(
+            actor_network=actor,
+            qvalue_network=qvalues,
+            dynamics=CounterDynamics(3),
+            gamma=GAMMA,
+            horizon=3,
+            psi=1.0,
+            seed=5,
+            rollout_dtype=dtype,
+        )
+        targets[dtype] = est.value_estimate(batch)
+        assert targets[dtype].dtype == torch.float32
+    diff = (targets["bfloat16"] - targets["float32"]).abs()
+    assert diff.max() > 0  # the bf16 path really ran in reduced precision
+    assert diff.mean() < 0.05 * targets["float32"].std()
