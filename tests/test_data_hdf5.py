@@ -170,3 +170,13 @@ def test_replay_buffer_samples_on_device_reproducibly(tmp_path):
     assert rows.any(1).all()
     assert torch.equal(batch_a["next", "observation"], data["next", "observation"][index])
     assert len(first) == 70
+
+
+def test_dataset_storage_gathers_like_tensordict_indexing(tmp_path):
+    data = load_dataset(write_d4rl_hdf5(tmp_path / "hopper-x.hdf5"))
+    storage = make_replay_buffer(data, batch_size=4).storage
+    index = torch.tensor([3, 0, 14, 3])
+    assert (storage.get(index) == data[index]).all()
+    mask = torch.arange(15) % 4 == 1
+    assert (storage.get(mask) == data[mask]).all()
+    assert (storage.get(slice(2, 5)) == data[2:5]).all()

@@ -260,11 +260,19 @@ def convert_hdf5(path: Path, family: EnvFamily | None) -> tuple[TensorDict, EnvF
     return data, family
 
 
-def load_hdf5(path: Path, family: str | EnvFamily | None = None) -> tuple[TensorDict, dict]:
+def load_hdf5(
+    path: Path, family: str | EnvFamily | None = None, with_data: bool = True
+) -> tuple[TensorDict | None, dict]:
     """The dataset of a D4RL-format file, converted on first use and cached afterwards.
 
+    Args:
+        path: the file.
+        family: its environment family; detected from the file when None.
+        with_data: False skips reading the cached data when only the summary is needed.
+
     Returns:
-        The dataset TensorDict (in memory, batch ``[N]``) and the cache's summary dict
+        The dataset TensorDict (in memory, batch ``[N]``; None when ``with_data`` is
+        False and the file was converted before) and the cache's summary dict
         (``fingerprint``, ``family``, ``num_transitions``, ``source``).
     """
     path = Path(path)
@@ -276,6 +284,8 @@ def load_hdf5(path: Path, family: str | EnvFamily | None = None) -> tuple[Tensor
     fingerprint = hdf5_fingerprint(path, family)
     entry = _cache_entry(fingerprint)
     info = cached_info(fingerprint)
+    if info is not None and not with_data:
+        return None, info
     if info is not None:
         return TensorDict.load_memmap(entry / "data").to_tensordict(), info
 

@@ -7,6 +7,28 @@ from tensordict import TensorDictBase
 from torchrl.data import ImmutableDatasetWriter, RandomSampler, ReplayBuffer, TensorStorage
 
 
+class DatasetStorage(TensorStorage):
+    """A full, read-only ``TensorStorage`` that gathers sampled rows with ``index_select``.
+
+    ``TensorStorage.get`` indexes with ``tensor[index]`` (``aten::index``), which on our
+    2-core CPU machines costs ~20 ms per call when the cores are busy (thread
+    synchronization), against a few microseconds for ``index_select`` of the same rows.
+    """
+
+    def get(self, index):
+        if (
+            isinstance(index, torch.Tensor)
+            and index.ndim == 1
+            and not index.dtype.is_floating_point
+        ):
+            if index.dtype == torch.bool:
+                index = index.nonzero().squeeze(-1)
+            return self._storage.apply(
+                lambda tensor: tensor.index_select(0, index), batch_size=[index.shape[0]]
+            )
+        return super().get(index)
+
+
 def make_replay_buffer(
     data: TensorDictBase,
     batch_size: int,
@@ -28,7 +50,8 @@ def make_replay_buffer(
             regardless of the global RNG. ``None`` uses the global generator.
 
     Returns:
-        A read-only ``ReplayBuffer`` (``TensorStorage`` + ``RandomSampler``).
+        A read-only ``ReplayBuffer`` (:class:`DatasetStorage`, a ``TensorStorage``, +
+        ``RandomSampler``).
     """
     if device is None:
         device = data.device if data.device is not None else "cpu"
@@ -38,7 +61,7 @@ def make_replay_buffer(
         generator = torch.Generator(device=device)
         generator.manual_seed(seed)
     return ReplayBuffer(
-        storage=TensorStorage(data.to(device), device=device),
+        storage=DatasetStorage(data.to(device), device=device),
         sampler=RandomSampler(),
         writer=ImmutableDatasetWriter(),
         batch_size=batch_size,

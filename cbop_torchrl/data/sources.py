@@ -84,8 +84,12 @@ def dataset_info(
     *,
     torchrl_root: str | Path | None = None,
 ) -> DatasetInfo:
-    """The :class:`DatasetInfo` of ``source`` (loads, and on first use converts, the data)."""
-    return load_dataset_with_info(source, family, torchrl_root=torchrl_root)[1]
+    """The :class:`DatasetInfo` of ``source``.
+
+    Converts the data on first use; a converted HDF5 file (or the demo) is then
+    answered from its cache summary without loading the data.
+    """
+    return _dispatch(source, family, torchrl_root, with_data=False)[1]
 
 
 def load_dataset_with_info(
@@ -95,6 +99,15 @@ def load_dataset_with_info(
     torchrl_root: str | Path | None = None,
 ) -> tuple[TensorDict, DatasetInfo]:
     """``load_dataset`` and ``dataset_info`` in one pass."""
+    return _dispatch(source, family, torchrl_root, with_data=True)
+
+
+def _dispatch(
+    source: str | Path,
+    family: str | None,
+    torchrl_root: str | Path | None,
+    with_data: bool,
+) -> tuple[TensorDict | None, DatasetInfo]:
     text = str(source)
     if text == "demo":
         if not DEMO_DATASET_PATH.is_file():
@@ -104,7 +117,7 @@ def load_dataset_with_info(
                 "cbop_torchrl/assets/ for the exact seed and size) and move the file there, "
                 "or pass another source: a D4RL id, a D4RL-format HDF5 path or minari:<id>."
             )
-        return _from_hdf5(DEMO_DATASET_PATH, family, kind="demo")
+        return _from_hdf5(DEMO_DATASET_PATH, family, "demo", with_data)
     if text.startswith(MINARI_PREFIX):
         from cbop_torchrl.data.minari import load_minari
 
@@ -115,7 +128,7 @@ def load_dataset_with_info(
         return load_d4rl(text, torchrl_root=torchrl_root)
     path = Path(text).expanduser()
     if path.is_file() or path.suffix in (".hdf5", ".h5"):
-        return _from_hdf5(path, family, kind="hdf5")
+        return _from_hdf5(path, family, "hdf5", with_data)
     raise DatasetError(
         f"unknown dataset source {text!r}. Valid D4RL ids are {', '.join(d4rl_ids())}. "
         "To use data you have locally, pass the path of a D4RL-format HDF5 file (keys "
@@ -125,11 +138,11 @@ def load_dataset_with_info(
 
 
 def _from_hdf5(
-    path: Path, family: str | EnvFamily | None, kind: str, name: str | None = None
-) -> tuple[TensorDict, DatasetInfo]:
-    data, summary = load_hdf5(path, family)
+    path: Path, family: str | EnvFamily | None, kind: str, with_data: bool
+) -> tuple[TensorDict | None, DatasetInfo]:
+    data, summary = load_hdf5(path, family, with_data=with_data)
     info = DatasetInfo(
-        name=name or path.stem,
+        name=path.stem,
         family=get_family(summary["family"]),
         fingerprint=summary["fingerprint"],
         num_transitions=summary["num_transitions"],
