@@ -192,3 +192,11 @@ def test_demo_source(monkeypatch, tmp_path):
     info = dataset_info("demo")
     assert info.source_kind == "demo" and info.family.name == "hopper"
     assert info.name == "hopper-demo-medium-replay-gen" and info.num_transitions == 15
+
+
+def test_unreadable_torchrl_cache_and_wrong_family_are_dataset_errors(no_network, torchrl_root):
+    (torchrl_root / "d4rl" / D4RL_ID).mkdir(parents=True)  # e.g. a killed conversion
+    with pytest.raises(DatasetError, match="cannot be read .* Delete that directory"):
+        load_dataset(D4RL_ID, torchrl_root=torchrl_root)
+    with pytest.raises(DatasetError, match="is a hopper dataset but family='walker2d'"):
+        load_dataset(D4RL_ID, family="walker2d", torchrl_root=torchrl_root)

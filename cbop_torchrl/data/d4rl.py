@@ -77,15 +77,20 @@ def load_d4rl(dataset_id: str, *, torchrl_root: str | Path | None = None):
         )
         return data, info
 
+    cached = (root / dataset_id).exists()
     try:
         buffer = D4RLKeepingNextObs(
-            dataset_id,
-            batch_size=1,
-            root=root,
-            direct_download=True,
-            download=not (root / dataset_id).exists(),
+            dataset_id, batch_size=1, root=root, direct_download=True, download=not cached
         )
-    except OSError as err:  # urllib's URLError / HTTPError / timeouts are OSErrors
+    except Exception as err:
+        if cached:
+            raise DatasetError(
+                f"TorchRL's cache of {dataset_id!r} at {str(root / dataset_id)!r} cannot be "
+                f"read ({err!r}); it is probably incomplete. Delete that directory and load "
+                "the id again with network access, or load the raw D4RL .hdf5 file by its path."
+            ) from None
+        if not isinstance(err, OSError):  # urllib's URLError/HTTPError/timeouts are OSErrors
+            raise
         raise DatasetError(
             f"D4RL dataset {dataset_id!r} is not cached and could not be downloaded ({err}). "
             f"TorchRL's cache for it would be {str(root / dataset_id)!r}. Either run this on a "

@@ -43,6 +43,9 @@ REQUIRED_KEYS = (
 )
 
 
+ENV_ID_KEYS = ("env_id", "gym_id", "env")
+"""``metadata/<key>`` names read as the gymnasium id the data was recorded on."""
+
 # ----------------------------------------------------------------------------- family
 
 
@@ -104,9 +107,10 @@ def detect_family(handle: h5py.File, path: Path) -> EnvFamily:
     family_name = _metadata_text(handle, "family")
     if family_name:
         return _resolve_family(family_name)
-    env_id = _metadata_text(handle, "env_id")
-    if env_id:
-        return family_from_env_id(env_id)
+    for key in ENV_ID_KEYS:
+        env_id = _metadata_text(handle, key)
+        if env_id:
+            return family_from_env_id(env_id)
     prefix = path.name.split("-")[0].split("_")[0].lower()
     if prefix in families():
         return families()[prefix]

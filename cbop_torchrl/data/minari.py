@@ -78,6 +78,11 @@ def load_minari(
             "`pip install 'cbop-torchrl[minari]'`."
         ) from None
     except Exception as err:  # Minari's download raises many error types
+        if converted:
+            raise DatasetError(
+                f"TorchRL's copy of Minari dataset {dataset_id!r} at {str(root / dataset_id)!r} "
+                f"cannot be read ({err!r}); delete that directory and load it again."
+            ) from None
         raise DatasetError(
             f"Minari dataset {dataset_id!r} is neither converted by TorchRL under "
             f"{str(root / dataset_id)!r} nor stored locally under "

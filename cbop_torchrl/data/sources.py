@@ -122,8 +122,15 @@ def _dispatch(
         from cbop_torchrl.data.minari import load_minari
 
         return load_minari(text[len(MINARI_PREFIX) :], family, torchrl_root=torchrl_root)
-    if parse_d4rl_id(text) is not None:
+    parsed = parse_d4rl_id(text)
+    if parsed is not None:
         from cbop_torchrl.data.d4rl import load_d4rl
+
+        if family is not None and family != parsed[0].name:
+            raise DatasetError(
+                f"{text!r} is a {parsed[0].name} dataset but family={family!r} was passed; "
+                "drop the family argument for D4RL ids."
+            )
 
         return load_d4rl(text, torchrl_root=torchrl_root)
     path = Path(text).expanduser()
