@@ -146,6 +146,9 @@ def test_non_finite_values_name_the_key_and_first_bad_row(tmp_path, key):
 def test_missing_file_and_unknown_source_errors(tmp_path):
     with pytest.raises(DatasetError, match="no file at"):
         load_dataset(tmp_path / "absent.hdf5")
+    (tmp_path / "notes.hdf5").write_text("not hdf5")
+    with pytest.raises(DatasetError, match="cannot be opened as an HDF5 file"):
+        load_dataset(tmp_path / "notes.hdf5", family="hopper")
     with pytest.raises(DatasetError) as err:
         load_dataset("hopper-mediocre-v2")
     text = str(err.value)

@@ -208,6 +208,16 @@ def _read_and_validate(handle: h5py.File, path: Path, family: EnvFamily) -> dict
     return arrays
 
 
+def _open_hdf5(path: Path) -> h5py.File:
+    try:
+        return h5py.File(path, "r")
+    except OSError as err:
+        raise DatasetError(
+            f"{str(path)!r} cannot be opened as an HDF5 file ({err}); pass a D4RL-format "
+            ".hdf5 file, a D4RL id, minari:<id> or demo."
+        ) from None
+
+
 # ---------------------------------------------------------------------- fingerprint
 
 
@@ -249,7 +259,7 @@ def cached_info(fingerprint: str) -> dict | None:
 
 def convert_hdf5(path: Path, family: EnvFamily | None) -> tuple[TensorDict, EnvFamily]:
     """Reads and validates ``path`` (no cache involved); returns the dataset and its family."""
-    with h5py.File(path, "r") as handle:
+    with _open_hdf5(path) as handle:
         family = family if family is not None else detect_family(handle, path)
         arrays = _read_and_validate(handle, path, family)
     tensors = {key: torch.from_numpy(np.asarray(value)) for key, value in arrays.items()}
@@ -322,7 +332,7 @@ def peek_family(path: Path) -> EnvFamily:
     memo = cache_dir("datasets", "_family") / f"{config_hash([file_sha256(path), path.name])}.txt"
     if memo.exists():
         return _resolve_family(memo.read_text().strip())
-    with h5py.File(path, "r") as handle:
+    with _open_hdf5(path) as handle:
         family = detect_family(handle, path)
     memo.write_text(family.name + "\n")
     return family
