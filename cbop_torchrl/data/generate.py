@@ -1,0 +1,433 @@
+"""D4RL-recipe dataset generation on gymnasium MuJoCo ``*-v4``.
+
+D4RL's MuJoCo recipe, applied to one SAC behaviour-policy run
+(:class:`~cbop_torchrl.data.collect_sac.SACRun`):
+
+========== =====================================================================
+kind       transitions
+========== =====================================================================
+random     rollouts of uniform random actions
+medium     rollouts of the checkpoint whose evaluation return is nearest
+           ``medium_fraction`` (default 1/3) of the run's best return
+medium-    the run's replay buffer up to that checkpoint
+replay
+full-      the whole replay buffer
+replay
+expert     rollouts of the best checkpoint
+medium-    ``medium`` followed by ``expert``
+expert
+========== =====================================================================
+
+Every file holds complete episodes only (a rollout or buffer cut mid-episode
+drops that last partial episode), so ``terminals`` are exactly the
+environment's terminations and ``timeouts`` exactly the episode cap. Files are
+D4RL-layout HDF5 named ``<family>[-<tag>]-<kind>-gen.hdf5`` (the ``-gen``
+keeps them from being mistaken for D4RL's), each with a
+``.provenance.json`` beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import h5py
+import mujoco
+import numpy as np
+import tensordict
+import torch
+import torchrl
+from tensordict import TensorDict
+from torchrl.collectors import Collector
+from torchrl.envs.utils import ExplorationType
+from torchrl.modules import ProbabilisticActor
+from tqdm import tqdm
+
+from cbop_torchrl.data.collect_env import make_collect_env
+from cbop_torchrl.data.collect_sac import TRANSITION_KEYS, SACConfig, SACRun, run_dir_for
+from cbop_torchrl.registry import D4RL_KINDS, EnvFamily
+from cbop_torchrl.utils import atomic_json_dump, atomic_write, config_hash, seed_everything
+
+GENERATOR_VERSION = "1"
+ROLLOUT_EXPLORATION = {
+    "random": ExplorationType.RANDOM,
+    "deterministic": ExplorationType.DETERMINISTIC,
+}
+# Seed offsets keep each rollout kind's random streams apart from SAC's and each other's.
+_ROLLOUT_SEED_OFFSET = {"random": 1_000, "medium": 2_000, "expert": 3_000}
+
+Arrays = dict[str, np.ndarray]
+
+
+def dataset_file_name(family: EnvFamily, kind: str, tag: str | None = None) -> str:
+    """``hopper-medium-replay-gen.hdf5`` or, with a tag, ``hopper-demo-medium-replay-gen.hdf5``."""
+    middle = f"{tag}-" if tag else ""
+    return f"{family.name}-{middle}{kind}-gen.hdf5"
+
+
+def complete_episodes(transitions: TensorDict) -> TensorDict:
+    """Drops the trailing transitions after the last episode end, batch ``[N] -> [M<=N]``."""
+    ends = transitions["next", "done"].reshape(-1).nonzero()
+    if ends.numel() == 0:
+        raise ValueError(
+            f"{transitions.numel()} transitions hold no complete episode; collect more "
+            "transitions (sac.total_steps / rollout_transitions) or lower max_episode_steps."
+        )
+    return transitions[: int(ends[-1]) + 1]
+
+
+def to_d4rl_arrays(transitions: TensorDict) -> Arrays:
+    """Transitions (keys :data:`TRANSITION_KEYS`, batch ``[N]``) in D4RL's HDF5 layout.
+
+    ``terminals`` is the environment's termination; ``timeouts`` marks episodes
+    cut by the step cap and never a terminal step (as in D4RL).
+    """
+    terminated = transitions["next", "terminated"].reshape(-1)
+    truncated = transitions["next", "truncated"].reshape(-1)
+    return {
+        "observations": transitions["observation"].float().numpy(),
+        "next_observations": transitions["next", "observation"].float().numpy(),
+        "actions": transitions["action"].float().numpy(),
+        "rewards": transitions["next", "reward"].reshape(-1).float().numpy(),
+        "terminals": terminated.numpy().astype(bool),
+        "timeouts": (truncated & ~terminated).numpy().astype(bool),
+        "infos/qpos": transitions["qpos"].float().numpy(),
+        "infos/qvel": transitions["qvel"].float().numpy(),
+    }
+
+
+def episode_returns(arrays: Arrays) -> np.ndarray:
+    """Undiscounted return of every episode of a complete-episode D4RL array dict."""
+    ends = np.flatnonzero(arrays["terminals"] | arrays["timeouts"])
+    sums = np.cumsum(arrays["rewards"], dtype=np.float64)[ends]
+    return np.diff(sums, prepend=0.0)
+
+
+def concat_arrays(parts: Sequence[Arrays]) -> Arrays:
+    """Stitches datasets one after the other (``medium-expert``)."""
+    return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+
+
+def write_d4rl_hdf5(
+    path: Path,
+    arrays: Arrays,
+    metadata: dict[str, Any],
+    compression: str | None = "gzip",
+    compression_level: int = 4,
+) -> None:
+    """Writes ``arrays`` and ``metadata/*`` atomically, chunked and compressed.
+
+    Gzip with the shuffle filter shrinks MuJoCo float32 data about 2x; any
+    HDF5 reader (h5py, D4RL's ``get_dataset``) decompresses transparently.
+    """
+    options: dict[str, Any] = {}
+    if compression:
+        options = {"compression": compression, "shuffle": True}
+        if compression == "gzip":
+            options["compression_opts"] = compression_level
+
+    def write(tmp: Path) -> None:
+        with h5py.File(tmp, "w") as handle:
+            for key, value in arrays.items():
+                handle.create_dataset(key, data=value, **options)
+            for key, value in metadata.items():
+                handle[f"metadata/{key}"] = value
+
+    atomic_write(path, write)
+
+
+def read_d4rl_hdf5(path: Path) -> tuple[Arrays, dict[str, Any]]:
+    """The arrays and ``metadata/*`` of a file written by :func:`write_d4rl_hdf5`."""
+    arrays: Arrays = {}
+    metadata: dict[str, Any] = {}
+    with h5py.File(path, "r") as handle:
+        for key in (
+            "observations",
+            "next_observations",
+            "actions",
+            "rewards",
+            "terminals",
+            "timeouts",
+            "infos/qpos",
+            "infos/qvel",
+        ):
+            arrays[key] = handle[key][()]
+        for key, value in handle["metadata"].items():
+            value = value[()]
+            metadata[key] = value.decode() if isinstance(value, bytes) else value
+    return arrays, metadata
+
+
+def collect_rollouts(
+    family: EnvFamily,
+    policy: ProbabilisticActor | None,
+    num_transitions: int,
+    seed: int,
+    max_episode_steps: int | None = None,
+    exploration: str = "random",
+    desc: str = "rollouts",
+    progress: bool = True,
+) -> TensorDict:
+    """Up to ``num_transitions`` transitions of complete episodes, in order.
+
+    Args:
+        family: environment family.
+        policy: the behaviour policy, or None for uniform random actions.
+        num_transitions: steps to collect; the last partial episode is dropped.
+        seed: seeds torch and the environment.
+        max_episode_steps: episode cap (None: the family's).
+        exploration: ``"random"`` samples the policy (D4RL's choice),
+            ``"deterministic"`` takes the tanh of its mean.
+        desc, progress: the progress bar's label, and whether to show it.
+
+    Returns:
+        TensorDict with keys :data:`TRANSITION_KEYS`, batch ``[M <= num_transitions]``.
+    """
+    seed_everything(seed)
+    env = make_collect_env(family, max_episode_steps)
+    env.set_seed(seed)
+    frames_per_batch = min(num_transitions, 1_000)
+    total = -(-num_transitions // frames_per_batch) * frames_per_batch
+    collector = Collector(
+        env,
+        policy,
+        frames_per_batch=frames_per_batch,
+        total_frames=total,
+        exploration_type=ROLLOUT_EXPLORATION[exploration],
+        auto_register_policy_transforms=False,
+    )
+    batches = []
+    with torch.no_grad(), tqdm(total=total, desc=desc, unit="step", disable=not progress) as bar:
+        for batch in collector:
+            batches.append(batch.reshape(-1).select(*TRANSITION_KEYS).clone())
+            bar.update(batch.numel())
+    collector.shutdown()
+    return complete_episodes(torch.cat(batches)[:num_transitions])
+
+
+def select_checkpoints(
+    evaluations: Sequence[dict[str, Any]], medium_fraction: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The medium and the expert checkpoint of a run.
+
+    Expert: the best evaluation return (earliest on ties). Medium: the
+    evaluation return nearest ``medium_fraction * best`` (earliest on ties).
+    """
+    if not evaluations:
+        raise ValueError("the SAC run has no evaluated checkpoint")
+    expert = max(evaluations, key=lambda e: (e["return"], -e["step"]))
+    target = medium_fraction * expert["return"]
+    medium = min(evaluations, key=lambda e: (abs(e["return"] - target), e["step"]))
+    return medium, expert
+
+
+@dataclasses.dataclass
+class GenerationRequest:
+    """Everything that determines a set of generated files."""
+
+    family: EnvFamily
+    kinds: Sequence[str]
+    seed: int = 0
+    sac: SACConfig = dataclasses.field(default_factory=SACConfig)
+    medium_fraction: float = 1 / 3
+    rollout_transitions: int = 1_000_000
+    rollout_exploration: str = "random"
+    tag: str | None = None
+    out_dir: Path = Path(".")
+    runs_dir: Path = Path(".")
+    compression: str | None = "gzip"
+    compression_level: int = 4
+    command: str = ""
+    progress: bool = True
+
+    def validate(self) -> None:
+        unknown = [kind for kind in self.kinds if kind not in D4RL_KINDS]
+        if unknown or not self.kinds:
+            raise ValueError(
+                f"unknown dataset kind(s) {unknown or self.kinds!r}; choose among "
+                f"{list(D4RL_KINDS)} (one, a list, or 'all')."
+            )
+        if not 0.0 < self.medium_fraction <= 1.0:
+            raise ValueError(f"medium_fraction={self.medium_fraction} must be in (0, 1].")
+        if self.rollout_exploration not in ROLLOUT_EXPLORATION:
+            raise ValueError(
+                f"rollout_exploration={self.rollout_exploration!r} must be one of "
+                f"{list(ROLLOUT_EXPLORATION)}."
+            )
+        if self.rollout_transitions <= 0:
+            raise ValueError(f"rollout_transitions={self.rollout_transitions} must be positive.")
+        self.sac.validate()
+
+    def data_key(self) -> str:
+        """Hash of every setting that changes the data (not the command or paths)."""
+        return config_hash(
+            {
+                "family": self.family.name,
+                "seed": self.seed,
+                "sac": dataclasses.asdict(self.sac),
+                "medium_fraction": self.medium_fraction,
+                "rollout_transitions": self.rollout_transitions,
+                "rollout_exploration": self.rollout_exploration,
+                "generator_version": GENERATOR_VERSION,
+            }
+        )
+
+
+def _policy_fields(family: EnvFamily, evaluation: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "policy_step": int(evaluation["step"]),
+        "policy_return": float(evaluation["return"]),
+        "policy_normalized_score": float(family.normalized_score(evaluation["return"])),
+    }
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchrl": torchrl.__version__,
+        "tensordict": tensordict.__version__,
+        "gymnasium": gymnasium.__version__,
+        "mujoco": mujoco.__version__,
+        "torch_num_threads": str(torch.get_num_threads()),
+    }
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def generate_datasets(request: GenerationRequest) -> list[Path]:
+    """Trains (or resumes, or reuses) the SAC run and writes the requested kinds.
+
+    A file that already exists with the same settings (``metadata/data_key``)
+    is kept as it is, so rerunning an interrupted command redoes only what is
+    missing.
+
+    Returns:
+        The paths of the HDF5 files, in the order of ``request.kinds``.
+    """
+    request.validate()
+    family, sac = request.family, request.sac
+    out_dir = Path(request.out_dir)
+    key = request.data_key()
+    paths = {kind: out_dir / dataset_file_name(family, kind, request.tag) for kind in D4RL_KINDS}
+
+    def up_to_date(kind: str) -> bool:
+        if not paths[kind].exists():
+            return False
+        with h5py.File(paths[kind], "r") as handle:
+            stored = handle.get("metadata/data_key")
+            return stored is not None and stored[()].decode() == key
+
+    todo = [kind for kind in request.kinds if not up_to_date(kind)]
+    run = SACRun(
+        run_dir_for(Path(request.runs_dir), family, request.seed, sac), family, request.seed, sac
+    )
+    evaluations: list[dict[str, Any]] = []
+    medium: dict[str, Any] = {}
+    expert: dict[str, Any] = {}
+    if any(kind != "random" for kind in todo):
+        run.train(progress=request.progress)
+        evaluations = run.evaluations()
+        medium, expert = select_checkpoints(evaluations, request.medium_fraction)
+
+    rollouts: dict[str, Arrays] = {}
+
+    def rollout(kind: str) -> Arrays:
+        """``random``/``medium``/``expert`` rollouts, read back from their file if present."""
+        if kind not in rollouts:
+            if up_to_date(kind):
+                rollouts[kind] = read_d4rl_hdf5(paths[kind])[0]
+            else:
+                checkpoint = {"medium": medium, "expert": expert}.get(kind)
+                policy = None if checkpoint is None else run.load_policy(checkpoint["step"])
+                transitions = collect_rollouts(
+                    family,
+                    policy,
+                    request.rollout_transitions,
+                    request.seed + _ROLLOUT_SEED_OFFSET[kind],
+                    sac.max_episode_steps,
+                    request.rollout_exploration,
+                    desc=f"{kind} rollouts",
+                    progress=request.progress,
+                )
+                rollouts[kind] = to_d4rl_arrays(transitions)
+        return rollouts[kind]
+
+    for kind in todo:
+        started = time.perf_counter()
+        if kind in ("random", "medium", "expert"):
+            arrays = rollout(kind)
+        elif kind == "medium-expert":
+            arrays = concat_arrays([rollout("medium"), rollout("expert")])
+        else:
+            upto = medium["step"] if kind == "medium-replay" else None
+            arrays = to_d4rl_arrays(complete_episodes(run.buffer(upto)))
+
+        returns = episode_returns(arrays)
+        behaviour = {
+            "random": None,
+            "medium": medium,
+            "medium-replay": medium,
+            "expert": expert,
+            "medium-expert": medium,
+            "full-replay": evaluations[-1],
+        }[kind]
+        fields: dict[str, Any] = {
+            "env_id": family.gym_id,
+            "family": family.name,
+            "kind": kind,
+            "seed": request.seed,
+            "sac_total_steps": sac.total_steps if kind != "random" else 0,
+            "transitions": len(arrays["rewards"]),
+            "episodes": len(returns),
+            "episode_return_mean": float(returns.mean()),
+            "episode_normalized_score_mean": float(family.normalized_score(returns.mean())),
+            "medium_fraction": request.medium_fraction,
+            "rollout_exploration": request.rollout_exploration,
+            "generator": "cbop_torchrl.data.generate",
+            "generator_version": GENERATOR_VERSION,
+            "command": request.command,
+            "data_key": key,
+        }
+        if behaviour is not None:
+            fields.update(_policy_fields(family, behaviour))
+        if kind == "medium-expert":
+            fields.update({f"expert_{k}": v for k, v in _policy_fields(family, expert).items()})
+        write_d4rl_hdf5(paths[kind], arrays, fields, request.compression, request.compression_level)
+
+        sac_time = run.wall_time() if kind != "random" else 0.0
+        provenance = {
+            **fields,
+            "file": paths[kind].name,
+            "sha256": _sha256(paths[kind]),
+            "size_bytes": paths[kind].stat().st_size,
+            "wall_time_s": {
+                "sac_training": round(sac_time, 1),
+                "this_file": round(time.perf_counter() - started, 1),
+                "total": round(sac_time + time.perf_counter() - started, 1),
+            },
+            "sac": {"config": dataclasses.asdict(sac), "evaluations": evaluations}
+            if kind != "random"
+            else None,
+            "versions": _versions(),
+        }
+        atomic_json_dump(provenance, paths[kind].with_suffix(".provenance.json"))
+    return [paths[kind] for kind in request.kinds]
+
+
+def load_json(path: Path) -> dict[str, Any]:
+    """A provenance file's content."""
+    return json.loads(Path(path).read_text())
