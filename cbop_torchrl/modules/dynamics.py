@@ -1,0 +1,378 @@
+"""The probabilistic dynamics ensemble and its TensorDict interface.
+
+:class:`GaussianEnsemble` is the network (MBPO/PETS style, CBOP appendix B.2):
+``E`` Gaussian MLP members, each mapping a standardized ``(observation,
+action)`` to the mean and log-variance of the standardized target
+``[next_obs - obs, reward]``. The log-variance is kept between learnable soft
+bounds (``max`` init 0.5, ``min`` init -10, one pair per member and output).
+
+:class:`DynamicsModel` wraps it as a TensorDict module for model rollouts:
+it reads ``observation``/``action`` and writes ``("next", "observation")``,
+``("next", "reward")`` and ``("next", "terminated")`` using the environment
+family's termination function from :mod:`cbop_torchrl.registry`.
+
+:func:`save_dynamics`/:func:`load_dynamics` store a model with its
+normalization statistics and elite indices in a checkpoint that loads with
+``torch.load(..., weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torch import nn
+
+from cbop_torchrl.modules.ensemble import EnsembleMLP
+from cbop_torchrl.registry import EnvFamily, get_family
+from cbop_torchrl.utils import atomic_torch_save
+
+MAX_LOGVAR_INIT = 0.5
+MIN_LOGVAR_INIT = -10.0
+CHECKPOINT_FORMAT = 1
+
+
+class GaussianEnsemble(nn.Module):
+    """``E`` Gaussian MLPs predicting the state delta and the reward.
+
+    Inputs ``[obs, action]`` and targets ``[next_obs - obs, reward]`` are
+    standardized with statistics of the training split, stored as buffers
+    (set them with :meth:`set_normalizer` before training).
+
+    Args:
+        obs_dim: observation size ``O``.
+        action_dim: action size ``A``.
+        num_members: ``E``.
+        hidden_sizes: hidden layer widths (paper: four layers of 200).
+        activation: hidden activation name (``silu`` or ``relu``, see ``ensemble.py``).
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        num_members: int = 30,
+        hidden_sizes: Sequence[int] = (200, 200, 200, 200),
+        activation: str = "silu",
+    ) -> None:
+        super().__init__()
+        self.obs_dim = obs_dim
+        self.action_dim = action_dim
+        self.num_members = num_members
+        self.hidden_sizes = tuple(int(h) for h in hidden_sizes)
+        self.activation = activation
+        in_dim, out_dim = obs_dim + action_dim, obs_dim + 1
+        self.target_dim = out_dim
+        self.net = EnsembleMLP(num_members, in_dim, 2 * out_dim, self.hidden_sizes, activation)
+        self.max_logvar = nn.Parameter(torch.full((num_members, 1, out_dim), MAX_LOGVAR_INIT))
+        self.min_logvar = nn.Parameter(torch.full((num_members, 1, out_dim), MIN_LOGVAR_INIT))
+        self.register_buffer("input_mean", torch.zeros(in_dim))
+        self.register_buffer("input_std", torch.ones(in_dim))
+        self.register_buffer("target_mean", torch.zeros(out_dim))
+        self.register_buffer("target_std", torch.ones(out_dim))
+
+    @torch.no_grad()
+    def set_normalizer(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        """Stores mean/std of ``inputs`` ``[N, O + A]`` and ``targets`` ``[N, O + 1]``.
+
+        A constant column gets std 1 so that it is centred but not blown up.
+        """
+        for name, data in (("input", inputs), ("target", targets)):
+            mean, std = data.mean(0), data.std(0)
+            std = torch.where(std < 1e-6, torch.ones_like(std), std)
+            getattr(self, f"{name}_mean").copy_(mean)
+            getattr(self, f"{name}_std").copy_(std)
+
+    def normalize_inputs(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """``[..., O]``, ``[..., A]`` -> standardized ``[..., O + A]`` (float32)."""
+        inputs = torch.cat([obs.float(), action.float()], dim=-1)
+        return (inputs - self.input_mean) / self.input_std
+
+    def normalize_targets(self, targets: torch.Tensor) -> torch.Tensor:
+        """Raw ``[..., O + 1]`` targets -> standardized."""
+        return (targets - self.target_mean) / self.target_std
+
+    def forward(
+        self,
+        inputs: torch.Tensor,
+        members: torch.Tensor | None = None,
+        per_member: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Standardized inputs -> standardized Gaussian ``(mean, logvar)``.
+
+        Args:
+            inputs: ``[E', B, O + A]`` if ``per_member`` else shared ``[B, O + A]``.
+            members: ``[E']`` long indices of the members to run (None: all ``E``).
+            per_member: whether ``inputs`` has the leading member dimension.
+
+        Returns:
+            ``mean`` and ``logvar``, both float32 ``[E', B, O + 1]``. Under
+            ``torch.autocast`` the matmuls run in the autocast dtype; the
+            variance bounds and everything after them stay in float32.
+        """
+        out = self.net(inputs, members, per_member=per_member).float()
+        mean, raw_logvar = out.chunk(2, dim=-1)
+        max_logvar, min_logvar = self.max_logvar, self.min_logvar
+        if members is not None:
+            max_logvar, min_logvar = max_logvar[members], min_logvar[members]
+        # Soft clamp into (min_logvar, max_logvar), differentiable in the bounds.
+        logvar = max_logvar - F.softplus(max_logvar - raw_logvar)
+        logvar = min_logvar + F.softplus(logvar - min_logvar)
+        return mean, logvar
+
+    def predict(
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        members: torch.Tensor | None = None,
+        per_member: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw-unit Gaussian prediction of ``[next_obs - obs, reward]``.
+
+        Args:
+            obs: ``[E', B, O]`` if ``per_member`` else ``[B, O]``.
+            action: same leading shape as ``obs``, last dim ``A``.
+            members: ``[E']`` member indices (None: all).
+            per_member: see :meth:`forward`.
+
+        Returns:
+            ``mean`` and ``std``, float32 ``[E', B, O + 1]`` in raw target units.
+        """
+        mean, logvar = self(self.normalize_inputs(obs, action), members, per_member)
+        mean = mean * self.target_std + self.target_mean
+        std = torch.exp(0.5 * logvar) * self.target_std
+        return mean, std
+
+    def logvar_bound_penalty(self) -> torch.Tensor:
+        """``sum(max_logvar) - sum(min_logvar)``; scaled by 0.01 in the training loss."""
+        return self.max_logvar.sum() - self.min_logvar.sum()
+
+    def param_groups(self, weight_decay: Sequence[float]) -> list[dict]:
+        """Optimizer parameter groups giving layer ``l``'s weights L2 decay ``weight_decay[l]``.
+
+        Adam's ``weight_decay`` adds ``decay * W`` to the gradient, which is the
+        gradient of MBPO's ``decay / 2 * ||W||^2`` loss term, without computing
+        that term every step. Biases and log-variance bounds are not decayed.
+        ``weight_decay`` has one entry per layer (hidden layers, then output).
+        """
+        layers = self.net.layers
+        if len(weight_decay) != len(layers):
+            raise ValueError(
+                f"weight_decay has {len(weight_decay)} entries but the network has "
+                f"{len(layers)} layers (hidden layers + output layer); give one per layer"
+            )
+        groups = [
+            {"params": [layer.weight], "weight_decay": float(decay)}
+            for decay, layer in zip(weight_decay, layers, strict=True)
+        ]
+        others = [layer.bias for layer in layers] + [self.max_logvar, self.min_logvar]
+        groups.append({"params": others, "weight_decay": 0.0})
+        return groups
+
+    def architecture(self) -> dict:
+        """The constructor arguments, as plain Python values (for checkpoints)."""
+        return {
+            "obs_dim": self.obs_dim,
+            "action_dim": self.action_dim,
+            "num_members": self.num_members,
+            "hidden_sizes": list(self.hidden_sizes),
+            "activation": self.activation,
+        }
+
+
+def _resolve_family(family: EnvFamily | str) -> EnvFamily:
+    return family if isinstance(family, EnvFamily) else get_family(family)
+
+
+class DynamicsModel(TensorDictModuleBase):
+    """The elites of a :class:`GaussianEnsemble` as a TensorDict module for model rollouts.
+
+    Reads ``observation`` ``[*batch, O]`` and ``action`` ``[*batch, A]``; writes
+    ``("next", "observation")`` ``[*batch, O]``, ``("next", "reward")`` ``[*batch, 1]``
+    (both float32, also under ``torch.autocast``) and ``("next", "terminated")``
+    bool ``[*batch, 1]`` from the family's termination function.
+
+    Two propagation schemes, chosen explicitly by ``per_member``:
+
+    - ``per_member=True`` (TS-infinity, what CBOP uses): the first batch dim
+      is the particle dim and must equal ``num_elites``; particle ``k`` is
+      propagated by elite ``k``. Batch ``[K, B]`` (or ``[K, *rest]``).
+    - ``per_member=False`` (MBPO-style TS-1): any batch ``[*batch]``; in
+      ``sample`` mode every row is propagated by an elite drawn uniformly at
+      random, in ``mean`` mode by the average of the elites' means.
+
+    Modes: ``sample`` draws ``mean + std * eps`` from the member's Gaussian;
+    ``mean`` returns the member mean. Sampling uses ``generator`` when given
+    (a ``torch.Generator`` on the model's device) for reproducible rollouts.
+
+    Args:
+        ensemble: the trained network, normalization statistics included.
+        family: the environment family (or its registered name); its
+            ``termination_fn`` decides ``("next", "terminated")``.
+        elites: indices of the elite members, in particle order.
+        mode: ``"sample"`` or ``"mean"``.
+        per_member: propagation scheme (see above).
+        generator: optional ``torch.Generator`` for the Gaussian/elite draws.
+    """
+
+    in_keys = ["observation", "action"]
+    out_keys = [("next", "observation"), ("next", "reward"), ("next", "terminated")]
+    MODES = ("sample", "mean")
+
+    def __init__(
+        self,
+        ensemble: GaussianEnsemble,
+        family: EnvFamily | str,
+        elites: Sequence[int] | torch.Tensor | None = None,
+        mode: str = "sample",
+        per_member: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        self.ensemble = ensemble
+        self.family = _resolve_family(family)
+        self.termination_fn = self.family.termination_fn
+        self.mode = self._check_mode(mode)
+        self.per_member = per_member
+        self.generator = generator
+        if elites is None:
+            elites = range(ensemble.num_members)
+        elites = torch.as_tensor(list(map(int, elites)), dtype=torch.long)
+        if elites.numel() == 0 or elites.min() < 0 or elites.max() >= ensemble.num_members:
+            raise ValueError(
+                f"elite indices {elites.tolist()} must be a non-empty subset of "
+                f"0..{ensemble.num_members - 1}"
+            )
+        self.register_buffer("elite_indices", elites.to(ensemble.input_mean.device))
+        # Running all members in their stored order needs no weight gather.
+        self._elites_are_all = torch.equal(elites, torch.arange(ensemble.num_members))
+
+    @property
+    def num_elites(self) -> int:
+        return self.elite_indices.numel()
+
+    def _check_mode(self, mode: str) -> str:
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
+        return mode
+
+    def _members(self) -> torch.Tensor | None:
+        return None if self._elites_are_all else self.elite_indices
+
+    def _noise(self, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        return torch.randn(like.shape, generator=generator, device=like.device, dtype=like.dtype)
+
+    def predict_next(
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        mode: str | None = None,
+        per_member: bool | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tensors in, ``(next_obs [*batch, O], reward [*batch, 1])`` out; see :meth:`forward`."""
+        mode = self.mode if mode is None else self._check_mode(mode)
+        per_member = self.per_member if per_member is None else per_member
+        generator = self.generator if generator is None else generator
+        obs_dim = self.ensemble.obs_dim
+        batch_shape = obs.shape[:-1]
+        if per_member:
+            if obs.dim() < 2 or obs.shape[0] != self.num_elites:
+                raise ValueError(
+                    f"per_member=True needs a leading particle dim equal to num_elites="
+                    f"{self.num_elites}, but observation has shape {tuple(obs.shape)}; "
+                    "expand the batch to [num_elites, B] or use per_member=False"
+                )
+            flat_obs = obs.reshape(self.num_elites, -1, obs_dim)
+            flat_action = action.reshape(self.num_elites, -1, action.shape[-1])
+            mean, std = self.ensemble.predict(flat_obs, flat_action, self._members(), True)
+            target = mean if mode == "mean" else mean + std * self._noise(mean, generator)
+        else:
+            flat_obs = obs.reshape(-1, obs_dim)
+            flat_action = action.reshape(-1, action.shape[-1])
+            mean, std = self.ensemble.predict(flat_obs, flat_action, self._members(), False)
+            if mode == "mean":
+                target = mean.mean(0)
+            else:
+                # One uniformly drawn elite per row (MBPO's TS-1 propagation).
+                pick = torch.randint(
+                    self.num_elites,
+                    (1, mean.shape[1], 1),
+                    generator=generator,
+                    device=mean.device,
+                ).expand(1, -1, mean.shape[-1])
+                sample = mean + std * self._noise(mean, generator)
+                target = sample.gather(0, pick).squeeze(0)
+        target = target.reshape(*batch_shape, obs_dim + 1)
+        next_obs = obs.float() + target[..., :obs_dim]
+        return next_obs, target[..., obs_dim:]
+
+    def forward(
+        self,
+        tensordict: TensorDictBase,
+        mode: str | None = None,
+        per_member: bool | None = None,
+        generator: torch.Generator | None = None,
+    ) -> TensorDictBase:
+        """Writes the model's next observation, reward and termination into ``tensordict``.
+
+        ``mode``, ``per_member`` and ``generator`` override the constructor's values.
+        """
+        next_obs, reward = self.predict_next(
+            tensordict.get("observation"), tensordict.get("action"), mode, per_member, generator
+        )
+        tensordict.set(("next", "observation"), next_obs)
+        tensordict.set(("next", "reward"), reward)
+        tensordict.set(("next", "terminated"), self.termination_fn(next_obs).unsqueeze(-1))
+        return tensordict
+
+
+def save_dynamics(model: DynamicsModel, path: str | Path, metadata: dict | None = None) -> Path:
+    """Atomically writes ``model`` (weights, normalization, elites, family) to ``path``.
+
+    ``metadata`` (plain Python values only) is stored alongside, e.g. the
+    training config. Load with :func:`load_dynamics`.
+    """
+    checkpoint = {
+        "format": CHECKPOINT_FORMAT,
+        "architecture": model.ensemble.architecture(),
+        "family": model.family.name,
+        "elites": model.elite_indices.tolist(),
+        "state_dict": {k: v.detach().cpu() for k, v in model.ensemble.state_dict().items()},
+        "metadata": metadata or {},
+    }
+    return atomic_torch_save(checkpoint, path)
+
+
+def load_dynamics(
+    path: str | Path,
+    device: torch.device | str | None = None,
+    mode: str = "sample",
+    per_member: bool = True,
+) -> DynamicsModel:
+    """Rebuilds the :class:`DynamicsModel` saved by :func:`save_dynamics`.
+
+    Loads with ``weights_only=True``. The family must be registered in
+    :mod:`cbop_torchrl.registry` (its termination function is not pickled).
+    """
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"{path} is not a dynamics checkpoint of format {CHECKPOINT_FORMAT} "
+            f"(found format {checkpoint.get('format')!r}); retrain or re-save it"
+        )
+    ensemble = GaussianEnsemble(**checkpoint["architecture"])
+    ensemble.load_state_dict(checkpoint["state_dict"])
+    model = DynamicsModel(
+        ensemble, checkpoint["family"], checkpoint["elites"], mode=mode, per_member=per_member
+    )
+    return model.to(device) if device is not None else model
+
+
+def load_dynamics_metadata(path: str | Path) -> dict:
+    """The ``metadata`` dict stored by :func:`save_dynamics`."""
+    return torch.load(path, map_location="cpu", weights_only=True)["metadata"]

@@ -1,0 +1,405 @@
+"""Training the dynamics ensemble (PETS/MBPO recipe, CBOP appendix B.2), and its cache.
+
+Recipe, all members at once (one batched optimizer step updates every member):
+
+1. Rows with ``dynamics_mask`` (no timeouts, no cut episode ends) are split
+   into a holdout of ``min(holdout_ratio * N, max_holdout)`` rows and a
+   training split; inputs/targets are standardized with training-split
+   statistics.
+2. Member ``e`` trains on its own bootstrap resample of the training split
+   (an ``[E, N_train]`` index tensor, reshuffled per member each epoch), with
+   the Gaussian NLL in standardized units, ``0.01 * (sum max_logvar - sum
+   min_logvar)`` and MBPO's per-layer L2 weight decay (2.5e-5, 5e-5, 7.5e-5,
+   7.5e-5, 1e-4 for the 4 hidden + output layers; applied through Adam's
+   ``weight_decay``, which adds the same gradient as the L2 loss term).
+3. After each epoch every member's holdout MSE (standardized units, mean
+   over output dims) is compared with its best: a member that improved by
+   more than 1% gets a new snapshot. Training stops after ``patience``
+   epochs in which no member improved (or at ``max_epochs``); each member is
+   restored to its snapshot and the ``num_elites`` lowest-MSE members are the
+   elites.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tqdm.auto import tqdm
+
+from cbop_torchrl.modules.dynamics import (
+    DynamicsModel,
+    GaussianEnsemble,
+    load_dynamics,
+    save_dynamics,
+)
+from cbop_torchrl.registry import EnvFamily, get_family
+from cbop_torchrl.utils import atomic_json_dump, cache_dir, config_hash
+
+EVAL_CHUNK = 2048  # holdout rows per evaluation call (bounds activation memory)
+
+
+@dataclass
+class DynamicsConfig:
+    """Dynamics ensemble architecture and training settings (paper defaults)."""
+
+    num_members: int = 30
+    num_elites: int = 20
+    hidden_size: int = 200
+    num_layers: int = 4
+    activation: str = "silu"
+    lr: float = 1e-3
+    batch_size: int = 256
+    holdout_ratio: float = 0.2
+    max_holdout: int = 5000
+    patience: int = 5
+    improvement_threshold: float = 0.01
+    max_epochs: int | None = None
+    weight_decay: tuple[float, ...] = field(default=(2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4))
+    logvar_bound_coef: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.weight_decay = tuple(float(d) for d in self.weight_decay)
+        problems = []
+        if not 1 <= self.num_elites <= self.num_members:
+            problems.append(
+                f"num_elites={self.num_elites} must be between 1 and num_members={self.num_members}"
+            )
+        if len(self.weight_decay) != self.num_layers + 1:
+            problems.append(
+                f"weight_decay has {len(self.weight_decay)} entries but num_layers="
+                f"{self.num_layers} needs {self.num_layers + 1} (one per hidden layer plus "
+                "the output layer)"
+            )
+        if not 0.0 < self.holdout_ratio < 1.0 or self.max_holdout < 1:
+            problems.append(
+                f"holdout_ratio={self.holdout_ratio} must be in (0, 1) and max_holdout="
+                f"{self.max_holdout} at least 1"
+            )
+        if self.max_epochs is not None and self.max_epochs < 1:
+            problems.append(f"max_epochs={self.max_epochs} must be None or >= 1")
+        if min(self.batch_size, self.patience, self.hidden_size, self.num_layers) < 1:
+            problems.append("batch_size, patience, hidden_size and num_layers must be >= 1")
+        if problems:
+            raise ValueError("invalid dynamics config: " + "; ".join(problems))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DynamicsConfig:
+        """Builds a config from a plain dict (e.g. a Hydra node), rejecting unknown keys."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown dynamics config keys {unknown}; valid keys are {sorted(known)}"
+            )
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = dataclasses.asdict(self)
+        values["weight_decay"] = list(self.weight_decay)
+        return values
+
+
+@dataclass
+class _Split:
+    """Raw ``obs [N, O]``, ``action [N, A]``, ``target [N, O + 1]`` rows of one split."""
+
+    obs: torch.Tensor
+    action: torch.Tensor
+    target: torch.Tensor
+
+
+def dynamics_rows(dataset_td: TensorDictBase) -> _Split:
+    """The rows usable for model training: ``dynamics_mask`` True, targets ``[s' - s, r]``."""
+    keys = ["observation", "action", ("next", "observation"), ("next", "reward"), "dynamics_mask"]
+    missing = [key for key in keys if key not in dataset_td.keys(include_nested=True)]
+    if missing:
+        raise KeyError(
+            f"the dataset TensorDict lacks {missing}; build it with "
+            "cbop_torchrl.data.load_dataset, which provides observation, action, "
+            "('next', 'observation'), ('next', 'reward') and dynamics_mask"
+        )
+    mask = dataset_td.get("dynamics_mask").reshape(-1)
+    obs = dataset_td.get("observation")[mask].float()
+    action = dataset_td.get("action")[mask].float()
+    next_obs = dataset_td.get(("next", "observation"))[mask].float()
+    reward = dataset_td.get(("next", "reward"))[mask].float().reshape(-1, 1)
+    return _Split(obs, action, torch.cat([next_obs - obs, reward], dim=-1))
+
+
+def split_holdout(
+    num_rows: int, config: DynamicsConfig, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(holdout_idx, train_idx)``: a random holdout of ``min(ratio * N, max_holdout)`` rows.
+
+    With ``generator=None`` it is the split :func:`train_dynamics` uses for ``config.seed``.
+    """
+    num_holdout = min(int(num_rows * config.holdout_ratio), config.max_holdout)
+    if num_holdout < 1 or num_rows - num_holdout < 2:
+        raise ValueError(
+            f"only {num_rows} usable transitions (dynamics_mask True); need enough for a "
+            f"holdout of {config.holdout_ratio:.0%} and at least 2 training rows"
+        )
+    generator = generator or torch.Generator().manual_seed(config.seed)
+    order = torch.randperm(num_rows, generator=generator)
+    return order[:num_holdout], order[num_holdout:]
+
+
+def _build_ensemble(config: DynamicsConfig, obs_dim: int, action_dim: int) -> GaussianEnsemble:
+    return GaussianEnsemble(
+        obs_dim,
+        action_dim,
+        num_members=config.num_members,
+        hidden_sizes=(config.hidden_size,) * config.num_layers,
+        activation=config.activation,
+    )
+
+
+@torch.no_grad()
+def holdout_losses(
+    ensemble: GaussianEnsemble, inputs_n: torch.Tensor, targets_n: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-member holdout MSE and Gaussian NLL in standardized units.
+
+    Args:
+        inputs_n: standardized ``[N, O + A]`` holdout inputs (shared by all members).
+        targets_n: standardized ``[N, O + 1]`` targets.
+
+    Returns:
+        ``mse [E]`` and ``nll [E]`` (both means over rows and output dims; the
+        NLL omits the constant ``0.5 * log(2 pi)`` and the factor 1/2).
+    """
+    sq_err = torch.zeros(ensemble.num_members, device=inputs_n.device)
+    nll = torch.zeros_like(sq_err)
+    for x, y in zip(inputs_n.split(EVAL_CHUNK), targets_n.split(EVAL_CHUNK), strict=True):
+        mean, logvar = ensemble(x, per_member=False)
+        err2 = (mean - y).pow(2)
+        sq_err += err2.sum(dim=(1, 2))
+        nll += (err2 * torch.exp(-logvar) + logvar).sum(dim=(1, 2))
+    count = targets_n.numel()
+    return sq_err / count, nll / count
+
+
+@torch.no_grad()
+def holdout_metrics(model: DynamicsModel, holdout: _Split) -> dict[str, Any]:
+    """Fit quality of the elites on raw-unit holdout rows.
+
+    ``holdout_r2_mean``: mean over elites and output dims of ``1 - MSE/Var``;
+    ``holdout_r2_per_dim``: the same averaged over elites only (delta obs
+    dims, then reward); ``coverage_2sigma``: share of (elite, row, dim)
+    targets within the member's predicted mean +- 2 std.
+    """
+    device = holdout.target.device
+    inside = torch.zeros((), device=device)
+    sq_err = torch.zeros(model.num_elites, holdout.target.shape[1], device=device)
+    chunks = (split.split(EVAL_CHUNK) for split in (holdout.obs, holdout.action, holdout.target))
+    for obs, action, target in zip(*chunks, strict=True):
+        mean, std = model.ensemble.predict(obs, action, model.elite_indices, per_member=False)
+        err = target - mean
+        sq_err += err.pow(2).sum(1)
+        inside += (err.abs() <= 2 * std).sum()
+    n = holdout.target.shape[0]
+    variance = holdout.target.var(0, unbiased=False).clamp_min(1e-12)
+    r2 = 1 - sq_err / n / variance  # [K, O + 1]
+    return {
+        "holdout_r2_mean": r2.mean().item(),
+        "holdout_r2_per_dim": r2.mean(0).tolist(),
+        "coverage_2sigma": (inside / (n * model.num_elites * variance.numel())).item(),
+    }
+
+
+def train_dynamics(
+    dataset_td: TensorDictBase,
+    family: EnvFamily | str,
+    config: DynamicsConfig | None = None,
+    progress: bool = True,
+    log_fn: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[DynamicsModel, dict[str, Any]]:
+    """Trains a :class:`GaussianEnsemble` on ``dataset_td`` and selects its elites.
+
+    Runs on the device of the dataset's tensors.
+
+    Args:
+        dataset_td: dataset TensorDict ``[N]`` (see ``cbop_torchrl.data.load_dataset``).
+        family: environment family (or its registered name) for the termination fn.
+        config: settings (paper defaults if None).
+        progress: show a tqdm bar over epochs.
+        log_fn: called after every epoch with a dict of scalars: ``epoch``,
+            ``train_loss``, ``holdout_mse`` and ``holdout_nll`` (means over
+            members), ``holdout_mse_best`` (mean of the members' best MSE),
+            ``epochs_since_improvement``.
+
+    Returns:
+        The model (elites in ascending holdout-MSE order) and a metrics dict
+        with ``holdout_r2_mean``, ``holdout_r2_per_dim``, ``coverage_2sigma``,
+        ``elites``, ``holdout_mse_per_member``, ``epochs``, ``wall_time_s``,
+        ``num_train``, ``num_holdout``.
+    """
+    config = config or DynamicsConfig()
+    family = family if isinstance(family, EnvFamily) else get_family(family)
+    start_time = time.perf_counter()
+    rows = dynamics_rows(dataset_td)
+    device = rows.obs.device
+    num_rows, obs_dim = rows.obs.shape
+    action_dim = rows.action.shape[1]
+    if obs_dim != family.obs_dim or action_dim != family.action_dim:
+        raise ValueError(
+            f"dataset has obs/action sizes {obs_dim}/{action_dim} but family "
+            f"{family.name!r} expects {family.obs_dim}/{family.action_dim}"
+        )
+
+    # Split, bootstrap and initialisation come from CPU generators, so a seed
+    # gives the same ensemble on every device.
+    cpu_gen = torch.Generator().manual_seed(config.seed)
+    hold_idx, train_idx = (idx.to(device) for idx in split_holdout(num_rows, config, cpu_gen))
+    holdout = _Split(rows.obs[hold_idx], rows.action[hold_idx], rows.target[hold_idx])
+    train = _Split(rows.obs[train_idx], rows.action[train_idx], rows.target[train_idx])
+    num_train = train_idx.numel()
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        ensemble = _build_ensemble(config, obs_dim, action_dim)
+    ensemble = ensemble.to(device)
+    ensemble.set_normalizer(torch.cat([train.obs, train.action], -1), train.target)
+    train_x = ensemble.normalize_inputs(train.obs, train.action)
+    train_y = ensemble.normalize_targets(train.target)
+    hold_x = ensemble.normalize_inputs(holdout.obs, holdout.action)
+    hold_y = ensemble.normalize_targets(holdout.target)
+
+    num_members = config.num_members
+    bootstrap = torch.randint(num_train, (num_members, num_train), generator=cpu_gen).to(device)
+    shuffle_gen = torch.Generator(device=device).manual_seed(config.seed + 1)
+    optimizer = torch.optim.Adam(
+        ensemble.param_groups(config.weight_decay), lr=config.lr, fused=True
+    )
+    # Every parameter has the member dim first, so snapshots are per-member row copies.
+    best_params = {n: p.detach().clone() for n, p in ensemble.named_parameters()}
+    best_mse = torch.full((num_members,), math.inf, device=device)
+
+    epoch, epochs_since_improvement = 0, 0
+    bar = tqdm(total=config.max_epochs, desc="dynamics", unit="epoch", disable=not progress)
+    while True:
+        epoch += 1
+        ensemble.train()
+        # Per-member reshuffle of that member's bootstrap indices.
+        keys = torch.rand(num_members, num_train, generator=shuffle_gen, device=device)
+        epoch_idx = bootstrap.gather(1, keys.argsort(dim=1))
+        loss_sum = torch.zeros((), device=device)
+        num_batches = 0
+        for batch_idx in epoch_idx.split(config.batch_size, dim=1):  # [E, b]
+            x, y = train_x[batch_idx], train_y[batch_idx]  # [E, b, O + A], [E, b, O + 1]
+            mean, logvar = ensemble(x, per_member=True)
+            nll = ((mean - y).pow(2) * torch.exp(-logvar) + logvar).mean(dim=(1, 2)).sum()
+            loss = nll + config.logvar_bound_coef * ensemble.logvar_bound_penalty()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += nll.detach()
+            num_batches += 1
+
+        ensemble.eval()
+        mse, nll = holdout_losses(ensemble, hold_x, hold_y)
+        improved = (best_mse - mse) / best_mse > config.improvement_threshold
+        improved |= torch.isinf(best_mse)
+        with torch.no_grad():
+            for name, param in ensemble.named_parameters():
+                mask = improved.view(-1, *([1] * (param.dim() - 1)))
+                best_params[name] = torch.where(mask, param, best_params[name])
+        best_mse = torch.where(improved, mse, best_mse)
+        epochs_since_improvement = 0 if bool(improved.any()) else epochs_since_improvement + 1
+
+        record = {
+            "epoch": epoch,
+            "train_loss": (loss_sum / max(num_batches, 1) / num_members).item(),
+            "holdout_mse": mse.mean().item(),
+            "holdout_nll": nll.mean().item(),
+            "holdout_mse_best": best_mse.mean().item(),
+            "epochs_since_improvement": epochs_since_improvement,
+        }
+        if log_fn is not None:
+            log_fn(record)
+        bar.update(1)
+        bar.set_postfix(mse=f"{record['holdout_mse']:.4f}", nll=f"{record['holdout_nll']:.3f}")
+        if epochs_since_improvement >= config.patience:
+            break
+        if config.max_epochs is not None and epoch >= config.max_epochs:
+            break
+    bar.close()
+
+    with torch.no_grad():
+        for name, param in ensemble.named_parameters():
+            param.copy_(best_params[name])
+    ensemble.eval()
+    mse, nll = holdout_losses(ensemble, hold_x, hold_y)
+    elites = mse.argsort()[: config.num_elites]
+    model = DynamicsModel(ensemble, family, elites.cpu().tolist())
+    metrics = holdout_metrics(model, holdout)
+    metrics.update(
+        elites=elites.tolist(),
+        holdout_mse_per_member=mse.tolist(),
+        holdout_nll_per_member=nll.tolist(),
+        holdout_mse_elites=mse[elites].mean().item(),
+        epochs=epoch,
+        num_train=num_train,
+        num_holdout=hold_idx.numel(),
+        wall_time_s=time.perf_counter() - start_time,
+    )
+    return model, metrics
+
+
+def dynamics_cache_key(info: Any, config: DynamicsConfig) -> str:
+    """Cache key of a trained ensemble: dataset fingerprint, family and the full config."""
+    return config_hash(
+        {"dataset": info.fingerprint, "family": info.family.name, "config": config.to_dict()}
+    )
+
+
+def load_or_train_dynamics(
+    dataset_td: TensorDictBase,
+    info: Any,
+    config: DynamicsConfig | None = None,
+    progress: bool = True,
+    log_fn: Callable[[dict[str, Any]], None] | None = None,
+    use_cache: bool = True,
+) -> tuple[DynamicsModel, dict[str, Any]]:
+    """A trained ensemble for ``dataset_td``, from the cache when one exists.
+
+    The cache entry ``cache_dir("dynamics", key)`` (``model.pt`` +
+    ``metrics.json``) is keyed by ``info.fingerprint``, ``info.family`` and
+    every field of ``config``. The returned metrics carry ``cached`` (bool)
+    and ``cache_path``.
+
+    Args:
+        dataset_td: the dataset TensorDict; training runs on its device.
+        info: its ``DatasetInfo`` (``.name``, ``.family``, ``.fingerprint``).
+        config: dynamics settings (paper defaults if None).
+        progress, log_fn: see :func:`train_dynamics`.
+        use_cache: False always trains (and then refreshes the cache entry).
+    """
+    config = config or DynamicsConfig()
+    directory = cache_dir("dynamics", dynamics_cache_key(info, config))
+    model_path, metrics_path = directory / "model.pt", directory / "metrics.json"
+    device = dataset_td.get("observation").device
+    if use_cache and model_path.exists() and metrics_path.exists():
+        try:
+            model = load_dynamics(model_path, device=device)
+            metrics = json.loads(metrics_path.read_text())
+            metrics.update(cached=True, cache_path=str(model_path))
+            return model, metrics
+        except Exception as error:  # a corrupt entry is retrained, not fatal
+            warnings.warn(f"ignoring unreadable dynamics cache {model_path}: {error}", stacklevel=2)
+    model, metrics = train_dynamics(dataset_td, info.family, config, progress, log_fn)
+    save_dynamics(model, model_path, metadata={"dataset": info.name, "config": config.to_dict()})
+    metrics.update(dataset=info.name, config=config.to_dict())
+    atomic_json_dump(metrics, metrics_path)
+    metrics.update(cached=False, cache_path=str(model_path))
+    return model, metrics
