@@ -27,11 +27,15 @@ warnings.filterwarnings("ignore", message=".*compiled extension.*")
 
 def train(cfg: DictConfig) -> dict:
     """Loads the dataset, trains or loads the ensemble, writes the outputs; returns the metrics."""
+    import torch
+
     from cbop_torchrl.data import load_dataset_with_info
     from cbop_torchrl.modules.dynamics import save_dynamics
     from cbop_torchrl.trainers.dynamics import DynamicsConfig, load_or_train_dynamics
     from cbop_torchrl.utils import atomic_json_dump, resolve_device
 
+    if cfg.threads is not None:
+        torch.set_num_threads(int(cfg.threads))
     config = DynamicsConfig.from_dict(OmegaConf.to_container(cfg.dynamics, resolve=True))
     device = resolve_device(cfg.device)
     dataset, info = load_dataset_with_info(str(cfg.env), cfg.family)

@@ -215,3 +215,11 @@ def test_script_writes_metrics_and_rejects_bad_input(tmp_path):
     bad = run_script(tmp_path, f"env={tmp_path / 'missing.hdf5'}", f"output_dir={out}")
     assert bad.returncode != 0
     assert "missing.hdf5" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_hydra_group_lists_every_config_field_with_the_defaults():
+    from omegaconf import OmegaConf
+
+    values = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "dynamics" / "default.yaml"))
+    assert DynamicsConfig.from_dict(values) == DynamicsConfig()
+    assert set(values) == set(DynamicsConfig().to_dict())
