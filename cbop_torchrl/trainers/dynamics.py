@@ -217,6 +217,55 @@ def holdout_metrics(model: DynamicsModel, holdout: _Split) -> dict[str, Any]:
     }
 
 
+def _train_epoch(
+    ensemble: GaussianEnsemble,
+    optimizer: torch.optim.Optimizer,
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    bootstrap: torch.Tensor,
+    shuffle_gen: torch.Generator,
+    config: DynamicsConfig,
+) -> torch.Tensor:
+    """One pass of every member over its bootstrap resample; returns the mean NLL per member.
+
+    Args:
+        train_x, train_y: standardized ``[N, O + A]`` inputs and ``[N, O + 1]`` targets.
+        bootstrap: ``[E, N]`` row indices; row ``e`` is member ``e``'s resample.
+    """
+    ensemble.train()
+    num_members, num_train = bootstrap.shape
+    # Per-member reshuffle of that member's bootstrap indices.
+    keys = torch.rand(num_members, num_train, generator=shuffle_gen, device=bootstrap.device)
+    epoch_idx = bootstrap.gather(1, keys.argsort(dim=1))
+    nll_sum = torch.zeros((), device=bootstrap.device)
+    batches = epoch_idx.split(config.batch_size, dim=1)
+    for batch_idx in batches:  # [E, b]
+        x, y = train_x[batch_idx], train_y[batch_idx]  # [E, b, O + A], [E, b, O + 1]
+        mean, logvar = ensemble(x, per_member=True)
+        # Gaussian NLL (up to constants), mean over rows and dims, summed over members.
+        nll = ((mean - y).pow(2) * torch.exp(-logvar) + logvar).mean(dim=(1, 2)).sum()
+        loss = nll + config.logvar_bound_coef * ensemble.logvar_bound_penalty()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        nll_sum += nll.detach()
+    ensemble.eval()
+    return nll_sum / (len(batches) * num_members)
+
+
+@torch.no_grad()
+def _update_snapshots(
+    best_params: dict[str, torch.Tensor], ensemble: GaussianEnsemble, improved: torch.Tensor
+) -> None:
+    """Copies the parameters of the members flagged in ``improved [E]`` into ``best_params``.
+
+    Every parameter has the member dim first, so this is one ``where`` per tensor.
+    """
+    for name, param in ensemble.named_parameters():
+        mask = improved.view(-1, *([1] * (param.dim() - 1)))
+        best_params[name] = torch.where(mask, param, best_params[name])
+
+
 def train_dynamics(
     dataset_td: TensorDictBase,
     family: EnvFamily | str,
@@ -281,7 +330,6 @@ def train_dynamics(
     optimizer = torch.optim.Adam(
         ensemble.param_groups(config.weight_decay), lr=config.lr, fused=True
     )
-    # Every parameter has the member dim first, so snapshots are per-member row copies.
     best_params = {n: p.detach().clone() for n, p in ensemble.named_parameters()}
     best_mse = torch.full((num_members,), math.inf, device=device)
 
@@ -289,37 +337,19 @@ def train_dynamics(
     bar = tqdm(total=config.max_epochs, desc="dynamics", unit="epoch", disable=not progress)
     while True:
         epoch += 1
-        ensemble.train()
-        # Per-member reshuffle of that member's bootstrap indices.
-        keys = torch.rand(num_members, num_train, generator=shuffle_gen, device=device)
-        epoch_idx = bootstrap.gather(1, keys.argsort(dim=1))
-        loss_sum = torch.zeros((), device=device)
-        num_batches = 0
-        for batch_idx in epoch_idx.split(config.batch_size, dim=1):  # [E, b]
-            x, y = train_x[batch_idx], train_y[batch_idx]  # [E, b, O + A], [E, b, O + 1]
-            mean, logvar = ensemble(x, per_member=True)
-            nll = ((mean - y).pow(2) * torch.exp(-logvar) + logvar).mean(dim=(1, 2)).sum()
-            loss = nll + config.logvar_bound_coef * ensemble.logvar_bound_penalty()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += nll.detach()
-            num_batches += 1
-
-        ensemble.eval()
+        train_nll = _train_epoch(
+            ensemble, optimizer, train_x, train_y, bootstrap, shuffle_gen, config
+        )
         mse, nll = holdout_losses(ensemble, hold_x, hold_y)
         improved = (best_mse - mse) / best_mse > config.improvement_threshold
         improved |= torch.isinf(best_mse)
-        with torch.no_grad():
-            for name, param in ensemble.named_parameters():
-                mask = improved.view(-1, *([1] * (param.dim() - 1)))
-                best_params[name] = torch.where(mask, param, best_params[name])
+        _update_snapshots(best_params, ensemble, improved)
         best_mse = torch.where(improved, mse, best_mse)
         epochs_since_improvement = 0 if bool(improved.any()) else epochs_since_improvement + 1
 
         record = {
             "epoch": epoch,
-            "train_loss": (loss_sum / max(num_batches, 1) / num_members).item(),
+            "train_loss": train_nll.item(),
             "holdout_mse": mse.mean().item(),
             "holdout_nll": nll.mean().item(),
             "holdout_mse_best": best_mse.mean().item(),
@@ -335,10 +365,7 @@ def train_dynamics(
             break
     bar.close()
 
-    with torch.no_grad():
-        for name, param in ensemble.named_parameters():
-            param.copy_(best_params[name])
-    ensemble.eval()
+    ensemble.load_state_dict(best_params, strict=False)  # each member's best snapshot
     mse, nll = holdout_losses(ensemble, hold_x, hold_y)
     elites = mse.argsort()[: config.num_elites]
     model = DynamicsModel(ensemble, family, elites.cpu().tolist())
