@@ -1,0 +1,464 @@
+"""The run configuration: typed sections, the paper's settings table, validation.
+
+Hydra composes ``configs/config.yaml`` (a preset, a logger, the dynamics
+group) and the command-line overrides into one tree; :func:`build_config`
+turns that tree into a :class:`RunConfig` and checks it before any work
+starts. Every problem found is reported at once in a :class:`ConfigError`.
+
+Paper settings. A ``null`` in a table-fed field (``estimator.psi``,
+``agent.num_qvalue_nets``, ...) means "the paper's value for this dataset":
+:func:`paper_settings` supplies it from :data:`PAPER_PSI` and
+:data:`PAPER_SHARED`. ``preset=paper`` leaves every table-fed field null;
+the CPU and debug presets set the compute sizes themselves and leave only
+``estimator.psi`` (a property of the dataset, not of the budget) to the
+table. Any value given on the command line is not null, so explicit
+overrides always win. A D4RL id with no ``preset=`` selects the paper
+preset (:func:`default_preset_args`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cbop_torchrl.registry import D4RL_KINDS, EnvFamily, parse_d4rl_id
+from cbop_torchrl.trainers.dynamics import DynamicsConfig
+
+PAPER_PSI: dict[str, dict[str, float]] = {
+    "halfcheetah": {
+        "random": 3.0,
+        "medium": 0.5,
+        "medium-replay": 0.5,
+        "medium-expert": 3.0,
+        "expert": 5.0,
+        "full-replay": 2.0,
+    },
+    "hopper": {
+        "random": 5.0,
+        "medium": 3.0,
+        "medium-replay": 2.0,
+        "medium-expert": 3.0,
+        "expert": 3.0,
+        "full-replay": 3.0,
+    },
+    "walker2d": {
+        "random": 5.0,
+        "medium": 3.0,
+        "medium-replay": 2.0,
+        "medium-expert": 3.0,
+        "expert": 3.0,
+        "full-replay": 2.0,
+    },
+}
+"""The paper's LCB coefficient psi per family and D4RL dataset kind (DESIGN.md section 1)."""
+
+PAPER_QVALUE_NETS = {"hopper": 50}
+"""Q-ensemble size M where it differs from :data:`PAPER_DEFAULT_QVALUE_NETS`."""
+PAPER_DEFAULT_QVALUE_NETS = 20
+
+PAPER_SHARED: dict[str, Any] = {
+    "estimator.horizon": 10,
+    "dynamics.num_members": 30,
+    "dynamics.num_elites": 20,
+    "train.epochs": 1000,
+    "train.steps_per_epoch": 1000,
+    "train.batch_size": 256,
+    "agent.actor_lr": 3e-4,
+    "agent.critic_lr": 3e-4,
+    "agent.alpha_lr": 3e-4,
+}
+"""Paper settings that do not depend on the dataset (appendix B/D)."""
+
+ESTIMATOR_MODES = ("lcb", "map", "fixed", "quantile")
+LOGGER_BACKENDS = ("csv", "wandb", "tensorboard", "none")
+RESUME_CHOICES = ("auto", "true", "false")
+EVAL_BACKENDS = ("serial", "parallel")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message lists every problem and how to fix it."""
+
+
+@dataclass
+class AgentConfig:
+    """The EDAC-style SAC trained with CBOP targets (actor, M Q-networks, alpha)."""
+
+    num_qvalue_nets: int | None = None  # M; null: 50 for hopper, 20 otherwise
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256, 256])
+    gamma: float = 0.99
+    tau: float = 0.005
+    actor_lr: float | None = None
+    critic_lr: float | None = None
+    alpha_lr: float | None = None
+    alpha_init: float = 1.0
+    eta: float = 1.0  # EDAC gradient-diversity weight
+
+
+@dataclass
+class EstimatorConfig:
+    """Arguments of :class:`CBOPValueEstimator` (see its docstring)."""
+
+    mode: str = "lcb"
+    psi: float | None = None
+    horizon: int | None = None
+    fixed_weighting: str = "uniform"
+    lmbda: float = 0.9
+    quantile: float = 0.3085
+    termination: str = "zero_precision"
+    rollout_dtype: str = "float32"
+
+
+@dataclass
+class PretrainConfig:
+    """Behaviour cloning or fitted Q evaluation before CBOP (DESIGN.md section 1)."""
+
+    steps: int = 50_000
+    batch_size: int = 256
+    lr: float = 3e-4
+    checkpoint_interval: int = 5_000
+
+
+@dataclass
+class TrainConfig:
+    """The CBOP stage: ``epochs * steps_per_epoch`` gradient steps."""
+
+    epochs: int | None = None
+    steps_per_epoch: int | None = None
+    batch_size: int | None = None
+    checkpoint_interval: int = 5_000
+    log_interval: int = 1_000
+
+    @property
+    def total_steps(self) -> int:
+        return int(self.epochs) * int(self.steps_per_epoch)
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation of the deterministic policy on vectorized TorchRL environments."""
+
+    episodes: int = 10
+    interval: int = 10_000  # gradient steps between evaluations; 0 = only at the end
+    max_steps: int = 1000
+    backend: str = "serial"  # serial: one process (SerialEnv); parallel: ParallelEnv workers
+
+
+@dataclass
+class LoggerConfig:
+    """A TorchRL logger (``torchrl.record.loggers``)."""
+
+    backend: str = "csv"
+    project: str = "cbop-torchrl"  # wandb project (runs offline, no account needed)
+
+
+@dataclass
+class RunConfig:
+    """Everything one run needs; built from the Hydra tree by :func:`build_config`."""
+
+    env: str = "demo"
+    preset: str = "cpu"
+    seed: int = 0
+    device: str = "auto"
+    threads: int | None = None  # torch CPU threads; None: torch's default (all cores)
+    resume: str = "auto"
+    progress: bool = True
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    dynamics: DynamicsConfig = field(default_factory=DynamicsConfig)
+    bc: PretrainConfig = field(default_factory=PretrainConfig)
+    fqe: PretrainConfig = field(default_factory=PretrainConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = dataclasses.asdict(self)
+        values["dynamics"] = self.dynamics.to_dict()
+        return values
+
+    def training_dict(self) -> dict[str, Any]:
+        """The settings that change what is trained (not where or how it is reported).
+
+        Resuming a run whose checkpoint was written with other training
+        settings is refused; device, logger, evaluation and progress display
+        may change between a run and its resumption.
+        """
+        values = self.to_dict()
+        for key in ("device", "threads", "resume", "progress", "eval", "logger", "preset"):
+            values.pop(key)
+        values["train"].pop("log_interval")
+        values["train"].pop("checkpoint_interval")
+        return values
+
+
+_SECTIONS: dict[str, type] = {
+    "agent": AgentConfig,
+    "estimator": EstimatorConfig,
+    "bc": PretrainConfig,
+    "fqe": PretrainConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "logger": LoggerConfig,
+}
+
+
+def infer_dataset_kind(name: str) -> str | None:
+    """The D4RL kind named in a dataset name (``hopper-medium-replay-gen`` -> ``medium-replay``).
+
+    Longer kinds are tried first, so ``medium-expert`` is not read as ``medium``.
+    Returns None when no kind appears in the name.
+    """
+    for kind in sorted(D4RL_KINDS, key=len, reverse=True):
+        if re.search(rf"(^|[-_/]){re.escape(kind)}($|[-_/.])", name):
+            return kind
+    return None
+
+
+def paper_settings(family: EnvFamily | str, kind: str | None) -> dict[str, Any]:
+    """The paper's settings for one dataset, as dotted keys (``"estimator.psi"``: 2.0).
+
+    ``estimator.psi`` is present only when ``kind`` is one of the D4RL kinds.
+    """
+    family_name = family if isinstance(family, str) else family.name
+    settings = dict(PAPER_SHARED)
+    settings["agent.num_qvalue_nets"] = PAPER_QVALUE_NETS.get(
+        family_name, PAPER_DEFAULT_QVALUE_NETS
+    )
+    if kind is not None and kind in PAPER_PSI.get(family_name, {}):
+        settings["estimator.psi"] = PAPER_PSI[family_name][kind]
+    return settings
+
+
+def default_preset_args(argv: Sequence[str]) -> list[str]:
+    """Adds ``preset=paper`` to command-line overrides that name D4RL ids and no preset.
+
+    ``python scripts/cbop.py env=hopper-medium-v2`` should train with the
+    paper's settings; Hydra cannot pick a config group from a plain field's
+    value, so the entry script applies this rule to ``sys.argv`` before Hydra
+    parses it. Explicit ``preset=...`` is left alone.
+    """
+    args = list(argv)
+    if any(arg.split("=", 1)[0].lstrip("+~") == "preset" for arg in args[1:]):
+        return args
+    for arg in args[1:]:
+        key, _, value = arg.partition("=")
+        if key == "env" and value:
+            ids = value.split(",")  # a multirun sweep lists several
+            if all(parse_d4rl_id(item) is not None for item in ids):
+                args.append("preset=paper")
+            break
+    return args
+
+
+def run_name(env: str) -> str:
+    """A file-system friendly name for a dataset source (used for run directories)."""
+    text = str(env)
+    if text.startswith("minari:"):
+        text = text[len("minari:") :]
+    elif text.endswith((".hdf5", ".h5")):
+        text = Path(text).stem
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "dataset"
+
+
+def _unknown_keys(values: Mapping[str, Any], known: type, where: str) -> list[str]:
+    names = {f.name for f in dataclasses.fields(known)}
+    unknown = sorted(set(values) - names)
+    if not unknown:
+        return []
+    return [
+        f"unknown key{'s' if len(unknown) > 1 else ''} "
+        + ", ".join(f"{where}{key}" for key in unknown)
+        + f" (valid keys in {where.rstrip('.') or 'the top level'}: {', '.join(sorted(names))})"
+    ]
+
+
+DatasetLookup = Callable[[str], tuple[EnvFamily, str]]
+"""Maps ``env`` to its family and clean dataset name; raises when the dataset is missing."""
+
+
+def load_config(
+    values: Mapping[str, Any], lookup_dataset: DatasetLookup
+) -> tuple[RunConfig, list[str]]:
+    """The validated :class:`RunConfig` of a plain nested dict (the composed Hydra tree).
+
+    Null table-fed fields are filled from :func:`paper_settings` for the dataset
+    that ``lookup_dataset(values["env"])`` names.
+
+    Returns:
+        The config and the dotted keys that were filled from the paper table.
+
+    Raises:
+        ConfigError: listing every problem at once: unknown keys, a missing dataset
+            (the message of the exception ``lookup_dataset`` raised), a null with no
+            table value, psi < 0, H < 0, more elites than trained members,
+            non-positive sizes, unknown choices.
+    """
+    values = copy.deepcopy(dict(values))
+    problems = _unknown_keys(values, RunConfig, "")
+    for name, section_type in {**_SECTIONS, "dynamics": DynamicsConfig}.items():
+        values[name] = dict(values.get(name) or {})
+        problems += _unknown_keys(values[name], section_type, f"{name}.")
+
+    filled: list[str] = []
+    env = str(values.get("env", RunConfig.env))
+    try:
+        family, dataset_name = lookup_dataset(env)
+    except Exception as error:  # the dataset layer's message says what is missing
+        problems.append(f"env={env!r}: {error}")
+    else:
+        kind = infer_dataset_kind(dataset_name)
+        table = paper_settings(family, kind)
+        for dotted in [*table, "estimator.psi"]:
+            section, _, key = dotted.partition(".")
+            if values[section].get(key) is not None:
+                continue
+            if dotted in table:
+                values[section][key] = table[dotted]
+                filled.append(dotted)
+            else:
+                problems.append(
+                    f"estimator.psi is null, which means 'the paper's psi for this dataset', "
+                    f"but the paper has no psi for {dataset_name!r} (family {family.name}, kind "
+                    f"{kind or 'unknown'}); pass estimator.psi=<value>, e.g. estimator.psi=2.0"
+                )
+
+    sections = {}
+    for name, section_type in _SECTIONS.items():
+        known = {f.name for f in dataclasses.fields(section_type)}
+        sections[name] = section_type(**{k: v for k, v in values[name].items() if k in known})
+    dynamics_values = {
+        k: v
+        for k, v in values["dynamics"].items()
+        if k in {f.name for f in dataclasses.fields(DynamicsConfig)}
+    }
+    problems += _check_ensemble_sizes(dynamics_values)
+    try:
+        dynamics = DynamicsConfig(**_dynamics_placeholders(dynamics_values))
+    except (TypeError, ValueError) as error:
+        problems.append(str(error))
+        dynamics = DynamicsConfig()
+    top = {
+        f.name: values[f.name]
+        for f in dataclasses.fields(RunConfig)
+        if f.name in values and f.name not in sections and f.name != "dynamics"
+    }
+    config = RunConfig(dynamics=dynamics, **top, **sections)
+    problems += validate(config)
+    if problems:
+        raise ConfigError(_format(problems))
+    return config, filled
+
+
+def _check_ensemble_sizes(dynamics: Mapping[str, Any]) -> list[str]:
+    members, elites = dynamics.get("num_members"), dynamics.get("num_elites")
+    if isinstance(members, int) and isinstance(elites, int) and elites > members:
+        return [
+            f"dynamics.num_elites={elites} (K, the particles of the CBOP rollout) is larger "
+            f"than the trained ensemble dynamics.num_members={members}; use K <= the number "
+            "of trained members"
+        ]
+    return []
+
+
+def _dynamics_placeholders(dynamics: Mapping[str, Any]) -> dict[str, Any]:
+    """Sizes that keep ``DynamicsConfig`` constructible while other problems are reported."""
+    values = dict(dynamics)
+    for key in ("num_members", "num_elites"):
+        if values.get(key) is None:
+            values[key] = PAPER_SHARED[f"dynamics.{key}"]
+    if values["num_elites"] > values["num_members"]:  # already reported by the size check
+        values["num_elites"] = values["num_members"]
+    return values
+
+
+def _get(config: RunConfig, dotted: str) -> Any:
+    section, _, name = dotted.partition(".")
+    return getattr(getattr(config, section), name)
+
+
+def validate(config: RunConfig) -> list[str]:
+    """Semantic checks of a filled config; returns the problems (empty when valid)."""
+    problems = []
+    table_fed = {*PAPER_SHARED, "agent.num_qvalue_nets", "estimator.psi"}
+
+    def positive(name: str, value: Any) -> None:
+        if value is None and name in table_fed:
+            return  # unfilled only when the dataset is missing, which is reported already
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            problems.append(f"{name}={value!r} must be a positive number")
+
+    for name in (
+        "train.epochs",
+        "train.steps_per_epoch",
+        "train.batch_size",
+        "train.checkpoint_interval",
+        "train.log_interval",
+        "bc.steps",
+        "bc.batch_size",
+        "bc.lr",
+        "bc.checkpoint_interval",
+        "fqe.steps",
+        "fqe.batch_size",
+        "fqe.lr",
+        "fqe.checkpoint_interval",
+        "agent.num_qvalue_nets",
+        "agent.actor_lr",
+        "agent.critic_lr",
+        "agent.alpha_lr",
+        "agent.alpha_init",
+        "eval.episodes",
+        "eval.max_steps",
+    ):
+        positive(name, _get(config, name))
+    estimator = config.estimator
+    if estimator.psi is not None and estimator.psi < 0:
+        problems.append(
+            f"estimator.psi={estimator.psi} must be >= 0 (0 gives the posterior mean, larger "
+            "values a more conservative lower confidence bound)"
+        )
+    if estimator.horizon is not None and estimator.horizon < 0:
+        problems.append(
+            f"estimator.horizon={estimator.horizon!r} must be an integer >= 0 (the rollout "
+            "length H; 0 gives the model-free target)"
+        )
+    if estimator.mode not in ESTIMATOR_MODES:
+        problems.append(f"estimator.mode={estimator.mode!r} must be one of {ESTIMATOR_MODES}")
+    dynamics = config.dynamics
+    if (
+        dynamics.num_members is not None
+        and dynamics.num_elites is not None
+        and dynamics.num_elites > dynamics.num_members
+    ):
+        problems.append(
+            f"dynamics.num_elites={dynamics.num_elites} (K, the particles of the CBOP "
+            f"rollout) is larger than the trained ensemble dynamics.num_members="
+            f"{dynamics.num_members}; use K <= the number of trained members"
+        )
+    if config.eval.interval < 0:
+        problems.append(f"eval.interval={config.eval.interval} must be >= 0 (0: only at the end)")
+    if config.eval.backend not in EVAL_BACKENDS:
+        problems.append(f"eval.backend={config.eval.backend!r} must be one of {EVAL_BACKENDS}")
+    if config.logger.backend not in LOGGER_BACKENDS:
+        problems.append(
+            f"logger.backend={config.logger.backend!r} must be one of {LOGGER_BACKENDS}"
+        )
+    if str(config.resume).lower() not in RESUME_CHOICES:
+        problems.append(f"resume={config.resume!r} must be one of auto, true, false")
+    if config.device not in ("auto", "cpu", "cuda") and not str(config.device).startswith("cuda:"):
+        problems.append(f"device={config.device!r} must be auto, cpu, cuda or cuda:<index>")
+    if config.threads is not None and (isinstance(config.threads, bool) or config.threads < 1):
+        problems.append(f"threads={config.threads!r} must be null (torch's default) or >= 1")
+    if not 0.0 < config.agent.gamma <= 1.0 or not 0.0 < config.agent.tau <= 1.0:
+        problems.append("agent.gamma and agent.tau must be in (0, 1]")
+    return problems
+
+
+def _format(problems: list[str]) -> str:
+    if len(problems) == 1:
+        return f"invalid configuration: {problems[0]}."
+    return "invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems)

@@ -1,0 +1,152 @@
+"""Pretraining losses run before CBOP (DESIGN.md section 1, appendix B.3 of the paper).
+
+- :class:`BehaviourCloningLoss`: the actor maximizes the likelihood of the
+  dataset's actions.
+- :class:`FittedQEvaluationLoss`: the Q-ensemble evaluates the behaviour
+  policy, regressing on ``r + gamma * (1 - terminated) * mean_m Q'_m(s', a'_data)``
+  with the dataset's own next action and a slowly updated target ensemble.
+  Each member sees its own bootstrap resample of the data.
+
+Without this the model-based returns and an untrained Q-ensemble live on
+different scales and CBOP's posterior puts all weight on h = 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule
+from torchrl.objectives import LossModule
+
+ACTION_EPS = 1e-5
+"""Dataset actions are clipped to ``[-1 + eps, 1 - eps]``: a TanhNormal has no density at +-1."""
+
+ROW_KEY = "row"
+"""Key holding each transition's dataset row, used to look up its bootstrap weights."""
+
+
+class BehaviourCloningLoss(LossModule):
+    """Negative log-likelihood of the dataset action under the actor.
+
+    Args:
+        actor_network: a ``ProbabilisticActor`` (e.g. :func:`make_actor`) whose
+            ``get_dist`` reads ``observation``.
+
+    Reads ``observation`` ``[B, obs]`` and ``action`` ``[B, act]``; returns a
+    TensorDict with ``loss_bc`` (scalar) and ``log_prob`` (its mean, for logs).
+    """
+
+    def __init__(self, actor_network: TensorDictModule) -> None:
+        super().__init__()
+        self.actor_network = actor_network
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        dist = self.actor_network.get_dist(tensordict.select("observation"))
+        action = tensordict.get("action").clamp(-1.0 + ACTION_EPS, 1.0 - ACTION_EPS)
+        log_prob = dist.log_prob(action)
+        return TensorDict(
+            {"loss_bc": -log_prob.mean(), "log_prob": log_prob.detach().mean()},
+            batch_size=[],
+        )
+
+
+def bootstrap_counts(
+    num_members: int, num_rows: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """How often each row appears in each member's bootstrap resample.
+
+    Returns:
+        ``[num_members, num_rows]`` uint8 counts (a resample of ``num_rows``
+        draws with replacement per member; counts above 255 are clipped, which
+        happens with negligible probability).
+    """
+    counts = torch.empty(num_members, num_rows, dtype=torch.uint8)
+    for member in range(num_members):  # one resample at a time bounds the memory
+        draws = torch.randint(num_rows, (num_rows,), generator=generator)
+        counts[member] = torch.bincount(draws, minlength=num_rows).clamp_(max=255).to(torch.uint8)
+    return counts
+
+
+class FittedQEvaluationLoss(LossModule):
+    """Fitted Q evaluation of the behaviour policy for an M-member Q-ensemble.
+
+    Target (no gradient), shared by all members:
+    ``y = r + gamma * (1 - terminated) * mean_m Q'_m(s', a'_data)``
+    where ``Q'`` is the target ensemble (update it with ``SoftUpdate``) and
+    ``a'_data = ("next", "action")``, the action the behaviour policy took next.
+    Only rows whose ``next_action_mask`` is True may be used.
+
+    Loss: for member m, the mean over the batch of ``w_m * (Q_m(s, a) - y)^2``
+    with ``w_m`` the row's count in member m's bootstrap resample, normalized
+    by the batch's total weight for that member; summed over members.
+
+    Args:
+        qvalue_networks: M Q-networks (``observation``, ``action`` ->
+            ``state_action_value``), stacked like ``SACLoss`` stacks them.
+        gamma: discount.
+        bootstrap_weights: ``[M, N]`` counts from :func:`bootstrap_counts`,
+            indexed by the batch's ``row`` entry; None trains every member on
+            the whole data.
+    """
+
+    qvalue_network: TensorDictModule
+    qvalue_network_params: TensorDictBase
+    target_qvalue_network_params: TensorDictBase
+
+    def __init__(
+        self,
+        qvalue_networks: list[TensorDictModule],
+        gamma: float = 0.99,
+        bootstrap_weights: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_members = len(qvalue_networks)
+        self.convert_to_functional(
+            qvalue_networks, "qvalue_network", self.num_members, create_target_params=True
+        )
+        self.gamma = float(gamma)
+        if bootstrap_weights is not None and bootstrap_weights.shape[0] != self.num_members:
+            raise ValueError(
+                f"bootstrap_weights has {bootstrap_weights.shape[0]} rows for "
+                f"{self.num_members} Q-networks"
+            )
+        self.register_buffer("bootstrap_weights", bootstrap_weights, persistent=False)
+
+    def ensemble_q(self, tensordict: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
+        """``Q_m(s, a)`` for every member: ``[B]`` inputs -> ``[M, B, 1]``."""
+        inputs = tensordict.select(*self.qvalue_network.in_keys)
+
+        def member_q(member_params: TensorDictBase) -> torch.Tensor:
+            with member_params.to_module(self.qvalue_network):
+                return self.qvalue_network(inputs.copy()).get("state_action_value")
+
+        return torch.vmap(member_q, randomness="different")(params)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        with torch.no_grad():
+            next_inputs = TensorDict(
+                {
+                    "observation": tensordict.get(("next", "observation")),
+                    "action": tensordict.get(("next", "action")),
+                },
+                batch_size=tensordict.batch_size,
+            )
+            next_q = self.ensemble_q(next_inputs, self.target_qvalue_network_params).mean(0)
+            reward = tensordict.get(("next", "reward"))
+            continues = (~tensordict.get(("next", "terminated"))).to(reward.dtype)
+            target = reward + self.gamma * continues * next_q  # [B, 1]
+        q = self.ensemble_q(tensordict, self.qvalue_network_params)  # [M, B, 1]
+        squared_error = (q - target).pow(2).squeeze(-1)  # [M, B]
+        if self.bootstrap_weights is not None:
+            weights = self.bootstrap_weights[:, tensordict.get(ROW_KEY)].to(q.dtype)
+            per_member = (weights * squared_error).sum(-1) / weights.sum(-1).clamp_min(1.0)
+        else:
+            per_member = squared_error.mean(-1)
+        return TensorDict(
+            {
+                "loss_qvalue": per_member.sum(),
+                "q_mean": q.detach().mean(),
+                "target_mean": target.mean(),
+            },
+            batch_size=[],
+        )

@@ -1,0 +1,182 @@
+"""Checkpoints: one atomically written file per run, loadable with ``weights_only=True``.
+
+A CBOP checkpoint (``<run_dir>/checkpoint.pt``) is a plain dict of tensors,
+numbers, strings and lists, so ``torch.load(path, weights_only=True)`` reads
+it and a checkpoint file cannot run code:
+
+- ``format``, ``step``, ``total_steps``: where the run stands;
+- ``training_config`` and its hash: resuming with other settings is refused;
+- ``policy``: what :func:`load_policy` needs to rebuild the actor (family,
+  sizes, dataset name) and ``actor``, the actor's weights;
+- ``trainer``: TorchRL ``Trainer.state_dict()``: the loss module (actor,
+  Q-ensemble, target Q-ensemble, log-alpha), the optimizer, the step
+  counters and every registered stateful hook (global RNG state, the replay
+  buffer's sampling generator, the evaluation history, the logged metrics).
+
+Together these make a resumed run continue exactly where the interrupted one
+was: same parameters, same optimizer moments, same next batch, same random
+draws.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict.nn import TensorDictModuleBase
+from torchrl.trainers import Trainer, TrainerHookBase
+
+from cbop_torchrl.modules.actor_critic import make_actor
+from cbop_torchrl.registry import EnvFamily, get_family
+from cbop_torchrl.utils import atomic_torch_save, config_hash
+
+CHECKPOINT_FORMAT = "cbop-torchrl/1"
+CHECKPOINT_NAME = "checkpoint.pt"
+POLICY_NAME = "policy.pt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable or belongs to other settings."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss, target or gradient became NaN/inf; nothing was trained on it."""
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Reads a checkpoint with ``torch.load(..., weights_only=True)`` onto the CPU.
+
+    Raises:
+        CheckpointError: the file is missing, truncated or not one of ours.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {str(path)!r}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise CheckpointError(
+            f"cannot read checkpoint {str(path)!r} ({type(error).__name__}: {error}); it is "
+            "not a cbop-torchrl checkpoint or it is damaged"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") not in (CHECKPOINT_FORMAT,):
+        raise CheckpointError(
+            f"{str(path)!r} is not a cbop-torchrl checkpoint (expected format "
+            f"{CHECKPOINT_FORMAT!r}); pass the checkpoint.pt or policy.pt of a run directory"
+        )
+    return state
+
+
+def policy_metadata(
+    family: EnvFamily, hidden_sizes: list[int], dataset: str, step: int
+) -> dict[str, Any]:
+    """What :func:`load_policy` needs besides the weights."""
+    return {
+        "family": family.name,
+        "obs_dim": family.obs_dim,
+        "action_dim": family.action_dim,
+        "hidden_sizes": list(hidden_sizes),
+        "dataset": dataset,
+        "step": int(step),
+    }
+
+
+def save_policy(path: str | Path, actor: TensorDictModuleBase, metadata: dict[str, Any]) -> Path:
+    """Writes the actor alone (``policy.pt``), for evaluation and deployment."""
+    state = {"format": CHECKPOINT_FORMAT, "policy": metadata, "actor": actor.state_dict()}
+    return atomic_torch_save(state, path)
+
+
+def load_policy(
+    path: str | Path, device: torch.device | str = "cpu"
+) -> tuple[TensorDictModuleBase, EnvFamily, dict[str, Any]]:
+    """The actor stored in a ``checkpoint.pt`` or ``policy.pt``, its family and metadata."""
+    state = load_checkpoint(path)
+    meta = state["policy"]
+    family = get_family(meta["family"])
+    actor = make_actor(meta["obs_dim"], meta["action_dim"], tuple(meta["hidden_sizes"]))
+    actor.load_state_dict(state["actor"])
+    return actor.to(device), family, meta
+
+
+class CheckpointHook(TrainerHookBase):
+    """Saves the run every ``interval`` gradient steps and after the last one (``post_steps``).
+
+    Args:
+        path: the checkpoint file (written atomically: a reader sees the old
+            or the new file, never a partial one, even after SIGKILL).
+        interval: gradient steps between saves.
+        total_steps: the last step, always saved.
+        payload: returns the non-trainer part of the checkpoint (policy,
+            config) for a given step.
+    """
+
+    def __init__(self, path: Path, interval: int, total_steps: int, payload: Any) -> None:
+        self.path = Path(path)
+        self.interval = int(interval)
+        self.total_steps = int(total_steps)
+        self.payload = payload
+        self.trainer: Trainer | None = None
+        self.last_saved_step: int | None = None
+
+    def __call__(self) -> None:
+        step = self.trainer._optim_count
+        if step % self.interval == 0 or step >= self.total_steps:
+            self.save(step)
+
+    def save(self, step: int) -> Path:
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "step": int(step),
+            "total_steps": self.total_steps,
+            **self.payload(step),
+            "trainer": self.trainer.state_dict(),
+        }
+        atomic_torch_save(state, self.path)
+        self.last_saved_step = int(step)
+        return self.path
+
+    def describe_last(self) -> str:
+        if self.last_saved_step is None:
+            return "none yet (the run has written no CBOP checkpoint)"
+        return f"{self.path} (gradient step {self.last_saved_step})"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return None
+
+    def register(self, trainer: Trainer, name: str = "checkpoint") -> None:
+        self.trainer = trainer
+        trainer.register_op("post_steps", self)
+
+
+def training_config_hash(training_config: dict[str, Any]) -> str:
+    """Hash stored in checkpoints to refuse resuming with other training settings."""
+    return config_hash(training_config, length=16)
+
+
+def check_resumable(state: dict[str, Any], training_config: dict[str, Any], path: Path) -> None:
+    """Raises :class:`CheckpointError` when ``state`` was written with other settings."""
+    if state.get("training_config_hash") == training_config_hash(training_config):
+        return
+    stored = state.get("training_config", {})
+    differences = sorted(_diff(stored, training_config))
+    shown = ", ".join(differences[:8]) + (" ..." if len(differences) > 8 else "")
+    raise CheckpointError(
+        f"the run directory's checkpoint {str(path)!r} was written with other training "
+        f"settings (differing: {shown or 'unknown'}). Resume with the original settings, "
+        "choose another run directory (hydra.run.dir=...), or pass resume=false to start over "
+        "in this one."
+    )
+
+
+def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = set(old) | set(new)
+        return [d for k in keys for d in _diff(old.get(k), new.get(k), f"{prefix}{k}.")]
+    if old != new and not (isinstance(old, (list, tuple)) and list(old) == list(new or [])):
+        return [prefix.rstrip(".")]
+    return []
