@@ -390,3 +390,68 @@ def test_bf16_rollout_is_close_to_fp32():
     diff = (targets["bfloat16"] - targets["float32"]).abs()
     assert diff.max() > 0  # the bf16 path really ran in reduced precision
     assert diff.mean() < 0.05 * targets["float32"].std()
+
+
+def test_fused_q_path_matches_vmap():
+    torch.manual_seed(0)
+    qvalues = make_qvalue_ensemble(3, OBS, ACT, hidden_sizes=(16, 16))
+    kwargs = dict(
+        actor_network=make_actor(OBS, ACT, (8,)),
+        qvalue_network=qvalues,
+        dynamics=CounterDynamics(3),
+        horizon=2,
+    )
+    fused = CBOPValueEstimator(**kwargs)
+    generic = CBOPValueEstimator(**kwargs, fused_q=False)
+    assert fused._mlp_plan is not None and generic._mlp_plan is None
+    obs, action = torch.randn(7, OBS), torch.rand(7, ACT)
+    params = fused._qvalue_params(None)
+    torch.testing.assert_close(
+        fused._q_values(obs, action, params), generic._q_values(obs, action, params)
+    )
+    # A network that is not a plain MLP falls back to vmap.
+    odd = [ValueOperator(nn.Sequential(nn.Linear(OBS + ACT, 1)), in_keys=["action", "observation"])]
+    assert CBOPValueEstimator(**{**kwargs, "qvalue_network": odd * 2})._mlp_plan is None
+
+
+def test_with_the_real_dynamics_model():
+    from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
+
+    obs_dim, act_dim = 11, 3  # hopper layout, so its termination function applies
+    torch.manual_seed(0)
+    ensemble = GaussianEnsemble(obs_dim, act_dim, num_members=4, hidden_sizes=(16, 16))
+    dynamics = DynamicsModel(ensemble, "hopper", elites=[2, 0, 3])
+    actor = make_actor(obs_dim, act_dim, (16,))
+    qvalues = make_qvalue_ensemble(3, obs_dim, act_dim, (16,))
+    gen = torch.Generator().manual_seed(0)
+    next_obs = 0.05 * torch.randn(8, obs_dim, generator=gen)
+    next_obs[:, 0] = 1.25  # a healthy hopper height
+    batch = TensorDict(
+        {
+            "observation": next_obs.clone(),
+            "action": torch.zeros(8, act_dim),
+            "next": {
+                "observation": next_obs,
+                "reward": torch.ones(8, 1),
+                "terminated": torch.zeros(8, 1, dtype=torch.bool),
+                "done": torch.zeros(8, 1, dtype=torch.bool),
+            },
+        },
+        batch_size=[8],
+    )
+    loss = CBOPLoss(actor, qvalues, dynamics, action_spec=action_spec(act_dim), horizon=4, seed=3)
+    assert loss.value_estimator.num_particles == 3
+    out = loss(batch)
+    out["loss_qvalue"].backward()
+    assert all(p.grad is None for p in ensemble.parameters())
+    assert torch.isfinite(out["cbop", "target_mean"])
+
+    # The private seed stream makes the stochastic model rollout reproducible.
+    def target(seed):
+        fresh = CBOPLoss(
+            actor, qvalues, dynamics, action_spec=action_spec(act_dim), horizon=4, seed=seed
+        )
+        return fresh.value_estimator.value_estimate(batch)
+
+    torch.testing.assert_close(target(3), target(3))
+    assert not torch.allclose(target(3), target(4))
