@@ -316,11 +316,15 @@ class CBOPValueEstimator(ValueEstimatorBase):
         estimator = cls(
             actor_network=loss.actor_network,
             qvalue_network=loss.qvalue_network,
-            qvalue_params=loss.target_qvalue_network_params,
+            # Only for the structure checks: the TARGET parameters are read from
+            # the loss at call time (reading them now would warn that no target
+            # updater is attached yet).
+            qvalue_params=loss.qvalue_network_params,
             dynamics=dynamics,
             **kwargs,
         )
         estimator.__dict__["_loss"] = loss
+        estimator.__dict__["_own_sources"] = {}
         estimator.set_vmap_randomness(loss.vmap_randomness)
         estimator._vmap_q = _vmap_func(
             loss.qvalue_network,
