@@ -1,0 +1,158 @@
+"""Config composition, the paper's settings table, and every validation error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from cbop_torchrl.config import (
+    PAPER_PSI,
+    ConfigError,
+    default_preset_args,
+    infer_dataset_kind,
+    load_config,
+    paper_settings,
+    run_name,
+)
+from cbop_torchrl.data import DatasetError
+from cbop_torchrl.registry import d4rl_ids, get_family, parse_d4rl_id
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = str(ROOT / "configs")
+
+
+def composed(*overrides: str) -> dict:
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def known_dataset(env: str):
+    """Stands in for the dataset layer: D4RL ids and names ending in a D4RL kind exist."""
+    parsed = parse_d4rl_id(env)
+    if parsed is not None:
+        return parsed[0], env
+    if env == "demo":
+        return get_family("hopper"), "hopper-demo-medium-replay-gen"
+    raise DatasetError(f"unknown dataset source {env!r}")
+
+
+def load(*overrides: str):
+    return load_config(composed(*overrides), known_dataset)
+
+
+def test_paper_table_covers_every_d4rl_id() -> None:
+    for dataset_id in d4rl_ids():
+        family, kind = parse_d4rl_id(dataset_id)
+        settings = paper_settings(family, kind)
+        assert settings["estimator.psi"] == PAPER_PSI[family.name][kind]
+        assert settings["agent.num_qvalue_nets"] == (50 if family.name == "hopper" else 20)
+        assert settings["estimator.horizon"] == 10
+        assert (settings["dynamics.num_members"], settings["dynamics.num_elites"]) == (30, 20)
+        assert settings["train.epochs"] * settings["train.steps_per_epoch"] == 1_000_000
+    assert PAPER_PSI["halfcheetah"]["medium"] == 0.5 and PAPER_PSI["hopper"]["random"] == 5.0
+
+
+def test_dataset_kind_is_read_from_names() -> None:
+    assert infer_dataset_kind("hopper-medium-replay-gen") == "medium-replay"
+    assert infer_dataset_kind("walker2d-medium-expert-v2") == "medium-expert"
+    assert infer_dataset_kind("mujoco/hopper/medium-v0") == "medium"
+    assert infer_dataset_kind("my-own-data") is None
+    assert run_name("/data/x/hopper-medium-v2.hdf5") == "hopper-medium-v2"
+    assert run_name("minari:mujoco/hopper/medium-v0") == "mujoco_hopper_medium-v0"
+
+
+def test_d4rl_id_selects_the_paper_preset_unless_a_preset_is_given() -> None:
+    assert default_preset_args(["cbop.py", "env=hopper-medium-v2"])[-1] == "preset=paper"
+    assert default_preset_args(["cbop.py", "env=hopper-medium-v2", "preset=cpu"]) == [
+        "cbop.py",
+        "env=hopper-medium-v2",
+        "preset=cpu",
+    ]
+    assert "preset=paper" not in default_preset_args(["cbop.py", "env=demo"])
+
+
+def test_paper_preset_fills_the_table_and_explicit_overrides_win() -> None:
+    config, filled = load("env=walker2d-medium-replay-v2", "preset=paper")
+    assert config.estimator.psi == 2.0 and config.agent.num_qvalue_nets == 20
+    assert config.estimator.horizon == 10 and config.train.total_steps == 1_000_000
+    assert config.dynamics.num_members == 30 and config.dynamics.num_elites == 20
+    assert config.agent.critic_lr == 3e-4 and config.train.batch_size == 256
+    assert "estimator.psi" in filled
+
+    config, filled = load(
+        "env=hopper-medium-v2", "preset=paper", "estimator.psi=0.7", "agent.num_qvalue_nets=7"
+    )
+    assert config.estimator.psi == 0.7 and config.agent.num_qvalue_nets == 7
+    assert "estimator.psi" not in filled and config.estimator.horizon == 10
+
+
+def test_cpu_preset_takes_psi_from_the_dataset() -> None:
+    config, filled = load()
+    assert config.env == "demo" and config.preset == "cpu"
+    assert filled == ["estimator.psi"] and config.estimator.psi == 2.0  # hopper medium-replay
+    assert config.dynamics.num_elites <= config.dynamics.num_members
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["+foo=1"], "unknown key foo"),
+        (["+estimator.psii=1"], "unknown key estimator.psii"),
+        (["estimator.psi=-1"], "estimator.psi=-1 must be >= 0"),
+        (["estimator.horizon=-2"], "estimator.horizon=-2 must be an integer >= 0"),
+        (["dynamics.num_elites=9", "dynamics.num_members=4"], "larger than the trained ensemble"),
+        (["train.batch_size=0"], "train.batch_size=0 must be a positive number"),
+        (["train.steps_per_epoch=-5"], "train.steps_per_epoch=-5 must be a positive number"),
+        (["bc.steps=0"], "bc.steps=0 must be a positive number"),
+        (["env=nowhere/missing.hdf5"], "unknown dataset source"),
+        (["env=hopper-medium-v2", "preset=cpu", "+logger.colour=red"], "logger.colour"),
+    ],
+)
+def test_each_validation_error_is_reported(overrides: list[str], expected: str) -> None:
+    with pytest.raises(ConfigError, match="invalid configuration") as error:
+        load(*overrides)
+    assert expected in str(error.value)
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as error:
+        load("estimator.psi=-1", "train.batch_size=0", "env=nowhere")
+    message = str(error.value)
+    assert "estimator.psi" in message and "train.batch_size" in message and "nowhere" in message
+
+
+def test_psi_without_a_paper_value_must_be_given() -> None:
+    def custom(env: str):
+        return get_family("walker2d"), "my-walker-logs"
+
+    with pytest.raises(ConfigError, match="pass estimator.psi"):
+        load_config(composed("env=mine"), custom)
+    config, _ = load_config(composed("env=mine", "estimator.psi=1.5"), custom)
+    assert config.estimator.psi == 1.5
+
+
+def test_cli_reports_a_bad_value_without_a_traceback(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "cbop.py"),
+            "estimator.psi=-1",
+            "dynamics.num_elites=50",
+            f"env={tmp_path / 'missing.hdf5'}",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0
+    assert "estimator.psi=-1 must be >= 0" in done.stderr
+    assert "larger than the trained ensemble" in done.stderr
+    assert "missing.hdf5" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "checkpoint.pt").exists()

@@ -1,0 +1,157 @@
+"""End to end: the debug preset through the CLI, and kill-and-resume equivalence.
+
+Runs use a small generated D4RL-format file (the debug preset's sizes) and a
+private cache shared by the runs of this module, so pretraining is done once.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from d4rl_files import write_d4rl_hdf5
+
+from cbop_torchrl.trainers.checkpoint import (
+    CheckpointError,
+    check_resumable,
+    load_checkpoint,
+    load_policy,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "cbop.py"
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("pipeline")
+    dataset = write_d4rl_hdf5(
+        root / "hopper-medium-replay-tiny.hdf5",
+        episode_lengths=[150] * 8,
+        terminal_episodes=(0, 3),
+        timeout_episodes=(1,),
+    )
+    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(root / "cache"), "WANDB_MODE": "offline"}
+    return {"root": root, "dataset": dataset, "env": env}
+
+
+def cli(workspace: dict, run_dir: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable,
+        str(SCRIPT),
+        "preset=debug",
+        f"env={workspace['dataset']}",
+        f"hydra.run.dir={run_dir}",
+        "progress=false",
+        *overrides,
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference_run(workspace: dict) -> Path:
+    """An uninterrupted debug run (all stages, evaluation, results.json)."""
+    run_dir = workspace["root"] / "reference"
+    done = subprocess.run(
+        cli(workspace, run_dir), env=workspace["env"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "normalized score" in done.stdout
+    return run_dir
+
+
+def test_debug_preset_end_to_end(reference_run: Path) -> None:
+    results = json.loads((reference_run / "results.json").read_text())
+    for key in (
+        "dataset",
+        "normalized_score_mean",
+        "normalized_score_std",
+        "return_mean",
+        "episodes",
+        "gradient_steps",
+        "wall_time_s",
+        "seed",
+    ):
+        assert key in results, key
+    assert results["dataset"] == "hopper-medium-replay-tiny"
+    assert results["gradient_steps"] == 40 and results["episodes"] == 2 and results["seed"] == 0
+    assert math.isfinite(results["normalized_score_mean"])
+    assert results["settings"]["psi"] == 2.0  # the paper's hopper medium-replay psi
+    assert results["expected_horizon_start"] is not None
+    # one evaluation during training (interval 20) besides the final one
+    assert [record["step"] for record in results["eval_history"]] == [20, 40]
+
+    checkpoint = torch.load(reference_run / "checkpoint.pt", weights_only=True)
+    assert checkpoint["step"] == 40
+    actor, family, meta = load_policy(reference_run / "policy.pt")
+    assert family.name == "hopper" and meta["step"] == 40
+    for key, value in actor.state_dict().items():
+        assert torch.equal(value, checkpoint["actor"][key])
+
+    scalars = next((reference_run / "logs").glob("*/scalars"))
+    for name in (
+        "train/loss_qvalue",
+        "train/alpha",
+        "train/cbop/expected_horizon",
+        "train/cbop/weights/0",
+        "train/cbop/value_var_share/0",
+        "train/grad_steps_per_s",
+        "eval/normalized_score",
+        "bc/loss_bc",
+        "fqe/loss_qvalue",
+    ):
+        assert (scalars / f"{name}.csv").is_file(), name
+
+
+def test_killed_run_resumes_to_the_same_parameters(workspace: dict, reference_run: Path) -> None:
+    run_dir = workspace["root"] / "killed"
+    process = subprocess.Popen(
+        cli(workspace, run_dir),
+        env=workspace["env"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    checkpoint = run_dir / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = torch.load(checkpoint, weights_only=True)["step"]
+    assert killed_at < 40, "the run finished before it could be killed"
+
+    resumed = subprocess.run(
+        cli(workspace, run_dir), env=workspace["env"], capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["resumed_from_step"] == killed_at
+
+    expected = torch.load(reference_run / "checkpoint.pt", weights_only=True)["trainer"]
+    actual = torch.load(checkpoint, weights_only=True)["trainer"]
+    assert expected["loss_module"].keys() == actual["loss_module"].keys()
+    for key, value in expected["loss_module"].items():
+        assert torch.equal(value, actual["loss_module"][key]), key
+    for index, state in expected["optimizer"]["state"].items():
+        assert torch.equal(state["exp_avg_sq"], actual["optimizer"]["state"][index]["exp_avg_sq"])
+    assert expected["state"]["_optim_count"] == actual["state"]["_optim_count"] == 40
+
+
+def test_changed_settings_are_not_resumed(reference_run: Path) -> None:
+    path = reference_run / "checkpoint.pt"
+    state = load_checkpoint(path)
+    same = copy.deepcopy(state["training_config"])
+    check_resumable(state, same, path)  # the settings it was written with: accepted
+    changed = copy.deepcopy(same)
+    changed["agent"]["gamma"] = 0.95
+    with pytest.raises(CheckpointError, match="other training settings") as error:
+        check_resumable(state, changed, path)
+    assert "agent.gamma" in str(error.value) and "resume=false" in str(error.value)
