@@ -92,8 +92,15 @@ class SACConfig:
 
 
 def run_dir_for(root: Path, family: EnvFamily, seed: int, config: SACConfig) -> Path:
-    """The directory of the SAC run identified by family, seed and settings."""
-    key = config_hash({"family": family.name, "seed": seed, **dataclasses.asdict(config)})
+    """The directory of the SAC run identified by family, seed and settings.
+
+    ``total_steps`` is not part of the key: a run's first T steps do not depend
+    on how long it goes on, so a longer request extends the run and a shorter
+    one reads its prefix (:class:`SACRun` serves only steps <= total_steps).
+    """
+    settings = dataclasses.asdict(config)
+    del settings["total_steps"]
+    key = config_hash({"family": family.name, "seed": seed, **settings})
     return root / f"{family.name}-seed{seed}-{key}"
 
 
@@ -176,14 +183,21 @@ class SACRun:
         return state is not None and state["step"] >= self.config.total_steps
 
     def evaluations(self) -> list[dict[str, Any]]:
-        """``[{"step", "return", "returns"}]`` of every policy checkpoint, in order."""
+        """``[{"step", "return", "returns", "wall_time"}]`` of the checkpoints up to
+        ``total_steps``, in order."""
         state = self.state()
-        return [] if state is None else list(state["evaluations"])
+        if state is None:
+            return []
+        return [e for e in state["evaluations"] if e["step"] <= self.config.total_steps]
 
     def wall_time(self) -> float:
-        """Seconds spent training, summed over resumes."""
+        """Seconds spent training up to ``total_steps`` (or the last checkpoint), over resumes."""
         state = self.state()
-        return 0.0 if state is None else float(state["wall_time"])
+        if state is None:
+            return 0.0
+        if state["step"] <= self.config.total_steps:
+            return float(state["wall_time"])
+        return float(self.evaluations()[-1].get("wall_time", float("nan")))
 
     def make_actor(self) -> ProbabilisticActor:
         cfg = self.config
@@ -205,7 +219,7 @@ class SACRun:
         state = self.state()
         if state is None:
             raise RuntimeError(f"the SAC run in {self.run_dir} has no checkpoint yet")
-        last = state["step"] if upto_step is None else upto_step
+        last = min(state["step"], self.config.total_steps) if upto_step is None else upto_step
         chunks = []
         for chunk_end in range(
             self.config.checkpoint_every, last + 1, self.config.checkpoint_every
@@ -294,12 +308,17 @@ class SACRun:
                 returns = evaluate_policy(
                     actor, family, cfg.eval_episodes, self.seed + 10_000, cfg.max_episode_steps
                 )
-                evaluations.append(
-                    {"step": step, "return": float(np.mean(returns)), "returns": returns}
-                )
-                bar.set_postfix(eval_return=f"{evaluations[-1]['return']:.0f}")
                 wall_time += time.perf_counter() - started
                 started = time.perf_counter()
+                evaluations.append(
+                    {
+                        "step": step,
+                        "return": float(np.mean(returns)),
+                        "returns": returns,
+                        "wall_time": wall_time,
+                    }
+                )
+                bar.set_postfix(eval_return=f"{evaluations[-1]['return']:.0f}")
                 self._checkpoint(
                     step, torch.cat(pending), actor, loss, optimizer, env, evaluations, wall_time
                 )

@@ -1,0 +1,228 @@
+"""D4RL-recipe generator: a tiny SAC run writes valid, loadable, resumable datasets."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from cbop_torchrl.data import load_dataset
+from cbop_torchrl.data.collect_sac import SACConfig, SACRun, run_dir_for
+from cbop_torchrl.data.generate import (
+    GenerationRequest,
+    dataset_file_name,
+    generate_datasets,
+    read_d4rl_hdf5,
+    select_checkpoints,
+)
+from cbop_torchrl.registry import D4RL_KINDS, get_family
+
+REPO = Path(__file__).resolve().parents[1]
+CAP = 30  # a short episode cap so a few thousand steps hold many timeouts
+TINY_SAC = SACConfig(
+    total_steps=1_500,
+    warmup_steps=500,
+    frames_per_batch=250,
+    checkpoint_every=500,
+    eval_episodes=1,
+    batch_size=32,
+    hidden_sizes=(32, 32),
+    max_episode_steps=CAP,
+)
+
+
+def tiny_request(root: Path, kinds=D4RL_KINDS) -> GenerationRequest:
+    return GenerationRequest(
+        family=get_family("hopper"),
+        kinds=list(kinds),
+        seed=3,
+        sac=TINY_SAC,
+        rollout_transitions=400,
+        out_dir=root / "generated",
+        runs_dir=root / "runs",
+        command="pytest tiny run",
+        progress=False,
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """One thread, as scripts/collect.py uses: bit-reproducible and fast on a busy CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, one_torch_thread):
+    """All six kinds from one tiny hopper run, plus the request that made them."""
+    root = tmp_path_factory.mktemp("collect")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CBOP_TORCHRL_CACHE", str(root / "cache"))
+        request = tiny_request(root)
+        paths = dict(zip(request.kinds, generate_datasets(request), strict=True))
+        yield request, paths
+
+
+def _episode_lengths_and_flags(terminals: np.ndarray, timeouts: np.ndarray):
+    ends = np.flatnonzero(terminals | timeouts)
+    return np.diff(ends, prepend=-1), terminals[ends], timeouts[ends]
+
+
+@pytest.mark.parametrize("kind", D4RL_KINDS)
+def test_files_load_and_follow_the_environment(tiny_run, kind, monkeypatch, tmp_path):
+    monkeypatch.setenv("CBOP_TORCHRL_CACHE", str(tmp_path))
+    request, paths = tiny_run
+    path = paths[kind]
+    assert path.name == dataset_file_name(request.family, kind) == f"hopper-{kind}-gen.hdf5"
+    data = load_dataset(path)  # runs the data layer's validation
+    arrays, metadata = read_d4rl_hdf5(path)
+    n = len(arrays["rewards"])
+    assert data.batch_size == torch.Size([n]) and n > 0
+    assert torch.equal(data["observation"], torch.from_numpy(arrays["observations"]))
+    for key in ("observations", "next_observations", "actions", "rewards", "infos/qpos"):
+        assert arrays[key].dtype == np.float32
+    assert arrays["terminals"].dtype == bool and arrays["timeouts"].dtype == bool
+
+    # terminals are exactly the environment's termination of the real next observation
+    family = request.family
+    expected = family.termination_fn(torch.from_numpy(arrays["next_observations"])).numpy()
+    np.testing.assert_array_equal(arrays["terminals"], expected)
+    assert not (arrays["terminals"] & arrays["timeouts"]).any()
+    # complete episodes only; a timeout ends exactly the episodes that reached the cap
+    assert (arrays["terminals"] | arrays["timeouts"])[-1]
+    lengths, ended_by_termination, ended_by_timeout = _episode_lengths_and_flags(
+        arrays["terminals"], arrays["timeouts"]
+    )
+    assert (lengths <= CAP).all()
+    np.testing.assert_array_equal(ended_by_timeout, (lengths == CAP) & ~ended_by_termination)
+    # inside an episode the next observation is the following row's observation
+    inside = ~(arrays["terminals"] | arrays["timeouts"])[:-1]
+    np.testing.assert_array_equal(
+        arrays["next_observations"][:-1][inside], arrays["observations"][1:][inside]
+    )
+    # hopper observations are qpos[1:] followed by the clipped qvel
+    np.testing.assert_allclose(arrays["infos/qpos"][:, 1:], arrays["observations"][:, :5])
+    np.testing.assert_allclose(
+        np.clip(arrays["infos/qvel"], -10, 10), arrays["observations"][:, 5:], atol=1e-6
+    )
+
+    assert metadata["env_id"] == "Hopper-v4" and metadata["family"] == "hopper"
+    assert metadata["kind"] == kind and metadata["seed"] == request.seed
+    assert metadata["transitions"] == n and metadata["episodes"] == len(lengths)
+    assert metadata["command"] == "pytest tiny run"
+
+
+def test_kinds_follow_the_recipe(tiny_run):
+    request, paths = tiny_run
+    run = SACRun(
+        run_dir_for(request.runs_dir, request.family, request.seed, request.sac),
+        request.family,
+        request.seed,
+        request.sac,
+    )
+    evaluations = run.evaluations()
+    assert [e["step"] for e in evaluations] == [500, 1000, 1500]
+    medium, expert = select_checkpoints(evaluations, request.medium_fraction)
+    arrays = {kind: read_d4rl_hdf5(paths[kind]) for kind in D4RL_KINDS}
+
+    full, _ = arrays["full-replay"]
+    replay, replay_meta = arrays["medium-replay"]
+    # medium-replay is the buffer up to the medium checkpoint: a prefix of the full buffer
+    assert len(replay["rewards"]) <= medium["step"] <= len(full["rewards"]) + CAP
+    for key in full:
+        np.testing.assert_array_equal(replay[key], full[key][: len(replay[key])])
+    assert replay_meta["policy_step"] == medium["step"]
+    assert np.isclose(replay_meta["policy_return"], medium["return"])
+    # medium-expert is medium followed by expert
+    stitched, stitched_meta = arrays["medium-expert"]
+    for key in stitched:
+        np.testing.assert_array_equal(
+            stitched[key], np.concatenate([arrays["medium"][0][key], arrays["expert"][0][key]])
+        )
+    assert stitched_meta["expert_policy_step"] == expert["step"]
+    assert arrays["expert"][1]["policy_step"] == expert["step"]
+    assert np.isclose(
+        arrays["expert"][1]["policy_normalized_score"],
+        request.family.normalized_score(expert["return"]),
+    )
+    # the short cap makes some episodes of the random warm-up end by timeout
+    assert full["timeouts"].any()
+    # rollout kinds hold at most the requested number of transitions
+    for kind in ("random", "medium", "expert"):
+        assert request.rollout_transitions - CAP < len(arrays[kind][0]["rewards"]) <= 400
+
+
+def test_rerun_keeps_finished_files(tiny_run):
+    request, paths = tiny_run
+    before = {kind: path.stat().st_mtime_ns for kind, path in paths.items()}
+    generate_datasets(request)
+    assert {kind: path.stat().st_mtime_ns for kind, path in paths.items()} == before
+
+
+def test_resume_after_interruption_matches_uninterrupted_run(tiny_run, tmp_path):
+    request, _ = tiny_run
+    family, sac = request.family, request.sac
+    uninterrupted = SACRun(
+        run_dir_for(request.runs_dir, family, request.seed, sac), family, request.seed, sac
+    )
+    resumed = SACRun(tmp_path / "run", family, request.seed, sac)
+    resumed.train(progress=False, stop_at=1_000)  # as if killed right after step 1000
+    assert resumed.state()["step"] == 1_000 and not resumed.finished
+    resumed.train(progress=False)
+    assert resumed.finished
+
+    def without_wall_time(evaluations):
+        return [{k: v for k, v in e.items() if k != "wall_time"} for e in evaluations]
+
+    assert without_wall_time(resumed.evaluations()) == without_wall_time(
+        uninterrupted.evaluations()
+    )
+    assert (resumed.buffer() == uninterrupted.buffer()).all()
+    final, expected = resumed.state(), uninterrupted.state()
+    for name, tensor in expected["loss"].items():
+        assert torch.equal(final["loss"][name], tensor), name
+    assert torch.equal(final["rng"]["torch"], expected["rng"]["torch"])
+
+
+def test_shorter_request_reads_the_prefix_of_a_longer_run(tiny_run):
+    request, _ = tiny_run
+    family, long_sac = request.family, request.sac
+    short_sac = dataclasses.replace(long_sac, total_steps=1_000)
+    long_dir = run_dir_for(request.runs_dir, family, request.seed, long_sac)
+    assert run_dir_for(request.runs_dir, family, request.seed, short_sac) == long_dir
+    long_run = SACRun(long_dir, family, request.seed, long_sac)
+    short_run = SACRun(long_dir, family, request.seed, short_sac)
+    assert short_run.finished
+    assert short_run.evaluations() == long_run.evaluations()[:2]
+    assert (short_run.buffer() == long_run.buffer()[:1_000]).all()
+
+
+def test_bad_requests_get_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown dataset kind"):
+        generate_datasets(tiny_request(tmp_path, kinds=["medium-replay", "meduim"]))
+    with pytest.raises(ValueError, match="multiple of sac.frames_per_batch"):
+        SACConfig(total_steps=1_234).validate()
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "collect.py"), "env=ant", "progress=false"],
+        capture_output=True,
+        text=True,
+        env={"CBOP_TORCHRL_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 2
+    assert "unknown environment family 'ant'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_generated_hdf5_is_compressed(tiny_run):
+    _, paths = tiny_run
+    with h5py.File(paths["full-replay"], "r") as handle:
+        assert handle["observations"].compression == "gzip"
+        assert handle["observations"].shuffle
