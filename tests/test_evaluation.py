@@ -1,0 +1,76 @@
+"""Vectorized deterministic evaluation and the NaN guard of the CBOP stage."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from cbop_torchrl.evaluation.evaluate import episode_returns, evaluate_policy, make_eval_env
+from cbop_torchrl.modules.actor_critic import make_actor
+from cbop_torchrl.registry import get_family
+from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
+from cbop_torchrl.trainers.offline import GuardedOptimizationStepper
+
+
+def test_episode_returns_stop_at_the_first_done() -> None:
+    reward = torch.tensor([[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0], [1.0, 2.0, 3.0, 4.0]])
+    done = torch.tensor([[0, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 1]], dtype=torch.bool)
+    returns, lengths = episode_returns(reward.unsqueeze(-1), done.unsqueeze(-1))
+    assert returns.tolist() == [2.0, 8.0, 1.0]
+    assert lengths.tolist() == [2, 4, 1]
+
+
+def test_deterministic_evaluation_is_reproducible_and_leaves_the_rng_alone() -> None:
+    family = get_family("hopper")
+    torch.manual_seed(0)
+    actor = make_actor(family.obs_dim, family.action_dim, (16,))
+    env = make_eval_env(family, num_envs=3)
+    try:
+        rng_before = torch.get_rng_state()
+        first = evaluate_policy(actor, family, env, max_steps=30, seed=5)
+        assert torch.equal(rng_before, torch.get_rng_state())
+        second = evaluate_policy(actor, family, env, max_steps=30, seed=5)
+        other_seed = evaluate_policy(actor, family, env, max_steps=30, seed=6)
+    finally:
+        env.close()
+    assert len(first.returns) == 3 and all(1 <= n <= 30 for n in first.lengths)
+    assert first.returns == second.returns
+    assert first.returns != other_seed.returns
+    assert first.normalized_scores == [family.normalized_score(r) for r in first.returns]
+    summary = first.summary()
+    assert summary["episodes"] == 3
+    assert summary["normalized_score_mean"] == pytest.approx(
+        sum(first.normalized_scores) / 3, rel=1e-6
+    )
+
+
+class _FakeCheckpoint:
+    def describe_last(self) -> str:
+        return "run/checkpoint.pt (gradient step 100)"
+
+
+class _FakeTrainer:
+    def __init__(self, parameter: torch.nn.Parameter, loss_value: float) -> None:
+        self.parameter = parameter
+        self.loss_value = loss_value
+        self.optimizer = torch.optim.SGD([parameter], lr=0.1)
+        self._optim_count = 123
+
+    def compute_loss(self, batch: TensorDict) -> TensorDict:
+        loss = (self.parameter * self.loss_value).sum()
+        return TensorDict({"loss_qvalue": loss, "cbop": {"target_mean": loss.detach()}}, [])
+
+
+def test_non_finite_loss_stops_before_any_update() -> None:
+    parameter = torch.nn.Parameter(torch.ones(3))
+    stepper = GuardedOptimizationStepper(_FakeCheckpoint())
+    stepper.step(_FakeTrainer(parameter, 1.0), TensorDict())
+    assert torch.allclose(parameter.detach(), torch.full((3,), 0.9))  # a finite step is taken
+
+    with pytest.raises(NonFiniteLossError) as error:
+        stepper.step(_FakeTrainer(parameter, float("nan")), TensorDict())
+    message = str(error.value)
+    assert "gradient step 123" in message and "run/checkpoint.pt (gradient step 100)" in message
+    assert "loss_qvalue" in message and "cbop/target_mean" in message
+    assert torch.allclose(parameter.detach(), torch.full((3,), 0.9))  # untouched

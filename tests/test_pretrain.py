@@ -1,0 +1,141 @@
+"""Behaviour cloning and fitted Q evaluation: losses, bootstrap weights, resumable stages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.objectives import SoftUpdate
+
+from cbop_torchrl.config import PretrainConfig
+from cbop_torchrl.modules.actor_critic import make_actor, make_qvalue_ensemble
+from cbop_torchrl.objectives.pretrain import (
+    ROW_KEY,
+    BehaviourCloningLoss,
+    FittedQEvaluationLoss,
+    bootstrap_counts,
+)
+from cbop_torchrl.trainers.pretrain import _sampler, run_supervised_stage
+
+OBS, ACT = 4, 2
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny networks: one thread avoids thread-pool overhead on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def transitions(n: int, terminated: bool = False, seed: int = 0) -> TensorDict:
+    generator = torch.Generator().manual_seed(seed)
+    obs = torch.randn(n, OBS, generator=generator)
+    action = torch.tanh(obs[:, :ACT] * 1.5)  # a deterministic behaviour policy
+    next_obs = torch.randn(n, OBS, generator=generator)
+    return TensorDict(
+        {
+            "observation": obs,
+            "action": action,
+            ("next", "observation"): next_obs,
+            ("next", "action"): torch.tanh(next_obs[:, :ACT] * 1.5),
+            ("next", "reward"): torch.ones(n, 1),
+            ("next", "terminated"): torch.full((n, 1), terminated),
+            ROW_KEY: torch.arange(n),
+        },
+        batch_size=[n],
+    )
+
+
+def test_behaviour_cloning_fits_the_dataset_actions(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    data = transitions(512)
+    actor = make_actor(OBS, ACT, (32, 32))
+    loss = BehaviourCloningLoss(actor)
+    before = float(loss(data)["log_prob"])
+    buffer, generator = _sampler(data, 128, seed=0)
+    config = PretrainConfig(steps=300, batch_size=128, lr=3e-3, checkpoint_interval=1000)
+    run_supervised_stage("bc", loss, buffer, generator, config, tmp_path, progress=False)
+    after = float(loss(data)["log_prob"])
+    assert after > before + 2.0
+    mean_action = actor.get_dist(data.select("observation")).deterministic_sample
+    assert (mean_action - data["action"]).abs().mean() < 0.1
+
+
+def test_fqe_target_and_bootstrap_weighted_loss_match_the_definition() -> None:
+    torch.manual_seed(0)
+    data = transitions(6)
+    data["next", "terminated"][3] = True
+    weights = torch.tensor([[1, 0, 2, 1, 0, 2], [0, 3, 0, 1, 1, 1]], dtype=torch.uint8)
+    loss = FittedQEvaluationLoss(make_qvalue_ensemble(2, OBS, ACT, (8,)), 0.9, weights)
+    next_td = TensorDict(
+        {"observation": data["next", "observation"], "action": data["next", "action"]}, [6]
+    )
+    with torch.no_grad():
+        next_q = loss.ensemble_q(next_td, loss.target_qvalue_network_params).mean(0)
+        q = loss.ensemble_q(data, loss.qvalue_network_params)
+    target = 1.0 + 0.9 * (~data["next", "terminated"]).float() * next_q
+    assert target[3].item() == 1.0  # a terminal transition does not bootstrap
+    w = weights.float()
+    expected = ((w * (q - target).pow(2).squeeze(-1)).sum(-1) / w.sum(-1)).sum()
+    assert torch.allclose(loss(data)["loss_qvalue"], expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("terminated", "value"), [(False, 2.0), (True, 1.0)])
+def test_fqe_converges_to_the_behaviour_value(tmp_path: Path, terminated: bool, value: float):
+    """Reward 1 at every step: Q = 1 / (1 - gamma) = 2 with gamma 0.5, or 1 if terminal."""
+    torch.manual_seed(0)
+    data = transitions(256, terminated=terminated)
+    qnets = make_qvalue_ensemble(2, OBS, ACT, (32, 32))
+    loss = FittedQEvaluationLoss(qnets, gamma=0.5, bootstrap_weights=bootstrap_counts(2, 256))
+    updater = SoftUpdate(loss, tau=0.2)
+    buffer, generator = _sampler(data, 64, seed=0)
+    config = PretrainConfig(steps=250, batch_size=64, lr=3e-3, checkpoint_interval=1000)
+    run_supervised_stage(
+        "fqe", loss, buffer, generator, config, tmp_path, False, after_step=updater.step
+    )
+    with torch.no_grad():
+        q = loss.ensemble_q(data, loss.qvalue_network_params)
+    assert abs(q.mean().item() - value) < 0.1
+
+
+def test_bootstrap_counts_are_per_member_resamples() -> None:
+    counts = bootstrap_counts(3, 1000, torch.Generator().manual_seed(0))
+    assert counts.shape == (3, 1000) and counts.dtype == torch.uint8
+    assert (counts.long().sum(-1) == 1000).all()
+    left_out = (counts == 0).float().mean(-1)  # about e^-1 of the rows per member
+    assert ((left_out > 0.32) & (left_out < 0.42)).all()
+    assert not torch.equal(counts[0], counts[1])
+
+
+def test_interrupted_stage_resumes_to_the_same_parameters(tmp_path: Path) -> None:
+    data = transitions(256)
+    config = PretrainConfig(steps=30, batch_size=32, lr=1e-3, checkpoint_interval=10)
+
+    def stage(work_dir: Path, stop_at: int | None = None) -> BehaviourCloningLoss:
+        torch.manual_seed(1)
+        loss = BehaviourCloningLoss(make_actor(OBS, ACT, (16,)))
+        buffer, generator = _sampler(data, config.batch_size, seed=3)
+        count = {"steps": 0}
+
+        def after_step() -> None:
+            count["steps"] += 1
+            if count["steps"] == stop_at:
+                raise KeyboardInterrupt
+
+        try:
+            run_supervised_stage("bc", loss, buffer, generator, config, work_dir, False,
+                                 after_step=after_step)  # fmt: skip
+        except KeyboardInterrupt:
+            pass
+        return loss
+
+    reference = stage(tmp_path / "a")
+    stage(tmp_path / "b", stop_at=25)  # killed after step 25; its checkpoint is at step 20
+    assert torch.load(tmp_path / "b" / "partial.pt", weights_only=True)["step"] == 20
+    resumed = stage(tmp_path / "b")
+    for key, value in reference.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key
