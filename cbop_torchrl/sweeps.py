@@ -1,0 +1,128 @@
+"""Reading a sweep directory: the runs it holds and their ``results.json``.
+
+A Hydra multirun of ``scripts/cbop.py`` writes one run directory per job
+under ``hydra.sweep.dir`` (``<dataset>/<preset>/<overrides>``, see
+``configs/config.yaml``). Each finished run holds ``results.json``,
+``config.json``, ``policy.pt`` and ``checkpoint.pt``; a run still training
+(or preempted) has ``config.json`` and ``checkpoint.pt`` only. Runs are
+found by these files, so hand-made layouts (a directory of ``hydra.run.dir``
+runs) work as well.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS_NAME = "results.json"
+CONFIG_NAME = "config.json"
+POLICY_FILES = ("policy.pt", "checkpoint.pt")
+"""Where a run's actor is stored, in order of preference (final policy first)."""
+
+
+class SweepError(ValueError):
+    """A sweep directory is missing, empty or holds unreadable run files."""
+
+
+def _check_dir(sweep_dir: Path) -> None:
+    if not sweep_dir.is_dir():
+        raise SweepError(
+            f"sweep directory {str(sweep_dir)!r} does not exist or is not a directory; pass the "
+            "hydra.sweep.dir of a multirun (e.g. multirun/ or sweeps/paper_grid/)"
+        )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise SweepError(
+            f"cannot read {str(path)!r} ({type(error).__name__}: {error}); the pipeline writes "
+            "it atomically, so the file was edited or copied partially: delete it and re-run "
+            "that job (the same command resumes it)"
+        ) from None
+    if not isinstance(value, dict):
+        raise SweepError(f"{str(path)!r} holds a {type(value).__name__}, not a JSON object")
+    return value
+
+
+def collect_results(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """Every ``results.json`` under ``sweep_dir``, sorted by run directory.
+
+    Each dict is the file's content plus ``run_dir`` (absolute path, str)
+    and, when the run was launched by Hydra, ``overrides`` (the job's
+    command-line overrides from ``.hydra/overrides.yaml``, e.g.
+    ``["env=hopper-medium-v2", "seed=0", "estimator.psi=2"]``).
+
+    Returns an empty list when no run has finished yet.
+
+    Raises:
+        SweepError: ``sweep_dir`` is not a directory, or a results file is unreadable.
+    """
+    sweep_dir = Path(sweep_dir)
+    _check_dir(sweep_dir)
+    results = []
+    for path in sorted(sweep_dir.rglob(RESULTS_NAME)):
+        record = _read_json(path)
+        record["run_dir"] = str(path.parent.resolve())
+        overrides = read_overrides(path.parent)
+        if overrides is not None:
+            record["overrides"] = overrides
+        results.append(record)
+    return results
+
+
+def read_overrides(run_dir: str | Path) -> list[str] | None:
+    """The Hydra overrides a job ran with (``.hydra/overrides.yaml``), or None."""
+    path = Path(run_dir) / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf  # Hydra's own reader; omegaconf ships with hydra-core
+
+    return [str(item) for item in OmegaConf.load(path)]
+
+
+def find_runs(sweep_dir: str | Path) -> list[Path]:
+    """Run directories under ``sweep_dir`` that hold a trained actor, sorted.
+
+    A run counts when it has ``config.json`` and ``policy.pt`` or
+    ``checkpoint.pt`` (:data:`POLICY_FILES`).
+
+    Raises:
+        SweepError: ``sweep_dir`` is not a directory.
+    """
+    sweep_dir = Path(sweep_dir)
+    _check_dir(sweep_dir)
+    runs = []
+    for config in sorted(sweep_dir.rglob(CONFIG_NAME)):
+        if any((config.parent / name).is_file() for name in POLICY_FILES):
+            runs.append(config.parent)
+    return runs
+
+
+def policy_file(run_dir: str | Path) -> Path:
+    """The run's final ``policy.pt``, or its ``checkpoint.pt`` while it is still training."""
+    for name in POLICY_FILES:
+        path = Path(run_dir) / name
+        if path.is_file():
+            return path
+    raise SweepError(f"run directory {str(run_dir)!r} holds neither {' nor '.join(POLICY_FILES)}")
+
+
+def read_run(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A run's ``config.json`` and its ``results.json`` (None when it has not finished)."""
+    run_dir = Path(run_dir)
+    config = _read_json(run_dir / CONFIG_NAME)
+    results_path = run_dir / RESULTS_NAME
+    return config, (_read_json(results_path) if results_path.is_file() else None)
+
+
+__all__ = [
+    "SweepError",
+    "collect_results",
+    "find_runs",
+    "policy_file",
+    "read_overrides",
+    "read_run",
+]

@@ -1,0 +1,170 @@
+"""Offline choice of psi (or any swept setting) by fitted Q evaluation of each trained policy.
+
+    python scripts/select_psi.py sweeps/paper_grid
+    python scripts/select_psi.py multirun --steps 20000 --device cuda
+    python scripts/select_psi.py multirun --json selection.json
+
+For every run under the sweep directory the trained policy is evaluated
+offline (paper appendix C): a fresh Q-ensemble is fitted to the policy's
+value on the run's dataset (FQE), and the policy scores
+``E_{s0 in D}[Q_fqe(s0, pi(s0))]`` over the dataset's initial states. Per
+dataset, the settings that differ between runs (e.g. ``estimator.psi``) are
+ranked by their score averaged over seeds. When the runs were evaluated
+online (``results.json``), the online ranking and Spearman's rho between the
+two rankings are printed too. Fits are cached in each run directory, so a
+second call is fast and an interrupted one resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from cbop_torchrl.data import DatasetError
+from cbop_torchrl.evaluation.selection import DatasetRanking, rank_runs, score_runs
+from cbop_torchrl.sweeps import SweepError, find_runs
+from cbop_torchrl.trainers.checkpoint import CheckpointError, NonFiniteLossError
+from cbop_torchrl.utils import resolve_device
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Rank the runs of a sweep by FQE of their policies (offline selection).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("sweep_dir", type=Path, help="a sweep's hydra.sweep.dir")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="FQE gradient steps (default: each run's fqe.steps)"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="FQE batch (default: each run's fqe.batch_size)",
+    )
+    parser.add_argument("--qvalue-nets", type=int, default=2, help="FQE ensemble size")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:<index>")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (1 is fastest for tiny nets)"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="also write the rankings here")
+    parser.add_argument("--no-progress", action="store_true", help="no FQE progress bars")
+    return parser.parse_args(argv)
+
+
+def format_ranking(ranking: DatasetRanking) -> str:
+    """One dataset's table: candidates by FQE score, online scores and ranks, rho."""
+    width = max(len("candidate"), *(len(c.label) for c in ranking.candidates))
+    lines = [
+        f"{ranking.dataset} ({ranking.env}): {len(ranking.candidates)} candidates",
+        f"  {'candidate':<{width}}  runs  {'FQE score':>11}  FQE rank  "
+        f"{'online score':>12}  online rank",
+    ]
+    for index, candidate in enumerate(ranking.candidates):
+        online = candidate.online_score
+        online_text = "n/a" if online is None else f"{online:.1f}"
+        online_rank = "n/a" if ranking.online_ranks is None else f"{ranking.online_ranks[index]:g}"
+        lines.append(
+            f"  {candidate.label:<{width}}  {len(candidate.runs):>4}  "
+            f"{candidate.fqe_value:>11.3f}  {ranking.fqe_ranks[index]:>8g}  "
+            f"{online_text:>12}  {online_rank:>11}"
+        )
+    if ranking.online_ranks is None:
+        rho = "n/a (online scores missing for some runs)"
+    elif ranking.rho is None:
+        rho = "n/a (needs two or more candidates with distinct scores)"
+    else:
+        rho = f"{ranking.rho:.2f}"
+    lines.append(f"  selected by FQE: {ranking.selected.label}")
+    lines.append(f"  Spearman's rho (FQE vs online ranking): {rho}")
+    return "\n".join(lines)
+
+
+def ranking_record(ranking: DatasetRanking) -> dict:
+    """A JSON-ready dict of one dataset's ranking."""
+    return {
+        "env": ranking.env,
+        "dataset": ranking.dataset,
+        "selected": ranking.selected.label,
+        "rho": ranking.rho,
+        "candidates": [
+            {
+                "label": candidate.label,
+                "fqe_value": candidate.fqe_value,
+                "fqe_rank": ranking.fqe_ranks[index],
+                "online_score": candidate.online_score,
+                "online_rank": None
+                if ranking.online_ranks is None
+                else ranking.online_ranks[index],
+                "runs": [
+                    {
+                        "run_dir": str(run.run_dir),
+                        "seed": run.seed,
+                        "fqe_value": run.fqe_value,
+                        "online_score": run.online_score,
+                        "policy_step": run.policy_step,
+                    }
+                    for run in candidate.runs
+                ],
+            }
+            for index, candidate in enumerate(ranking.candidates)
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        runs = find_runs(args.sweep_dir)
+        if not runs:
+            raise SweepError(
+                f"no trained runs under {str(args.sweep_dir)!r}: a run directory holds "
+                "config.json and policy.pt (or checkpoint.pt while training). Pass the "
+                "hydra.sweep.dir of a multirun of scripts/cbop.py whose jobs have started"
+            )
+        for name, value in (("--steps", args.steps), ("--batch-size", args.batch_size)):
+            if value is not None and value < 1:
+                raise SweepError(f"{name}={value} must be a positive integer")
+        if args.qvalue_nets < 1:
+            raise SweepError(f"--qvalue-nets={args.qvalue_nets} must be a positive integer")
+        if args.threads is not None:
+            if args.threads < 1:
+                raise SweepError(f"--threads={args.threads} must be a positive integer")
+            torch.set_num_threads(args.threads)
+        try:
+            device = resolve_device(args.device)
+        except RuntimeError as error:
+            raise SweepError(str(error)) from None
+        progress = not args.no_progress
+
+        def announce(index: int, run_dir: Path) -> None:
+            if progress:
+                print(f"[select] FQE {index + 1}/{len(runs)}: {run_dir}", flush=True)
+
+        scores = score_runs(
+            runs,
+            device,
+            progress,
+            announce,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            num_qvalue_nets=args.qvalue_nets,
+        )
+    except (SweepError, DatasetError, CheckpointError, NonFiniteLossError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    rankings = rank_runs(scores)
+    print("\n\n".join(format_ranking(ranking) for ranking in rankings))
+    if args.json is not None:
+        args.json.write_text(json.dumps([ranking_record(r) for r in rankings], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    warnings.filterwarnings("ignore", message=".*compiled extension.*")
+    sys.exit(main())
