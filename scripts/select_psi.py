@@ -80,6 +80,12 @@ def format_ranking(ranking: DatasetRanking) -> str:
         rho = "n/a (needs two or more candidates with distinct scores)"
     else:
         rho = f"{ranking.rho:.2f}"
+    steps = sorted({run.policy_step for c in ranking.candidates for run in c.runs})
+    if len(steps) > 1:
+        lines.append(
+            f"  note: the policies were saved at different gradient steps ({steps[0]} to "
+            f"{steps[-1]}); unfinished runs are scored at their last checkpoint"
+        )
     lines.append(f"  selected by FQE: {ranking.selected.label}")
     lines.append(f"  Spearman's rho (FQE vs online ranking): {rho}")
     return "\n".join(lines)

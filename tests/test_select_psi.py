@@ -156,6 +156,12 @@ def test_rank_runs_groups_seeds_and_labels_what_differs() -> None:
     # one run, not evaluated online: ranked, with no online ranking nor rho
     assert second.env == "other" and second.online_ranks is None and second.rho is None
 
+    first.candidates[0].runs[0].policy_step = 5  # a run still training
+    table = _module.format_ranking(first)
+    assert "note: the policies were saved at different gradient steps (5 to 10)" in table
+    assert "Spearman's rho (FQE vs online ranking): -1.00" in table
+    assert "n/a (online scores missing" in _module.format_ranking(second)
+
 
 def write_run(run_dir: Path, dataset: Path, psi: float, action: float, online: float) -> None:
     run_dir.mkdir(parents=True)
