@@ -155,3 +155,36 @@ def test_changed_settings_are_not_resumed(reference_run: Path) -> None:
     with pytest.raises(CheckpointError, match="other training settings") as error:
         check_resumable(state, changed, path)
     assert "agent.gamma" in str(error.value) and "resume=false" in str(error.value)
+
+
+def test_metrics_are_flattened_and_written_by_torchrl_loggers(tmp_path: Path) -> None:
+    from tensordict import TensorDict
+
+    from cbop_torchrl.trainers.logging import MetricsHook, flatten_metrics, make_logger
+
+    losses = TensorDict(
+        {
+            "loss_qvalue": torch.tensor(2.0),
+            "cbop": {"weights": torch.tensor([0.5, 0.25, 0.25]), "expected_horizon": 0.75},
+        },
+        [],
+    )
+    flat = flatten_metrics(losses)
+    assert flat == {
+        "loss_qvalue": 2.0,
+        "cbop/weights/0": 0.5,
+        "cbop/weights/1": 0.25,
+        "cbop/weights/2": 0.25,
+        "cbop/expected_horizon": 0.75,
+    }
+    assert make_logger("none", tmp_path / "none", "run", "p") is None
+    tensorboard = make_logger("tensorboard", tmp_path / "tb", "run", "p")
+    hook = MetricsHook(make_logger("csv", tmp_path / "csv", "run", "p"), interval=2)
+    assert hook(1, losses) is None
+    shown = hook(2, losses)
+    assert shown["log_pbar"] is True and shown["expected_horizon"] == 0.75
+    tensorboard.log_scalar("train/loss_qvalue", 2.0, step=2)
+    assert list((tmp_path / "tb" / "logs").rglob("events.out.tfevents.*"))
+    rows = (tmp_path / "csv/logs/run/scalars/train/cbop/weights/1.csv").read_text().split()
+    assert rows == ["2,0.25"]
+    assert hook.state_dict()["first_window"]["cbop/expected_horizon"] == 0.75
