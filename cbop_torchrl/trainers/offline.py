@@ -24,6 +24,7 @@ atomically itself and resuming calls ``Trainer.load_state_dict``.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import warnings
@@ -251,9 +252,28 @@ class ResumeProgressBar(TrainerHookBase):
         trainer.register_op("setup", self)
 
 
-def _stage_banner(name: str, detail: str, progress: bool) -> None:
-    if progress:
-        print(f"[cbop] {name}: {detail}", flush=True)
+class StageClock:
+    """Prints a banner per stage and records its wall-clock and process CPU seconds."""
+
+    def __init__(self, progress: bool) -> None:
+        self.progress = progress
+        self.times: dict[str, dict[str, float]] = {}
+        self._current: tuple[str, float, float] | None = None
+
+    def start(self, name: str, detail: str) -> None:
+        self.stop()
+        if self.progress:
+            print(f"[cbop] {name}: {detail}", flush=True)
+        self._current = (name, time.perf_counter(), time.process_time())
+
+    def stop(self) -> None:
+        if self._current is not None:
+            name, wall, cpu = self._current
+            self.times[name] = {
+                "wall_s": time.perf_counter() - wall,
+                "cpu_s": time.process_time() - cpu,
+            }
+            self._current = None
 
 
 def build_cbop_loss(
@@ -335,6 +355,14 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     training_config = config.training_dict()
     checkpoint_path = run_dir / CHECKPOINT_NAME
     resume_state = _resume_state(config, checkpoint_path, training_config)
+    total_steps = config.train.total_steps
+    results_path = run_dir / "results.json"
+    if resume_state is not None and resume_state["step"] >= total_steps and results_path.is_file():
+        if progress:
+            print(f"[cbop] {run_dir} holds a finished run; nothing to do (resume=false reruns it)")
+        return json.loads(results_path.read_text())
+    prior_wall_time = float(resume_state.get("wall_time_s", 0.0)) if resume_state else 0.0
+    clock = StageClock(progress)
     atomic_json_dump(config.to_dict(), run_dir / "config.json")
 
     logger = make_logger(config.logger.backend, run_dir, run_dir.name, config.logger.project)
@@ -346,7 +374,7 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     seed_everything(config.seed)
 
     # 1. Dynamics ensemble (cached by dataset + dynamics config).
-    _stage_banner("dynamics", f"{config.dynamics.num_members} members", progress)
+    clock.start("dynamics", f"{config.dynamics.num_members} members")
     dynamics, dynamics_metrics = load_or_train_dynamics(
         data,
         info,
@@ -361,12 +389,12 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
 
     # 2. Behaviour cloning, 3. FQE of the behaviour policy (cached, resumable).
     hidden = list(config.agent.hidden_sizes)
-    _stage_banner("bc", f"{config.bc.steps} steps", progress)
+    clock.start("bc", f"{config.bc.steps} steps")
     bc_state, bc_cached = load_or_train_bc(
         data, info.fingerprint, family.obs_dim, family.action_dim, hidden, config.bc,
         config.seed, progress, log_stage,
     )  # fmt: skip
-    _stage_banner("fqe", f"{config.fqe.steps} steps, M={config.agent.num_qvalue_nets}", progress)
+    clock.start("fqe", f"{config.fqe.steps} steps, M={config.agent.num_qvalue_nets}")
     fqe_state, fqe_cached = load_or_train_fqe(
         data, info.fingerprint, family.obs_dim, family.action_dim, hidden,
         config.agent.num_qvalue_nets, config.agent.gamma, config.agent.tau, config.fqe,
@@ -384,7 +412,6 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     buffer = make_replay_buffer(data.select(*CBOP_KEYS), config.train.batch_size, device=device)
     generator = torch.Generator(device=device).manual_seed(config.seed + CBOP_SEED_OFFSET)
     buffer.set_rng(generator)
-    total_steps = config.train.total_steps
     eval_env = make_eval_env(family, config.eval.episodes, config.eval.backend)
 
     def checkpoint_payload(step: int) -> dict[str, Any]:
@@ -393,6 +420,7 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
             "training_config_hash": training_config_hash(training_config),
             "policy": policy_metadata(family, hidden, info.name, step),
             "actor": actor.state_dict(),
+            "wall_time_s": prior_wall_time + time.perf_counter() - start_time,
         }
 
     checkpoint_hook = CheckpointHook(
@@ -426,13 +454,12 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
         trainer.load_state_dict(resume_state["trainer"])
         start_step = int(resume_state["step"])
         checkpoint_hook.last_saved_step = start_step
-    _stage_banner(
+    clock.start(
         "cbop",
         f"{total_steps} gradient steps (K={dynamics.num_elites}, M="
         f"{config.agent.num_qvalue_nets}, H={config.estimator.horizon}, psi="
         f"{config.estimator.psi}, batch {config.train.batch_size})"
         + (f", resuming at step {start_step}" if start_step else ""),
-        progress,
     )
     train_start = time.perf_counter()
     if start_step < total_steps:
@@ -441,9 +468,10 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     steps_run = total_steps - start_step
 
     # Final evaluation and outputs.
-    _stage_banner("eval", f"{config.eval.episodes} episodes", progress)
+    clock.start("eval", f"{config.eval.episodes} episodes")
     final = evaluation.evaluate(total_steps)
     eval_env.close()
+    clock.stop()
     save_policy(
         run_dir / POLICY_NAME, actor, policy_metadata(family, hidden, info.name, total_steps)
     )
@@ -461,8 +489,11 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
         "episode_returns": final["returns"],
         "gradient_steps": total_steps,
         "gradient_steps_this_session": steps_run,
-        "grad_steps_per_s": steps_run / train_time if steps_run and train_time > 0 else None,
-        "wall_time_s": time.perf_counter() - start_time,
+        "grad_steps_per_s": steps_run / train_time
+        if steps_run and train_time > 0
+        else None,  # incl. periodic evaluation
+        "wall_time_s": prior_wall_time + time.perf_counter() - start_time,
+        "stage_times": clock.times,
         "resumed_from_step": start_step or None,
         "expected_horizon_start": metrics.first_window.get("cbop/expected_horizon"),
         "expected_horizon_end": metrics.last_window.get("cbop/expected_horizon"),
@@ -484,7 +515,7 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
         "checkpoint": str(checkpoint_path),
         "policy": str(run_dir / POLICY_NAME),
     }
-    atomic_json_dump(results, run_dir / "results.json")
+    atomic_json_dump(results, results_path)
     log_scalars(logger, {"final/normalized_score": results["normalized_score_mean"]}, total_steps)
     if logger is not None and hasattr(logger, "experiment") and config.logger.backend == "wandb":
         logger.experiment.finish()
