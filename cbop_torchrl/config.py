@@ -124,6 +124,18 @@ class PretrainConfig:
 
 
 @dataclass
+class FQEConfig(PretrainConfig):
+    """FQE also has its target ensemble's Polyak rate.
+
+    Each soft update moves the target a fraction ``target_tau`` towards the
+    online ensemble, so ``steps * target_tau`` is roughly the number of
+    value-iteration sweeps FQE gets; with gamma = 0.99 it needs a few hundred.
+    """
+
+    target_tau: float = 0.005
+
+
+@dataclass
 class TrainConfig:
     """The CBOP stage: ``epochs * steps_per_epoch`` gradient steps."""
 
@@ -171,7 +183,7 @@ class RunConfig:
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     dynamics: DynamicsConfig = field(default_factory=DynamicsConfig)
     bc: PretrainConfig = field(default_factory=PretrainConfig)
-    fqe: PretrainConfig = field(default_factory=PretrainConfig)
+    fqe: FQEConfig = field(default_factory=FQEConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -200,7 +212,7 @@ _SECTIONS: dict[str, type] = {
     "agent": AgentConfig,
     "estimator": EstimatorConfig,
     "bc": PretrainConfig,
-    "fqe": PretrainConfig,
+    "fqe": FQEConfig,
     "train": TrainConfig,
     "eval": EvalConfig,
     "logger": LoggerConfig,
@@ -406,6 +418,7 @@ def validate(config: RunConfig) -> list[str]:
         "fqe.batch_size",
         "fqe.lr",
         "fqe.checkpoint_interval",
+        "fqe.target_tau",
         "agent.num_qvalue_nets",
         "agent.actor_lr",
         "agent.critic_lr",

@@ -397,7 +397,7 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     clock.start("fqe", f"{config.fqe.steps} steps, M={config.agent.num_qvalue_nets}")
     fqe_state, fqe_cached = load_or_train_fqe(
         data, info.fingerprint, family.obs_dim, family.action_dim, hidden,
-        config.agent.num_qvalue_nets, config.agent.gamma, config.agent.tau, config.fqe,
+        config.agent.num_qvalue_nets, config.agent.gamma, config.fqe,
         config.seed, progress, log_stage,
     )  # fmt: skip
 

@@ -26,7 +26,7 @@ from torchrl.data import ReplayBuffer
 from torchrl.objectives import LossModule, SoftUpdate
 from tqdm.auto import tqdm
 
-from cbop_torchrl.config import PretrainConfig
+from cbop_torchrl.config import FQEConfig, PretrainConfig
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.pretrain import (
@@ -181,8 +181,7 @@ def load_or_train_fqe(
     hidden_sizes: list[int],
     num_members: int,
     gamma: float,
-    tau: float,
-    config: PretrainConfig,
+    config: FQEConfig,
     seed: int,
     progress: bool = True,
     log_fn: LogFn | None = None,
@@ -200,7 +199,6 @@ def load_or_train_fqe(
         "hidden": list(hidden_sizes),
         "members": num_members,
         "gamma": gamma,
-        "tau": tau,
         "seed": seed,
     }
     work_dir = _stage_dir("fqe", key)
@@ -223,7 +221,7 @@ def load_or_train_fqe(
         num_members, obs_dim, action_dim, tuple(hidden_sizes), device=data.device
     )
     loss = FittedQEvaluationLoss(qnets, gamma=gamma, bootstrap_weights=counts)
-    updater = SoftUpdate(loss, tau=tau)
+    updater = SoftUpdate(loss, tau=config.target_tau)
     buffer, generator = _sampler(fqe_data, config.batch_size, seed + FQE_SEED_OFFSET)
     run_supervised_stage(
         "fqe", loss, buffer, generator, config, work_dir, progress, log_fn, updater.step
