@@ -47,6 +47,14 @@ HOPPER = get_family("hopper")
 HIDDEN = [16, 16]
 
 
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """select_psi --threads and the FQE test set torch's global thread count; put it back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def constant_actor(value: float, hidden: list[int] = HIDDEN):
     """A hopper actor whose deterministic action is ``value`` in every dimension."""
     torch.manual_seed(0)

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from d4rl_files import write_d4rl_hdf5
 from hydra import compose, initialize_config_dir
@@ -37,6 +38,15 @@ _spec = importlib.util.spec_from_file_location("select_psi", ROOT / "scripts" / 
 _module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_module)
 select_psi = _module.main
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """select_psi --threads and the FQE test set torch's global thread count; put it back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
 
 TINY = [
     "preset=debug",
@@ -185,9 +195,16 @@ def test_local_sweep_gathers_one_results_file_per_run(tiny_sweep: dict) -> None:
 
 
 def test_relaunched_job_continues_in_its_run_directory(tiny_sweep: dict) -> None:
-    """A restarted job (same overrides, as after preemption) finds its checkpoint."""
+    """A restarted job (same overrides, as after preemption) finds its checkpoint.
+
+    The psi=5 job is made to look preempted after its last checkpoint and
+    before its final evaluation (no results.json): the relaunch must land in
+    the same directory and resume at that checkpoint, training nothing again.
+    """
     sweep_dir = tiny_sweep["sweep_dir"]
     before = sorted(path.parent for path in sweep_dir.rglob("config.json"))
+    (run_dir,) = [path for path in before if "estimator.psi=5," in path.name]
+    (run_dir / "results.json").unlink()
     done = subprocess.run(
         [*tiny_sweep["command"], "estimator.psi=5"],
         env=tiny_sweep["env"],
@@ -197,10 +214,11 @@ def test_relaunched_job_continues_in_its_run_directory(tiny_sweep: dict) -> None
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(path.parent for path in sweep_dir.rglob("config.json")) == before
     results = {r["settings"]["psi"]: r for r in collect_results(sweep_dir)}
-    assert results[5.0]["resumed_from_step"] == 6  # the finished run's checkpoint
+    assert Path(results[5.0]["run_dir"]) == run_dir
+    assert results[5.0]["resumed_from_step"] == 6  # the run's last checkpoint
     assert results[5.0]["gradient_steps_this_session"] == 0
     assert results[0.5]["resumed_from_step"] is None  # the other job was not touched
-    assert read_overrides(results[5.0]["run_dir"])[-1].startswith("progress=")
+    assert read_overrides(run_dir)[-1].startswith("progress=")
 
 
 def test_select_psi_on_the_sweep(tiny_sweep: dict, capsys: pytest.CaptureFixture) -> None:
