@@ -28,7 +28,7 @@ import torch
 from cbop_torchrl.data import DatasetError
 from cbop_torchrl.evaluation.selection import DatasetRanking, rank_runs, score_runs
 from cbop_torchrl.sweeps import SweepError, find_runs
-from cbop_torchrl.trainers.checkpoint import CheckpointError, NonFiniteLossError
+from cbop_torchrl.trainers.checkpoint import CheckpointError
 from cbop_torchrl.utils import resolve_device
 
 
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             num_qvalue_nets=args.qvalue_nets,
         )
-    except (SweepError, DatasetError, CheckpointError, NonFiniteLossError, ValueError) as error:
+    except (SweepError, DatasetError, CheckpointError, FloatingPointError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     rankings = rank_runs(scores)

@@ -244,6 +244,8 @@ def test_select_psi_bad_input_exits_with_a_message(
     assert select_psi([str(tmp_path)]) == 2
     assert "no trained runs" in capsys.readouterr().err
     (run / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    assert select_psi([str(tmp_path), "--no-progress"]) == 2
+    assert "names no dataset" in capsys.readouterr().err
     (run / "config.json").write_text(json.dumps({"env": "demo"}))
     assert select_psi([str(tmp_path), "--no-progress"]) == 2
     assert "error:" in capsys.readouterr().err

@@ -40,7 +40,7 @@ from cbop_torchrl.config import PretrainConfig
 from cbop_torchrl.data import load_dataset_with_info, make_replay_buffer
 from cbop_torchrl.modules.actor_critic import make_qvalue_ensemble
 from cbop_torchrl.objectives.pretrain import ROW_KEY, FittedQEvaluationLoss, bootstrap_counts
-from cbop_torchrl.sweeps import policy_file, read_run
+from cbop_torchrl.sweeps import SweepError, policy_file, read_run
 from cbop_torchrl.trainers.checkpoint import load_policy
 from cbop_torchrl.trainers.pretrain import run_supervised_stage
 from cbop_torchrl.utils import atomic_torch_save, config_hash, seed_everything
@@ -466,6 +466,11 @@ def score_runs(
         if on_run is not None:
             on_run(index, run_dir)
         config, results = read_run(run_dir)
+        if "env" not in config:
+            raise SweepError(
+                f"{str(Path(run_dir) / 'config.json')!r} names no dataset ('env'); it was not "
+                "written by scripts/cbop.py. Remove that directory from the sweep directory"
+            )
         env = str(config["env"])
         if env not in datasets:
             data, info = load_dataset_with_info(env)
