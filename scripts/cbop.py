@@ -12,6 +12,13 @@ checkpoint; ``resume=false`` starts over, ``resume=true`` insists on one.
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads sleep instead of spinning: on a busy machine (more runnable processes
+# than cores) spinning threads slow every small matmul down by up to 10x. Read by torch at
+# import, so it is set before anything imports torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import sys
 import warnings
 from pathlib import Path

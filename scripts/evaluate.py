@@ -9,6 +9,11 @@ environment of the policy's family (recorded in the checkpoint).
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads sleep instead of spinning (see scripts/cbop.py); set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import json
 import sys
 import warnings
@@ -16,7 +21,11 @@ import warnings
 import hydra
 from omegaconf import DictConfig
 
-from cbop_torchrl.evaluation.evaluate import evaluate_policy, filter_env_warnings, make_eval_env
+from cbop_torchrl.evaluation.evaluate import (
+    evaluate_policy,
+    filter_env_warnings,
+    make_eval_env,
+)
 from cbop_torchrl.trainers.checkpoint import CheckpointError, load_policy
 from cbop_torchrl.utils import atomic_json_dump, resolve_device
 
