@@ -188,3 +188,25 @@ def test_metrics_are_flattened_and_written_by_torchrl_loggers(tmp_path: Path) ->
     rows = (tmp_path / "csv/logs/run/scalars/train/cbop/weights/1.csv").read_text().split()
     assert rows == ["2,0.25"]
     assert hook.state_dict()["first_window"]["cbop/expected_horizon"] == 0.75
+
+
+def test_evaluate_script_scores_a_saved_policy(workspace: dict, reference_run: Path) -> None:
+    output = workspace["root"] / "evaluation.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "evaluate.py"),
+            f"checkpoint={reference_run / 'policy.pt'}",
+            "episodes=2",
+            "max_steps=20",
+            f"output={output}",
+        ],
+        env=workspace["env"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "normalized score" in done.stdout and "Hopper-v4" in done.stdout
+    summary = json.loads(output.read_text())
+    assert summary["episodes"] == 2 and math.isfinite(summary["normalized_score_mean"])
+    assert all(length <= 20 for length in summary["lengths"])
