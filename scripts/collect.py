@@ -42,6 +42,7 @@ def build_request(cfg: DictConfig, command: str) -> GenerationRequest:
         seed=int(cfg.seed),
         sac=SACConfig(**sac),
         medium_fraction=float(cfg.medium_fraction),
+        medium_reference=str(cfg.medium_reference),
         rollout_transitions=int(cfg.rollout_transitions),
         rollout_exploration=str(cfg.rollout_exploration),
         tag=cfg.tag,

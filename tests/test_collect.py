@@ -160,6 +160,15 @@ def test_kinds_follow_the_recipe(tiny_run):
         assert request.rollout_transitions - CAP < len(arrays[kind][0]["rewards"]) <= 400
 
 
+def test_medium_checkpoint_selection():
+    evaluations = [{"step": 1000 * i, "return": r} for i, r in enumerate([10, 400, 900, 600], 1)]
+    medium, expert = select_checkpoints(evaluations, 1 / 3)
+    assert expert["step"] == 3000 and medium["step"] == 2000  # 400 is nearest 300
+    hopper = get_family("hopper")  # a third of D4RL's expert score: 1078
+    medium, _ = select_checkpoints(evaluations, 1 / 3, "d4rl", hopper)
+    assert medium["step"] == 3000
+
+
 def test_rerun_keeps_finished_files(tiny_run):
     request, paths = tiny_run
     before = {kind: path.stat().st_mtime_ns for kind, path in paths.items()}

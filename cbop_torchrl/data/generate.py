@@ -8,7 +8,8 @@ kind       transitions
 ========== =====================================================================
 random     rollouts of uniform random actions
 medium     rollouts of the checkpoint whose evaluation return is nearest
-           ``medium_fraction`` (default 1/3) of the run's best return
+           ``medium_fraction`` (default 1/3) of the run's best return, or of
+           D4RL's expert reference score with ``medium_reference="d4rl"``
 medium-    the run's replay buffer up to that checkpoint
 replay
 full-      the whole replay buffer
@@ -212,18 +213,32 @@ def collect_rollouts(
     return complete_episodes(torch.cat(batches)[:num_transitions])
 
 
+MEDIUM_REFERENCES = ("best", "d4rl")
+
+
 def select_checkpoints(
-    evaluations: Sequence[dict[str, Any]], medium_fraction: float
+    evaluations: Sequence[dict[str, Any]],
+    medium_fraction: float,
+    medium_reference: str = "best",
+    family: EnvFamily | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The medium and the expert checkpoint of a run.
 
     Expert: the best evaluation return (earliest on ties). Medium: the
-    evaluation return nearest ``medium_fraction * best`` (earliest on ties).
+    evaluation return nearest ``medium_fraction * reference`` (earliest on
+    ties), where the reference is the run's best return (``"best"``) or D4RL's
+    expert reference score ``family.ref_max_score`` (``"d4rl"``: D4RL's own
+    definition of medium, useful when a short run never gets near expert).
     """
     if not evaluations:
         raise ValueError("the SAC run has no evaluated checkpoint")
     expert = max(evaluations, key=lambda e: (e["return"], -e["step"]))
-    target = medium_fraction * expert["return"]
+    if medium_reference == "d4rl":
+        if family is None:
+            raise ValueError("medium_reference='d4rl' needs the environment family")
+        target = medium_fraction * family.ref_max_score
+    else:
+        target = medium_fraction * expert["return"]
     medium = min(evaluations, key=lambda e: (abs(e["return"] - target), e["step"]))
     return medium, expert
 
@@ -237,6 +252,7 @@ class GenerationRequest:
     seed: int = 0
     sac: SACConfig = dataclasses.field(default_factory=SACConfig)
     medium_fraction: float = 1 / 3
+    medium_reference: str = "best"
     rollout_transitions: int = 1_000_000
     rollout_exploration: str = "random"
     tag: str | None = None
@@ -256,6 +272,11 @@ class GenerationRequest:
             )
         if not 0.0 < self.medium_fraction <= 1.0:
             raise ValueError(f"medium_fraction={self.medium_fraction} must be in (0, 1].")
+        if self.medium_reference not in MEDIUM_REFERENCES:
+            raise ValueError(
+                f"medium_reference={self.medium_reference!r} must be one of "
+                f"{list(MEDIUM_REFERENCES)}: the run's best return or D4RL's expert score."
+            )
         if self.rollout_exploration not in ROLLOUT_EXPLORATION:
             raise ValueError(
                 f"rollout_exploration={self.rollout_exploration!r} must be one of "
@@ -273,6 +294,7 @@ class GenerationRequest:
                 "seed": self.seed,
                 "sac": dataclasses.asdict(self.sac),
                 "medium_fraction": self.medium_fraction,
+                "medium_reference": self.medium_reference,
                 "rollout_transitions": self.rollout_transitions,
                 "rollout_exploration": self.rollout_exploration,
                 "generator_version": GENERATOR_VERSION,
@@ -341,7 +363,9 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
     if any(kind != "random" for kind in todo):
         run.train(progress=request.progress)
         evaluations = run.evaluations()
-        medium, expert = select_checkpoints(evaluations, request.medium_fraction)
+        medium, expert = select_checkpoints(
+            evaluations, request.medium_fraction, request.medium_reference, family
+        )
 
     rollouts: dict[str, Arrays] = {}
 
@@ -396,6 +420,7 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
             "episode_return_mean": float(returns.mean()),
             "episode_normalized_score_mean": float(family.normalized_score(returns.mean())),
             "medium_fraction": request.medium_fraction,
+            "medium_reference": request.medium_reference,
             "rollout_exploration": request.rollout_exploration,
             "generator": "cbop_torchrl.data.generate",
             "generator_version": GENERATOR_VERSION,
