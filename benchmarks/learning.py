@@ -1,0 +1,182 @@
+"""The learning benchmark: CBOP, its ablations and the baselines on the generated datasets.
+
+    python benchmarks/learning.py                                 # hopper-medium-replay-gen
+    python benchmarks/learning.py --datasets hopper-medium-replay-gen walker2d-medium-replay-gen
+    python benchmarks/learning.py --algos cbop bc --seeds 0       # a subset
+    python benchmarks/learning.py --algos cbop-map cbop-quantile  # ablations
+    python benchmarks/learning.py --dry-run                       # list what would run
+    nohup python benchmarks/learning.py > bench.log 2>&1 &        # over several sittings
+
+Every algorithm runs with the same preset (default ``cpu``): the same
+gradient steps (``train.epochs x train.steps_per_epoch``), batch, network sizes
+and evaluation; CBOP additionally trains its dynamics ensemble, BC actor and
+FQE critic first (DESIGN.md). Runs go seed by seed, algorithms in the given
+order (CBOP first, then BC, then the others).
+
+Resumable: a run whose summary exists in ``--results`` is skipped; an
+unfinished run continues from its checkpoint (the run directories live
+outside the repository, under ``--runs``). After each finished run its summary
+(final/best normalized score, learning curve, E[h] and target diagnostics,
+the checkpoint-based analysis for CBOP, the exact command, the commit) is
+written to ``<results>/<dataset>/<variant>/seed<k>.json``; commit those, and
+rebuild the tables and figures with ``python scripts/report.py benchmarks/results``.
+
+Datasets come from ``$CBOP_TORCHRL_CACHE/generated/<name>.hdf5`` and are
+generated there (``benchmarks/make_datasets.sh``, deterministic) when missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cbop_torchrl.evaluation.report import summarize_run
+from cbop_torchrl.utils import atomic_json_dump, cache_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "cbop": ("cbop.py", []),
+    "cbop-map": ("cbop.py", ["estimator.mode=map"]),
+    "cbop-fixed-uniform": (
+        "cbop.py",
+        ["estimator.mode=fixed", "estimator.fixed_weighting=uniform"],
+    ),
+    "cbop-fixed-lambda": ("cbop.py", ["estimator.mode=fixed", "estimator.fixed_weighting=lambda"]),
+    "cbop-quantile": ("cbop.py", ["estimator.mode=quantile"]),
+    "bc": ("baseline.py", ["algo=bc"]),
+    "td3bc": ("baseline.py", ["algo=td3bc"]),
+    "iql": ("baseline.py", ["algo=iql"]),
+    "cql": ("baseline.py", ["algo=cql"]),
+}
+"""Benchmark variant -> (entry script, its overrides)."""
+DEFAULT_ALGOS = ["cbop", "bc", "td3bc", "iql", "cql"]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--datasets", nargs="+", default=["hopper-medium-replay-gen"])
+    parser.add_argument("--algos", nargs="+", default=DEFAULT_ALGOS, choices=list(VARIANTS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--preset", default="cpu", help="cpu | debug | paper (configs/preset)")
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--runs", type=Path, default=None, help="default: <cache>/benchmark_runs")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run")
+    parser.add_argument("--no-analysis", action="store_true", help="skip checkpoint analysis")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    parser.add_argument(
+        "overrides", nargs="*", help="extra Hydra overrides for every run (e.g. eval.episodes=5)"
+    )
+    return parser.parse_args(argv)
+
+
+def dataset_path(name: str) -> Path:
+    """Where the generator writes ``name`` (``<cache>/generated/<name>.hdf5``)."""
+    return cache_dir("generated") / f"{name}.hdf5"
+
+
+def ensure_dataset(name: str) -> Path:
+    """The dataset file; ``benchmarks/make_datasets.sh`` generates it (deterministic) if missing."""
+    path = dataset_path(name)
+    if path.is_file():
+        return path
+    family = name.split("-", 1)[0]
+    print(f"[bench] {path} is missing: generating it (benchmarks/make_datasets.sh)", flush=True)
+    env = {**os.environ, "FAMILIES": family, "PYTHON": sys.executable}
+    subprocess.run(["bash", str(ROOT / "benchmarks" / "make_datasets.sh")], env=env, check=True)
+    if not path.is_file():
+        raise SystemExit(
+            f"error: the generator did not write {path}; is {name!r} a kind it makes "
+            "(hopper|walker2d)-(medium|medium-replay)-gen?"
+        )
+    return path
+
+
+def git_commit() -> str:
+    """``HEAD``'s hash, with ``+dirty`` when tracked files differ from it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    commit = git("rev-parse", "HEAD") or "unknown"
+    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def run_command(
+    variant: str, data: Path, seed: int, preset: str, run_dir: Path, args: argparse.Namespace
+) -> list[str]:
+    script, overrides = VARIANTS[variant]
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / script),
+        f"env={data}",
+        f"preset={preset}",
+        f"seed={seed}",
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+        "progress=false",
+    ]
+    if args.threads is not None:
+        command.append(f"threads={args.threads}")
+    return command + list(args.overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    runs_root = args.runs or cache_dir("benchmark_runs")
+    plan = [
+        (dataset, seed, variant)
+        for dataset in args.datasets
+        for seed in args.seeds
+        for variant in args.algos
+    ]
+    for dataset, seed, variant in plan:
+        summary_path = args.results / dataset / variant / f"seed{seed}.json"
+        run_dir = runs_root / dataset / args.preset / variant / f"seed{seed}"
+        if summary_path.is_file():
+            print(f"[bench] done     {dataset} {variant} seed {seed}: {summary_path}", flush=True)
+            continue
+        if args.dry_run:
+            state = "resume" if (run_dir / "checkpoint.pt").is_file() else "start"
+            print(f"[bench] {state:8} {dataset} {variant} seed {seed} -> {run_dir}")
+            continue
+        data = ensure_dataset(dataset)
+        command = run_command(variant, data, seed, args.preset, run_dir, args)
+        print(f"[bench] running  {shlex.join(command)}", flush=True)
+        start = time.time()
+        finished = subprocess.run(command, cwd=ROOT, check=False)
+        if finished.returncode != 0:
+            print(
+                f"[bench] FAILED   {dataset} {variant} seed {seed} (exit {finished.returncode});"
+                " moving on (re-run to resume it)",
+                flush=True,
+            )
+            continue
+        summary = summarize_run(run_dir, analysis=not args.no_analysis)
+        summary["dataset"] = dataset
+        summary["command"] = shlex.join(
+            ["python", *[c.replace(str(ROOT) + "/", "") for c in command[1:]]]
+        )
+        summary["commit"] = git_commit()
+        summary["session_wall_s"] = time.time() - start
+        summary["finished_utc"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        summary["host"] = {"nproc": os.cpu_count(), "loadavg": os.getloadavg()}
+        atomic_json_dump(summary, summary_path)
+        print(
+            f"[bench] finished {dataset} {variant} seed {seed}: final "
+            f"{summary['final_normalized_score']:.1f}, best {summary['best_normalized_score']:.1f}"
+            f" ({summary['wall_time_s']:.0f} s) -> {summary_path}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

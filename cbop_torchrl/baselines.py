@@ -1,0 +1,515 @@
+"""Model-free offline baselines on the pipeline's data, evaluation and run-directory format.
+
+Four algorithms, each a TorchRL loss with a small config (``configs/algo/*.yaml``):
+
+- ``bc``: behaviour cloning (:class:`~cbop_torchrl.objectives.pretrain.BehaviourCloningLoss`,
+  the loss of the pipeline's BC stage);
+- ``td3bc``: TD3+BC (``torchrl.objectives.TD3BCLoss``), a deterministic tanh actor,
+  actor updated every ``policy_delay`` steps;
+- ``iql``: implicit Q-learning (``torchrl.objectives.IQLLoss``) with a state-value network;
+- ``cql``: conservative Q-learning (``torchrl.objectives.CQLLoss``), auto-tuned entropy.
+
+Training runs on TorchRL's ``Trainer`` with the same hooks as the CBOP stage
+(:mod:`cbop_torchrl.trainers.offline`): the gradient-step "collector", the
+replay-buffer sampler, periodic evaluation, metrics, the target-network
+updater and the atomic checkpoint, so a baseline run directory holds the same
+``results.json``/``config.json``/``checkpoint.pt``/``policy.pt``/CSV logs as a
+CBOP run and resumes the same way. ``results.json`` additionally names the
+``algo``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
+from torch import nn
+from torchrl.checkpoint import GlobalRNGState
+from torchrl.modules import MLP, TanhModule, ValueOperator
+from torchrl.objectives import CQLLoss, IQLLoss, LossModule, SoftUpdate, TD3BCLoss
+from torchrl.trainers import OptimizationStepper, TargetNetUpdaterHook, Trainer
+
+from cbop_torchrl.config import RunConfig
+from cbop_torchrl.data import DatasetInfo, make_replay_buffer
+from cbop_torchrl.evaluation.evaluate import make_eval_env
+from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
+from cbop_torchrl.objectives.pretrain import ACTION_EPS, BehaviourCloningLoss
+from cbop_torchrl.registry import EnvFamily, get_family
+from cbop_torchrl.trainers.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    POLICY_NAME,
+    CheckpointHook,
+    NonFiniteLossError,
+    check_resumable,
+    load_checkpoint,
+    policy_metadata,
+    training_config_hash,
+)
+from cbop_torchrl.trainers.logging import MetricsHook, log_scalars, make_logger
+from cbop_torchrl.trainers.offline import (
+    CBOP_KEYS,
+    EvaluationHook,
+    GradientSteps,
+    ResumeProgressBar,
+    SampleFromBuffer,
+)
+from cbop_torchrl.utils import atomic_json_dump, atomic_torch_save, resolve_device, seed_everything
+
+ALGOS = ("bc", "td3bc", "iql", "cql")
+BASELINE_SEED_OFFSET = 5
+
+
+class BaselineConfigError(ValueError):
+    """An ``algo`` section is invalid; the message says what would be valid."""
+
+
+@dataclass
+class AlgoConfig:
+    """One baseline's hyperparameters (``configs/algo/<name>.yaml``).
+
+    Fields an algorithm does not use are ignored by it.
+    """
+
+    name: str = "td3bc"
+    num_qvalue_nets: int = 2
+    # TD3+BC
+    alpha: float = 2.5
+    policy_noise: float = 0.2
+    noise_clip: float = 0.5
+    policy_delay: int = 2
+    # IQL
+    temperature: float = 3.0
+    expectile: float = 0.7
+    value_lr: float = 3e-4
+    # CQL
+    min_q_weight: float = 5.0
+    num_random: int = 10
+    cql_temperature: float = 1.0
+    with_lagrange: bool = False
+    lagrange_thresh: float = 10.0
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> AlgoConfig:
+        """Builds and validates an ``algo`` section (raises :class:`BaselineConfigError`)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise BaselineConfigError(
+                f"unknown key(s) {', '.join('algo.' + k for k in unknown)}; valid keys: "
+                f"{', '.join(sorted(known))}"
+            )
+        config = cls(**values)
+        if config.name not in ALGOS:
+            raise BaselineConfigError(
+                f"algo={config.name!r} is not a baseline; choose one of {', '.join(ALGOS)} "
+                "(CBOP and its ablations run through scripts/cbop.py)"
+            )
+        if config.num_qvalue_nets < 1 or config.policy_delay < 1:
+            raise BaselineConfigError(
+                "algo.num_qvalue_nets and algo.policy_delay must be >= 1; got "
+                f"{config.num_qvalue_nets} and {config.policy_delay}"
+            )
+        if not 0.0 < config.expectile < 1.0:
+            raise BaselineConfigError(f"algo.expectile={config.expectile} must be in (0, 1)")
+        return config
+
+
+@dataclass
+class BaselineParts:
+    """What the trainer needs from an algorithm.
+
+    Attributes:
+        loss: the TorchRL loss module.
+        actor: the policy evaluated (deterministic under ``ExplorationType.DETERMINISTIC``).
+        groups: ``(loss keys, parameters, learning rate, every)``: the summed
+            keys are differentiated w.r.t. these parameters only, every
+            ``every``-th step.
+        has_targets: whether a ``SoftUpdate`` of the target networks runs after each step.
+        actor_kind: ``"tanh_normal"`` (:func:`make_actor`) or ``"deterministic"``.
+    """
+
+    loss: LossModule
+    actor: TensorDictModuleBase
+    groups: list[tuple[tuple[str, ...], list[nn.Parameter], float, int]]
+    has_targets: bool
+    actor_kind: str
+
+
+def make_deterministic_actor(
+    obs_dim: int, action_dim: int, hidden_sizes: Sequence[int], device: Any = None
+) -> TensorDictSequential:
+    """TD3's actor: ``observation [..., obs] -> action = tanh(MLP(obs)) [..., act]``."""
+    net = MLP(
+        in_features=obs_dim,
+        out_features=action_dim,
+        num_cells=list(hidden_sizes),
+        activation_class=nn.ReLU,
+        device=device,
+    )
+    return TensorDictSequential(
+        TensorDictModule(net, in_keys=["observation"], out_keys=["param"]),
+        TanhModule(in_keys=["param"], out_keys=["action"], spec=action_spec(action_dim, device)),
+    )
+
+
+def make_state_value(
+    obs_dim: int, hidden_sizes: Sequence[int], device: Any = None
+) -> ValueOperator:
+    """IQL's ``V(s)``: ``observation -> state_value [..., 1]``."""
+    net = MLP(
+        in_features=obs_dim,
+        out_features=1,
+        num_cells=list(hidden_sizes),
+        activation_class=nn.ReLU,
+        device=device,
+    )
+    return ValueOperator(net, in_keys=["observation"], out_keys=["state_value"])
+
+
+def _params(module_params: TensorDictBase) -> list[nn.Parameter]:
+    """The trainable leaves of a loss's functional parameters (buffers left out)."""
+    return [p for p in module_params.values(True, True) if p.requires_grad]
+
+
+def build_baseline(
+    algo: AlgoConfig, config: RunConfig, family: EnvFamily, device: torch.device
+) -> BaselineParts:
+    """The loss, actor and optimizer groups of ``algo`` for ``family``'s dimensions."""
+    obs, act = family.obs_dim, family.action_dim
+    hidden = tuple(config.agent.hidden_sizes)
+    agent = config.agent
+    spec = action_spec(act, device)
+    if algo.name == "bc":
+        actor = make_actor(obs, act, hidden, device=device)
+        loss = BehaviourCloningLoss(actor)
+        groups = [(("loss_bc",), list(actor.parameters()), agent.actor_lr, 1)]
+        return BaselineParts(loss, actor, groups, False, "tanh_normal")
+    if algo.name == "td3bc":
+        actor = make_deterministic_actor(obs, act, hidden, device)
+        qnets = make_qvalue_ensemble(algo.num_qvalue_nets, obs, act, hidden, device=device)
+        loss = TD3BCLoss(
+            actor,
+            qnets,
+            action_spec=spec,
+            num_qvalue_nets=algo.num_qvalue_nets,
+            policy_noise=algo.policy_noise,
+            noise_clip=algo.noise_clip,
+            alpha=algo.alpha,
+            loss_function="l2",
+        )
+        loss.make_value_estimator(gamma=agent.gamma)
+        groups = [
+            (("loss_actor",), _params(loss.actor_network_params), agent.actor_lr,
+             algo.policy_delay),
+            (("loss_qvalue",), _params(loss.qvalue_network_params), agent.critic_lr, 1),
+        ]  # fmt: skip
+        return BaselineParts(loss, actor, groups, True, "deterministic")
+    if algo.name == "iql":
+        actor = make_actor(obs, act, hidden, device=device)
+        qnets = make_qvalue_ensemble(algo.num_qvalue_nets, obs, act, hidden, device=device)
+        value = make_state_value(obs, hidden, device)
+        loss = IQLLoss(
+            actor,
+            qnets,
+            value,
+            num_qvalue_nets=algo.num_qvalue_nets,
+            temperature=algo.temperature,
+            expectile=algo.expectile,
+            loss_function="l2",
+        )
+        loss.make_value_estimator(gamma=agent.gamma)
+        groups = [
+            (("loss_actor",), _params(loss.actor_network_params), agent.actor_lr, 1),
+            (("loss_qvalue",), _params(loss.qvalue_network_params), agent.critic_lr, 1),
+            (("loss_value",), _params(loss.value_network_params), algo.value_lr, 1),
+        ]
+        return BaselineParts(loss, actor, groups, True, "tanh_normal")
+    actor = make_actor(obs, act, hidden, device=device)
+    qnets = make_qvalue_ensemble(algo.num_qvalue_nets, obs, act, hidden, device=device)
+    loss = CQLLoss(
+        actor,
+        qnets,
+        action_spec=spec,
+        alpha_init=agent.alpha_init,
+        temperature=algo.cql_temperature,
+        min_q_weight=algo.min_q_weight,
+        num_random=algo.num_random,
+        with_lagrange=algo.with_lagrange,
+        lagrange_thresh=algo.lagrange_thresh,
+        deterministic_backup=True,
+        loss_function="l2",
+    )
+    loss.make_value_estimator(gamma=agent.gamma)
+    groups = [
+        (("loss_actor",), _params(loss.actor_network_params), agent.actor_lr, 1),
+        (("loss_qvalue", "loss_cql"), _params(loss.qvalue_network_params), agent.critic_lr, 1),
+        (("loss_alpha",), [loss.log_alpha], agent.alpha_lr, 1),
+    ]
+    if algo.with_lagrange:
+        groups.append((("loss_alpha_prime",), [loss.log_alpha_prime], agent.critic_lr, 1))
+    return BaselineParts(loss, actor, groups, True, "tanh_normal")
+
+
+class GroupedOptimizationStepper(OptimizationStepper):
+    """One Adam step where each parameter group gets the gradient of its own losses only.
+
+    TorchRL's offline losses are meant for one optimizer per network (the
+    critic loss may read the actor, the CQL penalty samples actions from it):
+    summing all losses into one backward would leak critic gradients into the
+    actor. Each group's loss is differentiated w.r.t. its parameters with
+    ``torch.autograd.grad``; groups not due this step (TD3's delayed actor)
+    get no gradient, so Adam leaves them untouched. Non-finite values stop the
+    run before any parameter changes (:class:`NonFiniteLossError`).
+    """
+
+    def __init__(self, groups: BaselineParts, checkpoint: CheckpointHook, algo: str) -> None:
+        self.groups = groups.groups
+        self.checkpoint = checkpoint
+        self.algo = algo
+
+    def step(self, trainer: Trainer, sub_batch: TensorDictBase) -> TensorDictBase:
+        losses = trainer.compute_loss(sub_batch)
+        step = trainer._optim_count
+        trainer.optimizer.zero_grad(set_to_none=True)
+        due = [g for g in self.groups if step % g[3] == 0]
+        bad = []
+        norms = []
+        for index, (keys, params, _, _) in enumerate(due):
+            total = sum(losses.get(key) for key in keys)
+            last = index == len(due) - 1
+            grads = torch.autograd.grad(total, params, retain_graph=not last, allow_unused=True)
+            for param, grad in zip(params, grads, strict=True):
+                param.grad = grad
+            norms += [g.norm() for g in grads if g is not None]
+            if not torch.isfinite(total):
+                bad.append("+".join(keys))
+        grad_norm = torch.stack(norms).norm() if norms else torch.zeros(())
+        if not torch.isfinite(grad_norm):
+            bad.append("gradient norm")
+        if bad:
+            trainer.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(
+                f"non-finite {', '.join(bad)} at gradient step {step} of the {self.algo} "
+                "baseline; the step was not applied and the run stopped. Last good checkpoint: "
+                f"{self.checkpoint.describe_last()}. Lower the learning rates (agent.*_lr) and "
+                "resume (the same command continues from that checkpoint)."
+            )
+        trainer.optimizer.step()
+        scalars = {
+            k: v.detach() for k, v in losses.items() if v.ndim == 0 and v.is_floating_point()
+        }
+        out = losses.empty()
+        out.update(scalars)
+        out.set("grad_norm", grad_norm.detach())
+        return out
+
+
+def _dataset_for(algo: str, data: TensorDictBase) -> TensorDictBase:
+    """The keys a baseline reads; dataset actions moved off +-1 where a log-density is taken."""
+    batch = data.select(*CBOP_KEYS)
+    if algo in ("bc", "iql", "cql"):  # a TanhNormal has no density at exactly +-1
+        batch.set("action", batch.get("action").clamp(-1.0 + ACTION_EPS, 1.0 - ACTION_EPS))
+    return batch
+
+
+def baseline_training_dict(config: RunConfig, algo: AlgoConfig) -> dict[str, Any]:
+    """The settings that change what a baseline trains (resume is refused when they differ)."""
+    values = config.training_dict()
+    kept = {
+        "env": values["env"],
+        "seed": values["seed"],
+        "agent": values["agent"],
+        "train": values["train"],
+        "algo": asdict(algo),
+    }
+    return kept
+
+
+def save_baseline_policy(path: Path, actor: TensorDictModuleBase, metadata: dict[str, Any]) -> Path:
+    """``policy.pt`` in the pipeline's format; ``metadata["actor_kind"]`` says how to rebuild it."""
+    state = {"format": CHECKPOINT_FORMAT, "policy": metadata, "actor": actor.state_dict()}
+    return atomic_torch_save(state, path)
+
+
+def load_baseline_policy(path: str | Path) -> tuple[TensorDictModuleBase, EnvFamily, dict]:
+    """The actor in a baseline or CBOP ``policy.pt``/``checkpoint.pt``, its family, metadata."""
+    state = load_checkpoint(path)
+    meta = state["policy"]
+    family = get_family(meta["family"])
+    hidden = tuple(meta["hidden_sizes"])
+    if meta.get("actor_kind") == "deterministic":
+        actor = make_deterministic_actor(meta["obs_dim"], meta["action_dim"], hidden)
+    else:
+        actor = make_actor(meta["obs_dim"], meta["action_dim"], hidden)
+    actor.load_state_dict(state["actor"])
+    return actor, family, meta
+
+
+def run_baseline(
+    config: RunConfig,
+    algo: AlgoConfig,
+    info: DatasetInfo,
+    data: TensorDictBase,
+    run_dir: Path,
+) -> dict[str, Any]:
+    """Trains ``algo`` for ``config.train.total_steps`` gradient steps and writes the run directory.
+
+    Uses from ``config``: ``seed``, ``device``, ``threads``, ``resume``,
+    ``progress``, ``agent`` (hidden sizes, gamma, tau, learning rates,
+    alpha_init), ``train`` (steps, batch size, checkpoint/log intervals),
+    ``eval`` and ``logger``; the CBOP-only sections are ignored.
+
+    Returns:
+        The ``results.json`` dict (the pipeline's fields plus ``algo``).
+
+    Raises:
+        CheckpointError: a checkpoint written with other settings (or none with ``resume=true``).
+        NonFiniteLossError: a loss or gradient became NaN/inf.
+    """
+    start_time = time.perf_counter()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(config.device)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    family = info.family
+    training = baseline_training_dict(config, algo)
+    checkpoint_path = run_dir / CHECKPOINT_NAME
+    results_path = run_dir / "results.json"
+    total_steps = config.train.total_steps
+    resume_state = None
+    if str(config.resume).lower() != "false" and checkpoint_path.is_file():
+        resume_state = load_checkpoint(checkpoint_path)
+        check_resumable(resume_state, training, checkpoint_path)
+        if resume_state["step"] >= total_steps and results_path.is_file():
+            return json.loads(results_path.read_text())
+    elif str(config.resume).lower() == "true":
+        load_checkpoint(checkpoint_path)  # raises the "no checkpoint" error
+    prior_wall = float(resume_state.get("wall_time_s", 0.0)) if resume_state else 0.0
+    atomic_json_dump({**config.to_dict(), "algo": asdict(algo)}, run_dir / "config.json")
+    logger = make_logger(config.logger.backend, run_dir, run_dir.name, config.logger.project)
+
+    seed_everything(config.seed + BASELINE_SEED_OFFSET)
+    parts = build_baseline(algo, config, family, device)
+    optimizer = torch.optim.Adam([{"params": p, "lr": lr} for _, p, lr, _ in parts.groups])
+    buffer = make_replay_buffer(
+        _dataset_for(algo.name, data.to(device)), config.train.batch_size, device=device
+    )
+    generator = torch.Generator(device=device).manual_seed(config.seed + BASELINE_SEED_OFFSET)
+    buffer.set_rng(generator)
+    eval_env = make_eval_env(family, config.eval.episodes, config.eval.backend)
+    hidden = list(config.agent.hidden_sizes)
+
+    def metadata(step: int) -> dict[str, Any]:
+        meta = policy_metadata(family, hidden, info.name, step)
+        return {**meta, "algo": algo.name, "actor_kind": parts.actor_kind}
+
+    def payload(step: int) -> dict[str, Any]:
+        return {
+            "training_config": training,
+            "training_config_hash": training_config_hash(training),
+            "policy": metadata(step),
+            "actor": parts.actor.state_dict(),
+            "wall_time_s": prior_wall + time.perf_counter() - start_time,
+        }
+
+    checkpoint = CheckpointHook(
+        checkpoint_path, config.train.checkpoint_interval, total_steps, payload
+    )
+    trainer = Trainer(
+        collector=GradientSteps(),
+        total_frames=total_steps,
+        frame_skip=1,
+        optim_steps_per_batch=1,
+        loss_module=parts.loss,
+        optimizer=optimizer,
+        optimization_stepper=GroupedOptimizationStepper(parts, checkpoint, algo.name),
+        logger=None,
+        progress_bar=config.progress,
+        auto_log_optim_steps=False,
+        log_interval=config.train.log_interval,
+    )
+    SampleFromBuffer(buffer, generator).register(trainer)
+    if parts.has_targets:
+        updater = SoftUpdate(parts.loss, tau=config.agent.tau)
+        trainer.register_op("post_optim", TargetNetUpdaterHook(updater))
+    metrics = MetricsHook(logger, config.train.log_interval)
+    metrics.register(trainer)
+    evaluation = EvaluationHook(parts.actor, info, eval_env, config, logger, total_steps)
+    evaluation.register(trainer)
+    checkpoint.register(trainer)
+    trainer.register_module("rng", GlobalRNGState())
+    ResumeProgressBar(trainer).register(trainer)
+    start_step = 0
+    if resume_state is not None:
+        trainer.load_state_dict(resume_state["trainer"])
+        start_step = int(resume_state["step"])
+        checkpoint.last_saved_step = start_step
+    if config.progress:
+        print(
+            f"[baseline] {algo.name} on {info.name}: {total_steps} gradient steps, batch "
+            f"{config.train.batch_size}" + (f", resuming at {start_step}" if start_step else ""),
+            flush=True,
+        )
+    train_start = time.perf_counter()
+    if start_step < total_steps:
+        trainer.train()
+    train_time = time.perf_counter() - train_start
+    steps_run = total_steps - start_step
+    final = evaluation.evaluate(total_steps)
+    eval_env.close()
+    save_baseline_policy(run_dir / POLICY_NAME, parts.actor, metadata(total_steps))
+    results = {
+        "algo": algo.name,
+        "dataset": info.name,
+        "env_family": family.name,
+        "gym_id": family.gym_id,
+        "seed": config.seed,
+        "preset": config.preset,
+        "normalized_score_mean": final["normalized_score_mean"],
+        "normalized_score_std": final["normalized_score_std"],
+        "return_mean": final["return_mean"],
+        "return_std": final["return_std"],
+        "episodes": final["episodes"],
+        "episode_returns": final["returns"],
+        "gradient_steps": total_steps,
+        "gradient_steps_this_session": steps_run,
+        "grad_steps_per_s": steps_run / train_time if steps_run and train_time > 0 else None,
+        "wall_time_s": prior_wall + time.perf_counter() - start_time,
+        "resumed_from_step": start_step or None,
+        "eval_history": evaluation.history,
+        "final_train_metrics": {k: v for k, v in metrics.last_window.items() if math.isfinite(v)},
+        "settings": {
+            "batch_size": config.train.batch_size,
+            "hidden_sizes": hidden,
+            "algo": asdict(algo),
+        },
+        "checkpoint": str(checkpoint_path),
+        "policy": str(run_dir / POLICY_NAME),
+    }
+    atomic_json_dump(results, results_path)
+    log_scalars(logger, {"final/normalized_score": results["normalized_score_mean"]}, total_steps)
+    return results
+
+
+__all__ = [
+    "ALGOS",
+    "AlgoConfig",
+    "BaselineConfigError",
+    "BaselineParts",
+    "GroupedOptimizationStepper",
+    "build_baseline",
+    "load_baseline_policy",
+    "make_deterministic_actor",
+    "make_state_value",
+    "run_baseline",
+]

@@ -1,0 +1,666 @@
+"""Run summaries and the analysis report: tables, learning curves, the paper's figures.
+
+A *summary* is a small JSON dict describing one finished run (CBOP, one of
+its ablations, or a baseline), built by :func:`summarize_run` from the run
+directory (``results.json``, ``config.json``, the CSV logs and, for CBOP
+runs, :func:`~cbop_torchrl.evaluation.analysis.analyze_cbop_run` on the
+checkpoint). The learning benchmark stores one per run in
+``benchmarks/results/<dataset>/<variant>/seed<k>.json``; the report reads
+summaries or run directories alike, so every table and figure is rebuilt from
+either:
+
+==============================  =============================================
+output                          from
+==============================  =============================================
+``results.md`` / ``.csv``       final and best normalized score per run
+``curves_<dataset>.png``        ``curve`` (evaluations during training)
+``horizon_<dataset>.png``       ``train_curves["cbop/expected_horizon"]``
+``rh_<dataset>_<variant>.png``  ``analysis.rh_sample`` (checkpoint needed once)
+``share_<dataset>_<variant>``   ``analysis.value_var_share`` (idem)
+``conservatism.md`` / ``.csv``  ``analysis.conservatism`` (idem)
+``rliable.md`` / ``.png``       final scores; only when ``rliable`` imports
+==============================  =============================================
+
+Figures that need the checkpoint are computed once when the summary is made
+(the benchmark driver does it right after a run) and then drawn from the
+summary; a summary made with ``analysis=False`` simply has none of them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+SUMMARY_FORMAT = "cbop-torchrl-summary/1"
+TRAIN_CURVE_KEYS = (
+    "cbop/expected_horizon",
+    "cbop/target_mean",
+    "cbop/posterior_std",
+    "loss_qvalue",
+    "alpha",
+)
+"""Training metrics kept in a summary (CSV log names under ``train/``), when logged."""
+MAX_CURVE_POINTS = 200
+
+ALGO_ORDER = (
+    "cbop",
+    "cbop-map",
+    "cbop-fixed-uniform",
+    "cbop-fixed-lambda",
+    "cbop-quantile",
+    "bc",
+    "td3bc",
+    "iql",
+    "cql",
+)
+
+
+class ReportError(ValueError):
+    """A path given to the report holds no runs or summaries, or a file is unreadable."""
+
+
+# ----------------------------------------------------------------------------- summaries
+def variant_name(results: dict[str, Any], config: dict[str, Any]) -> str:
+    """``cbop``, ``cbop-map``, ``cbop-fixed-uniform|lambda``, ``cbop-quantile`` or the baseline."""
+    if results.get("algo"):
+        return str(results["algo"])
+    estimator = config.get("estimator", {})
+    mode = estimator.get("mode", results.get("settings", {}).get("mode", "lcb"))
+    if mode == "lcb":
+        return "cbop"
+    if mode == "fixed":
+        return f"cbop-fixed-{estimator.get('fixed_weighting', 'uniform')}"
+    return f"cbop-{mode}"
+
+
+def read_scalar_curves(run_dir: Path, prefix: str = "train/") -> dict[str, list[list[float]]]:
+    """Every CSV scalar log under ``run_dir/logs/*/scalars/<prefix>`` as ``[[step, value], ...]``.
+
+    Keys drop the prefix (``cbop/expected_horizon``); a step logged twice (a
+    resumed run) keeps its last value. Empty when the run logged elsewhere.
+    """
+    curves: dict[str, list[list[float]]] = {}
+    for scalars in sorted(Path(run_dir).glob("logs/*/scalars")):
+        root = scalars / prefix
+        for path in sorted(root.rglob("*.csv")):
+            name = path.relative_to(root).with_suffix("").as_posix()
+            points: dict[int, float] = {}
+            with open(path, newline="") as handle:
+                for row in csv.reader(handle):
+                    if len(row) >= 2:
+                        try:
+                            points[int(float(row[0]))] = float(row[1])
+                        except ValueError:
+                            continue  # a header or a partial last line
+            curves[name] = [[step, points[step]] for step in sorted(points)]
+    return curves
+
+
+def _thin(points: list[list[float]], limit: int = MAX_CURVE_POINTS) -> list[list[float]]:
+    if len(points) <= limit:
+        return points
+    stride = math.ceil(len(points) / limit)
+    kept = points[::stride]
+    return kept if kept[-1] == points[-1] else [*kept, points[-1]]
+
+
+def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
+    """The summary of one finished run directory (see the module doc).
+
+    Args:
+        run_dir: a ``scripts/cbop.py`` or ``scripts/baseline.py`` run directory
+            holding ``results.json``.
+        analysis: for CBOP runs, also compute the checkpoint-based numbers
+            (R_h sample, A/(A+B) histograms, MC conservatism; tens of seconds).
+
+    Raises:
+        ReportError: the directory has no (readable) ``results.json``.
+    """
+    run_dir = Path(run_dir)
+    results = _read_json(run_dir / "results.json")
+    config_path = run_dir / "config.json"
+    config = _read_json(config_path) if config_path.is_file() else {}
+    history = sorted(results.get("eval_history", []), key=lambda r: r["step"])
+    curve = [[int(r["step"]), float(r["normalized_score_mean"])] for r in history]
+    final = float(results["normalized_score_mean"])
+    best_step, best = max(
+        ((s, v) for s, v in curve), key=lambda item: item[1], default=(None, final)
+    )
+    variant = variant_name(results, config)
+    train = read_scalar_curves(run_dir)
+    summary: dict[str, Any] = {
+        "summary_format": SUMMARY_FORMAT,
+        "variant": variant,
+        "algo": "cbop" if variant.startswith("cbop") else variant,
+        "dataset": results["dataset"],
+        "env_family": results.get("env_family"),
+        "seed": int(results["seed"]),
+        "preset": results.get("preset"),
+        "final_normalized_score": final,
+        "final_normalized_score_std": float(results.get("normalized_score_std", 0.0)),
+        "final_return": results.get("return_mean"),
+        "best_normalized_score": float(best),
+        "best_step": best_step,
+        "gradient_steps": int(results["gradient_steps"]),
+        "wall_time_s": results.get("wall_time_s"),
+        "curve": curve,
+        "train_curves": {k: _thin(train[k]) for k in TRAIN_CURVE_KEYS if k in train},
+        "diagnostics": {
+            "expected_horizon_start": results.get("expected_horizon_start"),
+            "expected_horizon_end": results.get("expected_horizon_end"),
+            "grad_steps_per_s": results.get("grad_steps_per_s"),
+            "stage_times": results.get("stage_times"),
+            "stages": results.get("stages"),
+            "settings": results.get("settings"),
+        },
+        "run_dir": str(run_dir.resolve()),
+    }
+    if analysis and summary["algo"] == "cbop" and (run_dir / "checkpoint.pt").is_file():
+        from cbop_torchrl.evaluation.analysis import analyze_cbop_run
+
+        summary["analysis"] = analyze_cbop_run(run_dir)
+    return summary
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise ReportError(f"cannot read {str(path)!r} ({type(error).__name__}: {error})") from None
+    if not isinstance(value, dict):
+        raise ReportError(f"{str(path)!r} holds a {type(value).__name__}, not a JSON object")
+    return value
+
+
+def load_summaries(paths: Iterable[str | Path], analysis: bool = True) -> list[dict[str, Any]]:
+    """Summaries from any mix of summary files, summary folders, run dirs and sweep dirs.
+
+    A directory is searched recursively: every ``*.json`` whose
+    ``summary_format`` is ours is a summary; every ``results.json`` is a run
+    summarized with :func:`summarize_run` (a run that also has a stored
+    summary with the same ``run_dir`` is taken once).
+
+    Raises:
+        ReportError: a path does not exist, or nothing was found in all of them.
+    """
+    summaries: list[dict[str, Any]] = []
+    seen_runs: set[str] = set()
+    run_dirs: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise ReportError(
+                f"{str(path)!r} does not exist; pass run directories (holding results.json), "
+                "a sweep directory, or a results folder such as benchmarks/results"
+            )
+        files = [path] if path.is_file() else sorted(path.rglob("*.json"))
+        for file in files:
+            if file.name == "results.json":
+                run_dirs.append(file.parent)
+                continue
+            if file.name == "config.json" or ".hydra" in file.parts:
+                continue
+            try:
+                value = json.loads(file.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(value, dict) and value.get("summary_format") == SUMMARY_FORMAT:
+                summaries.append(value)
+                seen_runs.add(str(value.get("run_dir")))
+    for run_dir in run_dirs:
+        if str(run_dir.resolve()) not in seen_runs:
+            summaries.append(summarize_run(run_dir, analysis=analysis))
+    if not summaries:
+        raise ReportError(
+            f"no finished runs or summaries under {', '.join(map(str, paths))}: a run counts "
+            "once it has written results.json; a summary is a benchmarks/results/**/seed*.json"
+        )
+    return summaries
+
+
+# ----------------------------------------------------------------------------- tables
+def _order(variant: str) -> tuple[int, str]:
+    return (ALGO_ORDER.index(variant) if variant in ALGO_ORDER else len(ALGO_ORDER), variant)
+
+
+def group_runs(summaries: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[dict]]:
+    """``(dataset, variant) -> summaries sorted by seed`` in the table's order."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for summary in summaries:
+        groups[(summary["dataset"], summary["variant"])].append(summary)
+    keys = sorted(groups, key=lambda k: (k[0], *_order(k[1])))
+    return {k: sorted(groups[k], key=lambda s: s["seed"]) for k in keys}
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    values = [float(v) for v in values]
+    std = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return statistics.fmean(values), std
+
+
+def score_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (dataset, variant): seeds, final and best score mean/std over seeds."""
+    rows = []
+    for (dataset, variant), runs in group_runs(summaries).items():
+        final = _mean_std([r["final_normalized_score"] for r in runs])
+        best = _mean_std([r["best_normalized_score"] for r in runs])
+        horizon = [
+            r["diagnostics"].get("expected_horizon_end")
+            for r in runs
+            if r.get("diagnostics", {}).get("expected_horizon_end") is not None
+        ]
+        rows.append(
+            {
+                "dataset": dataset,
+                "variant": variant,
+                "seeds": " ".join(str(r["seed"]) for r in runs),
+                "num_seeds": len(runs),
+                "gradient_steps": " ".join(sorted({str(r["gradient_steps"]) for r in runs})),
+                "final_mean": final[0],
+                "final_std": final[1],
+                "best_mean": best[0],
+                "best_std": best[1],
+                "expected_horizon_end": statistics.fmean(horizon) if horizon else None,
+            }
+        )
+    return rows
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The results table in Markdown (normalized score, mean +- std over seeds)."""
+    lines = [
+        "| dataset | algorithm | seeds | gradient steps | final score | best score | E[h] (end) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        horizon = row["expected_horizon_end"]
+        lines.append(
+            f"| {row['dataset']} | {row['variant']} | {row['num_seeds']} ({row['seeds']}) | "
+            f"{row['gradient_steps']} | {row['final_mean']:.1f} ± {row['final_std']:.1f} | "
+            f"{row['best_mean']:.1f} ± {row['best_std']:.1f} | "
+            f"{'' if horizon is None else f'{horizon:.2f}'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    with open(path, "w", newline="") as handle:
+        if rows:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return path
+
+
+def conservatism_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Table 2: learned Q at start states vs the real discounted MC return, per run."""
+    rows = []
+    for (dataset, variant), runs in group_runs(summaries).items():
+        for run in runs:
+            numbers = run.get("analysis", {}).get("conservatism")
+            if numbers:
+                rows.append(
+                    {
+                        "dataset": dataset,
+                        "variant": variant,
+                        "seed": run["seed"],
+                        "predicted_q_mean": numbers["predicted_q_mean"],
+                        "predicted_q_min": numbers["predicted_q_min"],
+                        "mc_return_mean": numbers["mc_return_mean"],
+                        "mc_return_std": numbers["mc_return_std"],
+                        "overestimation": numbers["overestimation"],
+                        "episodes": numbers["episodes"],
+                    }
+                )
+    return rows
+
+
+def conservatism_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| dataset | algorithm | seed | predicted Q(s0, pi(s0)) | min over Q-members | "
+        "MC discounted return | predicted - MC |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['dataset']} | {row['variant']} | {row['seed']} | "
+            f"{row['predicted_q_mean']:.1f} | {row['predicted_q_min']:.1f} | "
+            f"{row['mc_return_mean']:.1f} ± {row['mc_return_std']:.1f} | "
+            f"{row['overestimation']:+.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- rliable
+def rliable_aggregates(
+    summaries: Sequence[dict[str, Any]], reps: int = 2000
+) -> dict[str, dict[str, list[float]]] | None:
+    """IQM, optimality gap (to 100) and P(variant > others) with bootstrap 95% CIs.
+
+    Scores are final normalized scores divided by 100, a ``[runs, datasets]``
+    matrix per variant; only variants with the same seeds count on every
+    dataset are compared. Returns None when ``rliable`` is not installed.
+    """
+    try:
+        import numpy as np
+        from rliable import library as rly
+        from rliable import metrics
+    except ImportError:
+        return None
+    datasets = sorted({s["dataset"] for s in summaries})
+    by_variant: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in summaries:
+        by_variant[s["variant"]][s["dataset"]].append(s["final_normalized_score"] / 100.0)
+    matrices = {}
+    for variant, per_dataset in by_variant.items():
+        counts = {len(per_dataset.get(d, [])) for d in datasets}
+        if len(counts) == 1 and 0 not in counts:
+            matrices[variant] = np.array([per_dataset[d] for d in datasets]).T  # [runs, datasets]
+    if not matrices:
+        return {}
+
+    def aggregate(x):
+        return np.array([metrics.aggregate_iqm(x), metrics.aggregate_optimality_gap(x, 1.0)])
+
+    points, intervals = rly.get_interval_estimates(matrices, aggregate, reps=reps)
+    out: dict[str, dict[str, list[float]]] = {}
+    for variant in sorted(matrices, key=_order):
+        out[variant] = {
+            "iqm": [float(points[variant][0]), *map(float, intervals[variant][:, 0])],
+            "optimality_gap": [float(points[variant][1]), *map(float, intervals[variant][:, 1])],
+        }
+    if "cbop" in matrices:
+        pairs = {
+            f"cbop,{other}": (matrices["cbop"], matrices[other])
+            for other in matrices
+            if other != "cbop" and matrices[other].shape == matrices["cbop"].shape
+        }
+        if pairs:
+            prob, prob_ci = rly.get_interval_estimates(
+                pairs, metrics.probability_of_improvement, reps=reps
+            )
+            for pair in pairs:
+                out.setdefault("probability_of_improvement", {})[pair] = [
+                    float(prob[pair]),
+                    *map(float, prob_ci[pair][:, 0]),
+                ]
+    return out
+
+
+def rliable_markdown(aggregates: dict[str, dict[str, list[float]]]) -> str:
+    lines = [
+        "Scores are final normalized scores / 100 pooled over datasets and seeds; "
+        "[95% stratified bootstrap CI].",
+        "",
+        "| algorithm | IQM | optimality gap |",
+        "|---|---|---|",
+    ]
+    for variant, values in aggregates.items():
+        if variant == "probability_of_improvement":
+            continue
+        iqm, gap = values["iqm"], values["optimality_gap"]
+        lines.append(
+            f"| {variant} | {iqm[0]:.3f} [{iqm[1]:.3f}, {iqm[2]:.3f}] | "
+            f"{gap[0]:.3f} [{gap[1]:.3f}, {gap[2]:.3f}] |"
+        )
+    improvement = aggregates.get("probability_of_improvement", {})
+    if improvement:
+        lines += ["", "| P(X > Y) | estimate |", "|---|---|"]
+        for pair, (point, low, high) in improvement.items():
+            x, y = pair.split(",")
+            lines.append(f"| P({x} > {y}) | {point:.2f} [{low:.2f}, {high:.2f}] |")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- figures
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _mean_curve(runs: Sequence[dict[str, Any]], points_of) -> tuple[list, list, list]:
+    """Steps present in every run, and the mean/std across runs at those steps."""
+    per_run = [dict((int(s), v) for s, v in points_of(run)) for run in runs]
+    steps = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
+    means, stds = [], []
+    for step in steps:
+        mean, std = _mean_std([p[step] for p in per_run])
+        means.append(mean)
+        stds.append(std)
+    return steps, means, stds
+
+
+def _band(ax: Any, steps: list, mean: list, std: list) -> None:
+    """Shades mean +- std."""
+    low = [m - s for m, s in zip(mean, std, strict=True)]
+    high = [m + s for m, s in zip(mean, std, strict=True)]
+    ax.fill_between(steps, low, high, alpha=0.2)
+
+
+def plot_learning_curves(summaries: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Normalized score vs gradient step per dataset, mean +- std over seeds."""
+    plt = _pyplot()
+    written = []
+    groups = group_runs(summaries)
+    for dataset in sorted({d for d, _ in groups}):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (d, variant), runs in groups.items():
+            if d != dataset:
+                continue
+            steps, mean, std = _mean_curve(runs, lambda r: r["curve"])
+            if not steps:
+                continue
+            ax.plot(steps, mean, marker="o", ms=3, label=f"{variant} (n={len(runs)})")
+            _band(ax, steps, mean, std)
+        ax.set(xlabel="gradient step", ylabel="normalized score", title=dataset)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        path = out_dir / f"curves_{dataset}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_expected_horizon(summaries: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Paper Fig. 1 (right): E[h] of the CBOP posterior over training, per dataset."""
+    plt = _pyplot()
+    written = []
+    key = "cbop/expected_horizon"
+    groups = group_runs([s for s in summaries if key in s.get("train_curves", {})])
+    for dataset in sorted({d for d, _ in groups}):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (d, variant), runs in groups.items():
+            if d != dataset:
+                continue
+            steps, mean, std = _mean_curve(runs, lambda r: r["train_curves"][key])
+            ax.plot(steps, mean, label=f"{variant} (n={len(runs)})")
+            _band(ax, steps, mean, std)
+        ax.set(xlabel="gradient step", ylabel="E[h] (posterior weights)", title=dataset)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        path = out_dir / f"horizon_{dataset}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _first_with_analysis(runs: Sequence[dict[str, Any]], key: str) -> dict[str, Any] | None:
+    for run in runs:  # sorted by seed: the lowest seed that has it
+        if run.get("analysis", {}).get(key):
+            return run
+    return None
+
+
+def plot_rh_histograms(summaries: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Paper Fig. 5: the K*M samples of R_h per h for one dataset state, with N(mu_h, std_h)."""
+    plt = _pyplot()
+    written = []
+    for (dataset, variant), runs in group_runs(summaries).items():
+        run = _first_with_analysis(runs, "rh_sample")
+        if run is None:
+            continue
+        sample = run["analysis"]["rh_sample"]
+        horizons = len(sample["returns"])
+        fig, axes = plt.subplots(1, horizons, figsize=(2.2 * horizons, 2.6), sharey=True)
+        axes = axes if horizons > 1 else [axes]
+        for h, ax in enumerate(axes):
+            ax.hist(sample["returns"][h], bins=15, color="C0" if sample["valid"][h] else "C7")
+            ax.set_title(f"h={h}  w={sample['weights'][h]:.2f}", fontsize=8)
+            ax.tick_params(labelsize=6)
+        fig.suptitle(
+            f"R_h at one state: {dataset}, {variant}, seed {run['seed']} (posterior "
+            f"{sample['posterior_mean']:.1f} ± {sample['posterior_std']:.1f})",
+            fontsize=8,
+        )
+        fig.tight_layout()
+        path = out_dir / f"rh_{dataset}_{variant}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_share_histograms(summaries: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Paper Fig. 8: histograms over states of A/(A+B) (value share of R_h's variance) per h."""
+    plt = _pyplot()
+    written = []
+    for (dataset, variant), runs in group_runs(summaries).items():
+        run = _first_with_analysis(runs, "value_var_share")
+        if run is None:
+            continue
+        share = run["analysis"]["value_var_share"]
+        counts = share["counts"][1:]  # h = 0 has no model variance: always 1
+        if not counts:
+            continue
+        bins = share["bins"]
+        edges = [i / bins for i in range(bins + 1)]
+        fig, axes = plt.subplots(1, len(counts), figsize=(2.2 * len(counts), 2.6), sharey=True)
+        axes = axes if len(counts) > 1 else [axes]
+        for h, (ax, row) in enumerate(zip(axes, counts, strict=True), start=1):
+            ax.stairs(row, edges, fill=True)
+            ax.set_title(f"h={h}", fontsize=8)
+            ax.set_xlabel("A/(A+B)", fontsize=7)
+            ax.tick_params(labelsize=6)
+        fig.suptitle(
+            f"value share of Var(R_h) over {share['num_states']} states: {dataset}, "
+            f"{variant}, seed {run['seed']}",
+            fontsize=8,
+        )
+        fig.tight_layout()
+        path = out_dir / f"share_{dataset}_{variant}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_rliable(aggregates: dict[str, dict[str, list[float]]], out_dir: Path) -> Path | None:
+    variants = [v for v in aggregates if v != "probability_of_improvement"]
+    if not variants:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(8, 0.5 * len(variants) + 1.5))
+    for ax, metric in zip(axes, ("iqm", "optimality_gap"), strict=True):
+        for row, variant in enumerate(variants):
+            point, low, high = aggregates[variant][metric]
+            ax.plot([low, high], [row, row], color="C0", lw=6, alpha=0.5)
+            ax.plot([point], [row], "k|", ms=12)
+        ax.set_yticks(range(len(variants)), variants, fontsize=8)
+        ax.set_title(metric.replace("_", " "), fontsize=9)
+        ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    path = out_dir / "rliable.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- report
+def write_report(
+    summaries: Sequence[dict[str, Any]], out_dir: str | Path, figure_prefix: str = ""
+) -> dict[str, Any]:
+    """Writes every table and figure into ``out_dir``; returns ``{"files": [...], ...}``.
+
+    Args:
+        summaries: from :func:`load_summaries`.
+        out_dir: created if needed.
+        figure_prefix: path prefix of the figures in ``README_results.md`` (the
+            report directory as seen from the README).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = score_rows(summaries)
+    files: list[Path] = []
+    table = markdown_table(rows)
+    (out_dir / "results.md").write_text(table)
+    files += [out_dir / "results.md", _write_csv(out_dir / "results.csv", rows)]
+    runs = [
+        {k: s.get(k) for k in ("dataset", "variant", "seed", "gradient_steps", "wall_time_s")}
+        | {
+            "final_normalized_score": s["final_normalized_score"],
+            "best_normalized_score": s["best_normalized_score"],
+            "best_step": s.get("best_step"),
+            "expected_horizon_end": s.get("diagnostics", {}).get("expected_horizon_end"),
+            "commit": s.get("commit"),
+        }
+        for variant_runs in group_runs(summaries).values()
+        for s in variant_runs
+    ]
+    files.append(_write_csv(out_dir / "runs.csv", runs))
+    figures = plot_learning_curves(summaries, out_dir)
+    figures += plot_expected_horizon(summaries, out_dir)
+    figures += plot_rh_histograms(summaries, out_dir)
+    figures += plot_share_histograms(summaries, out_dir)
+    conservatism = conservatism_rows(summaries)
+    sections = ["## Results\n", table]
+    if conservatism:
+        (out_dir / "conservatism.md").write_text(conservatism_markdown(conservatism))
+        files += [out_dir / "conservatism.md"]
+        files.append(_write_csv(out_dir / "conservatism.csv", conservatism))
+        sections += ["\n### Conservatism (paper Table 2)\n", conservatism_markdown(conservatism)]
+    aggregates = rliable_aggregates(summaries)
+    if aggregates:
+        (out_dir / "rliable.md").write_text(rliable_markdown(aggregates))
+        files.append(out_dir / "rliable.md")
+        (out_dir / "rliable.json").write_text(json.dumps(aggregates, indent=1))
+        files.append(out_dir / "rliable.json")
+        plot = plot_rliable(aggregates, out_dir)
+        if plot is not None:
+            figures.append(plot)
+        sections += ["\n### Aggregate metrics (rliable)\n", rliable_markdown(aggregates)]
+    files += figures
+    sections.append("\n### Figures\n")
+    sections += [f"![{p.stem}]({figure_prefix}{p.name})\n" for p in figures]
+    (out_dir / "README_results.md").write_text("\n".join(sections))
+    files.append(out_dir / "README_results.md")
+    return {"files": files, "rows": rows, "rliable": aggregates, "conservatism": conservatism}
+
+
+__all__ = [
+    "SUMMARY_FORMAT",
+    "ReportError",
+    "conservatism_rows",
+    "group_runs",
+    "load_summaries",
+    "markdown_table",
+    "read_scalar_curves",
+    "rliable_aggregates",
+    "score_rows",
+    "summarize_run",
+    "variant_name",
+    "write_report",
+]

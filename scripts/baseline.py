@@ -1,0 +1,63 @@
+"""A model-free offline baseline (BC, TD3+BC, IQL, CQL) on one dataset, CBOP's run format.
+
+    python scripts/baseline.py algo=td3bc                       # bundled demo data, CPU preset
+    python scripts/baseline.py algo=iql env=/data/hopper-medium-replay-gen.hdf5 seed=2
+    python scripts/baseline.py algo=cql preset=debug algo.min_q_weight=10
+
+Same data loading, preset (gradient steps, batch, sizes), evaluation, logging,
+checkpointing and ``results.json`` as ``scripts/cbop.py``; the run directory is
+``runs/<dataset>/<preset>/<algo>/<overrides>`` and re-running the command resumes it.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from cbop_torchrl.baselines import AlgoConfig, BaselineConfigError, run_baseline
+from cbop_torchrl.config import ConfigError, load_config, run_name
+from cbop_torchrl.data import DatasetError, load_dataset_with_info
+from cbop_torchrl.evaluation.evaluate import filter_env_warnings
+from cbop_torchrl.trainers.checkpoint import CheckpointError, NonFiniteLossError
+
+OmegaConf.register_new_resolver("cbop_run_name", run_name, replace=True)
+OmegaConf.register_new_resolver("cbop_overrides", lambda text: text or "default", replace=True)
+
+
+@hydra.main(config_path="../configs", config_name="baseline", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    values = OmegaConf.to_container(cfg, resolve=True)
+    algo_values = values.pop("algo")
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    loaded = {}
+
+    def lookup_dataset(env: str):
+        loaded["data"], loaded["info"] = load_dataset_with_info(env)
+        return loaded["info"].family, loaded["info"].name
+
+    try:
+        algo = AlgoConfig.from_dict(algo_values)
+        config, _ = load_config(values, lookup_dataset)
+        results = run_baseline(config, algo, loaded["info"], loaded["data"], run_dir)
+    except (
+        BaselineConfigError, ConfigError, DatasetError, CheckpointError, NonFiniteLossError
+    ) as error:  # fmt: skip
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    print(
+        f"[baseline] {results['algo']} on {results['dataset']} (seed {results['seed']}): "
+        f"normalized score {results['normalized_score_mean']:.1f} +- "
+        f"{results['normalized_score_std']:.1f} after {results['gradient_steps']} gradient "
+        f"steps; {results['wall_time_s']:.0f} s\n[baseline] results: {run_dir / 'results.json'}"
+    )
+
+
+if __name__ == "__main__":
+    warnings.filterwarnings("ignore", message=".*compiled extension.*")
+    filter_env_warnings()
+    main()

@@ -1,0 +1,122 @@
+"""Baselines: a tiny run per algorithm through scripts/baseline.py, configs, optimizer groups."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from d4rl_files import write_d4rl_hdf5
+
+from cbop_torchrl.baselines import (
+    ALGOS,
+    AlgoConfig,
+    BaselineConfigError,
+    build_baseline,
+    load_baseline_policy,
+)
+from cbop_torchrl.config import RunConfig
+from cbop_torchrl.registry import get_family
+from cbop_torchrl.trainers.checkpoint import load_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "baseline.py"
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("baselines")
+    dataset = write_d4rl_hdf5(
+        root / "hopper-medium-replay-tiny.hdf5",
+        episode_lengths=[100] * 5,
+        terminal_episodes=(0,),
+        timeout_episodes=(1,),
+    )
+    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(root / "cache")}
+    return {"root": root, "dataset": dataset, "env": env}
+
+
+def baseline(
+    workspace: dict, *overrides: str, flags: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *flags, "preset=debug", f"env={workspace['dataset']}",
+         "progress=false", *overrides],
+        cwd=workspace["root"], env=workspace["env"], capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_every_algorithm_trains_and_writes_results(workspace: dict) -> None:
+    sweep = workspace["root"] / "sweep"
+    done = baseline(
+        workspace, f"algo={','.join(ALGOS)}", f"hydra.sweep.dir={sweep}",
+        "hydra.sweep.subdir=${algo.name}", flags=("-m",),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for algo in ALGOS:
+        run = sweep / algo
+        results = json.loads((run / "results.json").read_text())
+        assert results["algo"] == algo
+        assert results["gradient_steps"] == 40  # debug preset: 2 x 20, the same as CBOP's
+        assert results["dataset"] == "hopper-medium-replay-tiny"
+        assert [r["step"] for r in results["eval_history"]] == [20, 40]
+        assert len(results["episode_returns"]) == 2
+        config = json.loads((run / "config.json").read_text())
+        assert config["algo"]["name"] == algo
+        state = load_checkpoint(run / "checkpoint.pt")
+        assert state["step"] == 40
+        actor, family, meta = load_baseline_policy(run / "policy.pt")
+        assert family.name == "hopper" and meta["algo"] == algo
+        action = actor(_obs_td(family.obs_dim)).get("action")
+        assert action.shape == (4, family.action_dim) and action.abs().max() <= 1.0
+        assert list((run / "logs").rglob("eval/normalized_score.csv"))
+
+
+def _obs_td(obs_dim: int):
+    from tensordict import TensorDict
+
+    return TensorDict({"observation": torch.randn(4, obs_dim)}, batch_size=[4])
+
+
+def test_finished_run_is_not_retrained(workspace: dict) -> None:
+    run = workspace["root"] / "bc_once"
+    first = baseline(workspace, "algo=bc", f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    stamp = (run / "results.json").read_text()
+    again = baseline(workspace, "algo=bc", f"hydra.run.dir={run}")
+    assert again.returncode == 0
+    assert (run / "results.json").read_text() == stamp  # same file: resumed as finished
+    changed = baseline(workspace, "algo=bc", "agent.actor_lr=0.1", f"hydra.run.dir={run}")
+    assert changed.returncode == 2
+    assert "other training settings" in changed.stderr and "Traceback" not in changed.stderr
+
+
+def test_bad_algo_setting_is_a_clear_error(workspace: dict) -> None:
+    done = baseline(workspace, "algo=iql", "algo.expectile=1.5")
+    assert done.returncode == 2
+    assert "algo.expectile=1.5 must be in (0, 1)" in done.stderr
+
+
+def test_algo_config_validation() -> None:
+    with pytest.raises(BaselineConfigError, match="choose one of bc, td3bc, iql, cql"):
+        AlgoConfig.from_dict({"name": "sac"})
+    with pytest.raises(BaselineConfigError, match="unknown key"):
+        AlgoConfig.from_dict({"name": "iql", "temprature": 3.0})
+    assert AlgoConfig.from_dict({"name": "cql", "min_q_weight": 10.0}).min_q_weight == 10.0
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_optimizer_groups_partition_the_trainable_parameters(algo: str) -> None:
+    config = RunConfig()
+    config.agent.hidden_sizes = [8]
+    for name in ("actor_lr", "critic_lr", "alpha_lr"):
+        setattr(config.agent, name, 1e-3)
+    parts = build_baseline(AlgoConfig(name=algo), config, get_family("hopper"), torch.device("cpu"))
+    grouped = [id(p) for _, params, _, _ in parts.groups for p in params]
+    assert len(grouped) == len(set(grouped))  # no parameter in two groups
+    trainable = {id(p) for p in parts.loss.parameters() if p.requires_grad}
+    assert set(grouped) == trainable

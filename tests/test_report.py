@@ -1,0 +1,195 @@
+"""The report command on two tiny debug CBOP runs, and the report's building blocks.
+
+Two ``scripts/cbop.py preset=debug`` runs (seeds 0 and 1, one Hydra multirun
+process) on a small generated D4RL-format file feed ``scripts/report.py``;
+the tests check the files it writes and that the committed-summary route
+(``summarize_run`` -> JSON -> report) gives the same table.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from d4rl_files import write_d4rl_hdf5
+
+from cbop_torchrl.evaluation.analysis import value_var_share_histograms
+from cbop_torchrl.evaluation.report import (
+    SUMMARY_FORMAT,
+    ReportError,
+    load_summaries,
+    markdown_table,
+    rliable_aggregates,
+    score_rows,
+    summarize_run,
+    variant_name,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG"
+
+
+@pytest.fixture(scope="module")
+def debug_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("report")
+    dataset = write_d4rl_hdf5(
+        root / "hopper-medium-replay-tiny.hdf5",
+        episode_lengths=[120] * 6,
+        terminal_episodes=(0, 3),
+        timeout_episodes=(1,),
+    )
+    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(root / "cache")}
+    sweep = root / "sweep"
+    subprocess.run(
+        [
+            sys.executable, str(ROOT / "scripts" / "cbop.py"), "-m", "preset=debug",
+            f"env={dataset}", "seed=0,1", "progress=false", f"hydra.sweep.dir={sweep}",
+            "hydra.sweep.subdir=seed${seed}",
+        ],
+        cwd=root, env=env, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return {"root": root, "env": env, "runs": [sweep / "seed0", sweep / "seed1"]}
+
+
+def report(debug_runs: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "report.py"), *args],
+        cwd=debug_runs["root"], env=debug_runs["env"], capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_report_command_writes_tables_and_figures(debug_runs: dict) -> None:
+    out = debug_runs["root"] / "report"
+    done = report(debug_runs, *map(str, debug_runs["runs"]), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+
+    table = (out / "results.md").read_text()
+    assert "| hopper-medium-replay-tiny | cbop | 2 (0 1) | 40 |" in table
+    with open(out / "results.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["variant"], r["num_seeds"]) for r in rows] == [("cbop", "2")]
+    finals = [
+        json.loads((run / "results.json").read_text())["normalized_score_mean"]
+        for run in debug_runs["runs"]
+    ]
+    assert float(rows[0]["final_mean"]) == pytest.approx(sum(finals) / 2, abs=1e-6)
+
+    for name in (
+        "curves_hopper-medium-replay-tiny.png",
+        "horizon_hopper-medium-replay-tiny.png",
+        "rh_hopper-medium-replay-tiny_cbop.png",
+        "share_hopper-medium-replay-tiny_cbop.png",
+    ):
+        assert (out / name).read_bytes()[:4] == PNG_MAGIC, name
+
+    conservatism = (out / "conservatism.md").read_text()
+    assert conservatism.count("| hopper-medium-replay-tiny | cbop |") == 2
+    readme = (out / "README_results.md").read_text()
+    assert "## Results" in readme and "curves_hopper-medium-replay-tiny.png" in readme
+    try:
+        import rliable  # noqa: F401
+    except ImportError:
+        assert "rliable is not installed" in done.stdout
+    else:
+        assert "IQM" in (out / "rliable.md").read_text()
+
+
+def test_summaries_rebuild_the_same_table(
+    debug_runs: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CBOP_TORCHRL_CACHE", debug_runs["env"]["CBOP_TORCHRL_CACHE"])
+    folder = tmp_path / "results"
+    for run in debug_runs["runs"]:
+        summary = summarize_run(run)
+        assert summary["summary_format"] == SUMMARY_FORMAT
+        assert summary["variant"] == "cbop" and summary["gradient_steps"] == 40
+        assert [point[0] for point in summary["curve"]] == [20, 40]
+        assert summary["best_normalized_score"] >= summary["final_normalized_score"]
+        assert "cbop/expected_horizon" in summary["train_curves"]
+        sample = summary["analysis"]["rh_sample"]
+        horizon, particles = summary["analysis"]["horizon"], summary["analysis"]["num_particles"]
+        assert len(sample["returns"]) == horizon + 1
+        assert len(sample["returns"][0]) == particles * 3  # K particles x M = 3 Q-members
+        assert sum(sample["weights"]) == pytest.approx(1.0, abs=1e-4)
+        target = folder / "tiny" / "cbop" / f"seed{summary['seed']}.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(summary))
+    from_runs = score_rows(load_summaries(debug_runs["runs"], analysis=False))
+    from_summaries = load_summaries([folder])
+    assert score_rows(from_summaries) == from_runs
+    assert all("analysis" in s for s in from_summaries)  # stored: no checkpoint needed
+
+
+def test_report_cli_rejects_a_missing_path(debug_runs: dict) -> None:
+    done = report(debug_runs, "no/such/dir")
+    assert done.returncode == 2
+    assert "does not exist" in done.stderr and "Traceback" not in done.stderr
+
+
+def _summary(variant: str, seed: int, final: float, dataset: str = "d") -> dict:
+    return {
+        "summary_format": SUMMARY_FORMAT,
+        "variant": variant,
+        "dataset": dataset,
+        "seed": seed,
+        "final_normalized_score": final,
+        "best_normalized_score": final + 1.0,
+        "gradient_steps": 10,
+        "curve": [[10, final]],
+        "diagnostics": {},
+    }
+
+
+def test_score_rows_mean_std_and_order() -> None:
+    summaries = [_summary("bc", 0, 10.0), _summary("cbop", 1, 30.0), _summary("cbop", 0, 50.0)]
+    rows = score_rows(summaries)
+    assert [r["variant"] for r in rows] == ["cbop", "bc"]  # CBOP first
+    assert rows[0]["seeds"] == "0 1"
+    assert rows[0]["final_mean"] == pytest.approx(40.0)
+    assert rows[0]["final_std"] == pytest.approx(10.0)  # population std over seeds
+    assert rows[0]["best_mean"] == pytest.approx(41.0)
+    assert "40.0 ± 10.0" in markdown_table(rows)
+
+
+def test_rliable_probability_of_improvement() -> None:
+    summaries = [_summary("cbop", s, 80.0 + s) for s in range(3)]
+    summaries += [_summary("bc", s, 20.0 + s) for s in range(3)]
+    aggregates = rliable_aggregates(summaries, reps=50)
+    if aggregates is None:  # rliable is optional (the "report" extra)
+        return
+    assert aggregates["probability_of_improvement"]["cbop,bc"][0] == pytest.approx(1.0)
+    assert aggregates["cbop"]["iqm"][0] == pytest.approx(0.81)
+    assert aggregates["bc"]["optimality_gap"][0] == pytest.approx(1 - 0.21)
+
+
+def test_value_var_share_histograms_count_every_state() -> None:
+    torch.manual_seed(0)
+    returns = torch.randn(50, 3, 4, 5)  # [N, H+1, K, M]
+    returns[:, 0] = returns[:, 0, :1]  # h = 0 is Q(s', a'): the same for every particle
+    valid = torch.ones(50, 3, dtype=torch.bool)
+    valid[:10, 2] = False
+    counts = value_var_share_histograms(returns, valid, bins=10)
+    assert [sum(row) for row in counts] == [50, 50, 40]
+    assert counts[0][-1] == 50  # h = 0: no model variance, share 1
+
+
+def test_variant_names() -> None:
+    assert variant_name({"algo": "iql"}, {}) == "iql"
+    assert variant_name({}, {"estimator": {"mode": "lcb"}}) == "cbop"
+    assert variant_name({}, {"estimator": {"mode": "fixed", "fixed_weighting": "lambda"}}) == (
+        "cbop-fixed-lambda"
+    )
+    assert variant_name({}, {"estimator": {"mode": "quantile"}}) == "cbop-quantile"
+
+
+def test_load_summaries_errors(tmp_path: Path) -> None:
+    with pytest.raises(ReportError, match="does not exist"):
+        load_summaries([tmp_path / "missing"])
+    with pytest.raises(ReportError, match="no finished runs"):
+        load_summaries([tmp_path])
