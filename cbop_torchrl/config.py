@@ -472,6 +472,7 @@ def validate(config: RunConfig) -> list[str]:
 
 
 def _format(problems: list[str]) -> str:
+    problems = [problem.rstrip(". ") for problem in problems]
     if len(problems) == 1:
         return f"invalid configuration: {problems[0]}."
-    return "invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems)
+    return "invalid configuration:\n" + "\n".join(f"  - {p}." for p in problems)
