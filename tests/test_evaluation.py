@@ -55,7 +55,7 @@ class _FakeTrainer:
         self.parameter = parameter
         self.loss_value = loss_value
         self.optimizer = torch.optim.SGD([parameter], lr=0.1)
-        self._optim_count = 123
+        self.collected_frames = 123
 
     def compute_loss(self, batch: TensorDict) -> TensorDict:
         loss = (self.parameter * self.loss_value).sum()

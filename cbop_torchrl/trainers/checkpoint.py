@@ -121,7 +121,7 @@ class CheckpointHook(TrainerHookBase):
         self.last_saved_step: int | None = None
 
     def __call__(self) -> None:
-        step = self.trainer._optim_count
+        step = self.trainer.collected_frames  # one frame per gradient step
         if step % self.interval == 0 or step >= self.total_steps:
             self.save(step)
 

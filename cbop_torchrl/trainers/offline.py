@@ -156,7 +156,7 @@ class GuardedOptimizationStepper(OptimizationStepper):
         if bad:
             trainer.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(
-                f"non-finite {', '.join(bad)} at gradient step {trainer._optim_count} of the "
+                f"non-finite {', '.join(bad)} at gradient step {trainer.collected_frames} of the "
                 "CBOP stage; the step was not applied and the run stopped. Last good "
                 f"checkpoint: {self.checkpoint.describe_last()}. Lower the learning rates "
                 "(agent.*_lr) or check the dataset/dynamics model, then resume (the same "
@@ -194,7 +194,7 @@ class EvaluationHook(TrainerHookBase):
         self.trainer: Trainer | None = None
 
     def __call__(self) -> None:
-        step = self.trainer._optim_count
+        step = self.trainer.collected_frames  # one frame per gradient step
         if self.interval and step % self.interval == 0 and step < self.total_steps:
             self.evaluate(step)
 
