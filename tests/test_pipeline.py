@@ -104,6 +104,8 @@ def test_debug_preset_end_to_end(reference_run: Path) -> None:
         "train/cbop/weights/0",
         "train/cbop/value_var_share/0",
         "train/grad_steps_per_s",
+        "train/q_mean",
+        "train/q_member_std",
         "eval/normalized_score",
         "bc/loss_bc",
         "fqe/loss_qvalue",

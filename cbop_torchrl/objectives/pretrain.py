@@ -67,6 +67,22 @@ def bootstrap_counts(
     return counts
 
 
+def ensemble_q(
+    qvalue_network: TensorDictModule, params: TensorDictBase, tensordict: TensorDictBase
+) -> torch.Tensor:
+    """``Q_m(s, a)`` for every member of stacked ``[M, ...]`` parameters: ``[B]`` -> ``[M, B, 1]``.
+
+    One ``torch.vmap`` over the member dimension (a batched matmul per layer).
+    """
+    inputs = tensordict.select(*qvalue_network.in_keys)
+
+    def member_q(member_params: TensorDictBase) -> torch.Tensor:
+        with member_params.to_module(qvalue_network):
+            return qvalue_network(inputs.copy()).get("state_action_value")
+
+    return torch.vmap(member_q, randomness="different")(params)
+
+
 class FittedQEvaluationLoss(LossModule):
     """Fitted Q evaluation of the behaviour policy for an M-member Q-ensemble.
 
@@ -114,13 +130,7 @@ class FittedQEvaluationLoss(LossModule):
 
     def ensemble_q(self, tensordict: TensorDictBase, params: TensorDictBase) -> torch.Tensor:
         """``Q_m(s, a)`` for every member: ``[B]`` inputs -> ``[M, B, 1]``."""
-        inputs = tensordict.select(*self.qvalue_network.in_keys)
-
-        def member_q(member_params: TensorDictBase) -> torch.Tensor:
-            with member_params.to_module(self.qvalue_network):
-                return self.qvalue_network(inputs.copy()).get("state_action_value")
-
-        return torch.vmap(member_q, randomness="different")(params)
+        return ensemble_q(self.qvalue_network, params, tensordict)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         with torch.no_grad():

@@ -46,6 +46,7 @@ from cbop_torchrl.data import DatasetInfo, make_replay_buffer
 from cbop_torchrl.evaluation.evaluate import evaluate_policy, make_eval_env
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.loss import CBOPLoss
+from cbop_torchrl.objectives.pretrain import ensemble_q
 from cbop_torchrl.trainers.checkpoint import (
     CHECKPOINT_NAME,
     POLICY_NAME,
@@ -229,6 +230,43 @@ class EvaluationHook(TrainerHookBase):
         self.trainer = trainer
         trainer.register_op("post_steps", self)
         trainer.register_module(name, self)
+
+
+class QValueStats(TrainerHookBase):
+    """Logs Q-ensemble statistics on the step's batch every ``interval`` steps (``post_optim_log``).
+
+    ``train/q_mean`` (mean over members and batch of ``Q_m(s, a)`` at the dataset
+    actions) and ``train/q_member_std`` (mean over the batch of the std across
+    members); the CBOP target's statistics come with the loss (``cbop/target_mean``,
+    ``cbop/posterior_std``). One extra forward of the ensemble, no randomness.
+    """
+
+    def __init__(self, loss: CBOPLoss, logger: Logger | None, interval: int) -> None:
+        self.loss, self.logger, self.interval = loss, logger, int(interval)
+        self.trainer: Trainer | None = None
+
+    def __call__(self, batch: TensorDictBase) -> None:
+        step = self.trainer.collected_frames
+        if step % self.interval != 0:
+            return None
+        with torch.no_grad():
+            q = ensemble_q(self.loss.qvalue_network, self.loss.qvalue_network_params, batch)
+        log_scalars(
+            self.logger,
+            {"train/q_mean": q.mean(), "train/q_member_std": q.std(0, unbiased=False).mean()},
+            step,
+        )
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return None
+
+    def register(self, trainer: Trainer, name: str = "qvalue_stats") -> None:
+        self.trainer = trainer
+        trainer.register_op("post_optim_log", self)
 
 
 class ResumeProgressBar(TrainerHookBase):
@@ -443,6 +481,7 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     trainer.register_op("post_optim", TargetNetUpdaterHook(SoftUpdate(loss, tau=config.agent.tau)))
     metrics = MetricsHook(logger, config.train.log_interval)
     metrics.register(trainer)
+    QValueStats(loss, logger, config.train.log_interval).register(trainer)
     evaluation = EvaluationHook(actor, info, eval_env, config, logger, total_steps)
     evaluation.register(trainer)
     checkpoint_hook.register(trainer)
