@@ -1,1 +1,5 @@
 """Losses and value estimators: CBOP, behaviour cloning and fitted Q evaluation."""
+
+from cbop_torchrl.objectives.cbop import CBOPLoss, CBOPValueEstimator, gaussian_posterior
+
+__all__ = ["CBOPLoss", "CBOPValueEstimator", "gaussian_posterior"]
