@@ -27,9 +27,14 @@ generated there (``benchmarks/make_datasets.sh``, deterministic) when missing.
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads sleep instead of spinning (as in scripts/cbop.py): on a busy machine
+# spinning threads slow every small matmul down by up to 10x. Set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import datetime
-import os
 import shlex
 import subprocess
 import sys
@@ -67,6 +72,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--runs", type=Path, default=None, help="default: <cache>/benchmark_runs")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run")
+    parser.add_argument(
+        "--eval-interval", type=int, default=1000, help="gradient steps between evaluations"
+    )
     parser.add_argument("--no-analysis", action="store_true", help="skip checkpoint analysis")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument(
@@ -121,6 +129,7 @@ def run_command(
         f"seed={seed}",
         *overrides,
         f"hydra.run.dir={run_dir}",
+        f"eval.interval={args.eval_interval}",
         "progress=false",
     ]
     if args.threads is not None:

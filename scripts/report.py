@@ -17,6 +17,12 @@ come from a run directory's checkpoint, or from a summary that stored them.
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads sleep instead of spinning (as in scripts/cbop.py): on a busy machine
+# spinning threads slow every small matmul down by up to 10x. Set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import os
 import sys

@@ -9,6 +9,7 @@ the tests check the files it writes and that the committed-summary route
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from cbop_torchrl.evaluation.analysis import value_var_share_histograms
 from cbop_torchrl.evaluation.report import (
     SUMMARY_FORMAT,
     ReportError,
+    goal_check,
     load_summaries,
     markdown_table,
     rliable_aggregates,
@@ -126,10 +128,12 @@ def test_summaries_rebuild_the_same_table(
     assert all("analysis" in s for s in from_summaries)  # stored: no checkpoint needed
 
 
-def test_report_cli_rejects_a_missing_path(debug_runs: dict) -> None:
-    done = report(debug_runs, "no/such/dir")
-    assert done.returncode == 2
-    assert "does not exist" in done.stderr and "Traceback" not in done.stderr
+def test_report_cli_rejects_a_missing_path(capsys: pytest.CaptureFixture) -> None:
+    spec = importlib.util.spec_from_file_location("report_cli", ROOT / "scripts" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["no/such/dir"]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def _summary(variant: str, seed: int, final: float, dataset: str = "d") -> dict:
@@ -193,3 +197,12 @@ def test_load_summaries_errors(tmp_path: Path) -> None:
         load_summaries([tmp_path / "missing"])
     with pytest.raises(ReportError, match="no finished runs"):
         load_summaries([tmp_path])
+
+
+def test_goal_check_compares_cbop_with_the_best_baseline_and_bc() -> None:
+    summaries = [_summary("cbop", 0, 50.0), _summary("bc", 0, 45.0), _summary("iql", 0, 48.0)]
+    (line,) = goal_check(score_rows(summaries))
+    assert "best baseline iql 48.0: at least as good" in line
+    assert "vs BC +5.0 points (< +10)" in line
+    (line,) = goal_check(score_rows([*summaries[1:], _summary("cbop", 0, 40.0)]))
+    assert "WORSE" in line

@@ -298,6 +298,25 @@ def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
     return path
 
 
+def goal_check(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Per dataset: is CBOP's final score >= the best baseline's and >= BC's + 10 points?"""
+    lines = []
+    for dataset in sorted({r["dataset"] for r in rows}):
+        scores = {r["variant"]: r["final_mean"] for r in rows if r["dataset"] == dataset}
+        baselines = {v: s for v, s in scores.items() if not v.startswith("cbop")}
+        if "cbop" not in scores or not baselines:
+            continue
+        best = max(baselines, key=baselines.get)
+        cbop = scores["cbop"]
+        verdict = [f"CBOP {cbop:.1f} vs best baseline {best} {baselines[best]:.1f}: "]
+        verdict.append("at least as good" if cbop >= baselines[best] else "WORSE")
+        if "bc" in baselines:
+            margin = cbop - baselines["bc"]
+            verdict.append(f"; vs BC {margin:+.1f} points ({'>=' if margin >= 10 else '<'} +10)")
+        lines.append(f"- {dataset}: {''.join(verdict)}")
+    return lines
+
+
 def conservatism_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Table 2: learned Q at start states vs the real discounted MC return, per run."""
     rows = []
@@ -627,6 +646,9 @@ def write_report(
     figures += plot_share_histograms(summaries, out_dir)
     conservatism = conservatism_rows(summaries)
     sections = ["## Results\n", table]
+    goals = goal_check(rows)
+    if goals:
+        sections += ["\nGoal (final normalized score, mean over seeds):\n", "\n".join(goals) + "\n"]
     if conservatism:
         (out_dir / "conservatism.md").write_text(conservatism_markdown(conservatism))
         files += [out_dir / "conservatism.md"]
@@ -654,6 +676,7 @@ __all__ = [
     "SUMMARY_FORMAT",
     "ReportError",
     "conservatism_rows",
+    "goal_check",
     "group_runs",
     "load_summaries",
     "markdown_table",
