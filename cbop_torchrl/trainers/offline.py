@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -325,28 +324,25 @@ def build_cbop_loss(
         config.agent.num_qvalue_nets, family.obs_dim, family.action_dim, hidden, device=device
     )
     estimator = config.estimator
-    with warnings.catch_warnings():
-        # The estimator reads the target parameters before SoftUpdate is attached.
-        warnings.filterwarnings("ignore", message="No target network updater")
-        loss = CBOPLoss(
-            actor,
-            qnets,
-            dynamics,
-            action_spec=action_spec(family.action_dim, device),
-            gamma=config.agent.gamma,
-            horizon=estimator.horizon,
-            psi=estimator.psi,
-            mode=estimator.mode,
-            termination=estimator.termination,
-            rollout_dtype=estimator.rollout_dtype,
-            eta=config.agent.eta,
-            alpha_init=config.agent.alpha_init,
-            estimator_kwargs={
-                "fixed_weighting": estimator.fixed_weighting,
-                "lmbda": estimator.lmbda,
-                "quantile": estimator.quantile,
-            },
-        )
+    loss = CBOPLoss(
+        actor,
+        qnets,
+        dynamics,
+        action_spec=action_spec(family.action_dim, device),
+        gamma=config.agent.gamma,
+        horizon=estimator.horizon,
+        psi=estimator.psi,
+        mode=estimator.mode,
+        termination=estimator.termination,
+        rollout_dtype=estimator.rollout_dtype,
+        eta=config.agent.eta,
+        alpha_init=config.agent.alpha_init,
+        estimator_kwargs={
+            "fixed_weighting": estimator.fixed_weighting,
+            "lmbda": estimator.lmbda,
+            "quantile": estimator.quantile,
+        },
+    )
     return loss.to(device), actor
 
 
