@@ -35,6 +35,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import datetime
+import json
 import shlex
 import subprocess
 import sys
@@ -105,6 +106,27 @@ def ensure_dataset(name: str) -> Path:
     return path
 
 
+PROVENANCE_KEYS = (
+    "command",
+    "data_key",
+    "sha256",
+    "transitions",
+    "episodes",
+    "episode_normalized_score_mean",
+    "policy_normalized_score",
+    "sac_total_steps",
+)
+
+
+def dataset_provenance(name: str) -> dict:
+    """What the generator recorded about the file (``<name>.provenance.json``), or ``{}``."""
+    path = dataset_path(name).with_suffix(".provenance.json")
+    if not path.is_file():
+        return {}
+    values = json.loads(path.read_text())
+    return {key: values.get(key) for key in PROVENANCE_KEYS}
+
+
 def git_commit() -> str:
     """``HEAD``'s hash, with ``+dirty`` when tracked files differ from it."""
 
@@ -148,15 +170,22 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for dataset, seed, variant in plan:
         summary_path = args.results / dataset / variant / f"seed{seed}.json"
-        run_dir = runs_root / dataset / args.preset / variant / f"seed{seed}"
+        provenance = dataset_provenance(dataset)
+        data_key = provenance.get("data_key") or "unversioned"
+        run_dir = runs_root / dataset / data_key / args.preset / variant / f"seed{seed}"
         if summary_path.is_file():
-            print(f"[bench] done     {dataset} {variant} seed {seed}: {summary_path}", flush=True)
-            continue
+            stored = json.loads(summary_path.read_text()).get("dataset_provenance", {})
+            if not provenance or stored.get("sha256") == provenance.get("sha256"):
+                print(f"[bench] done     {dataset} {variant} seed {seed}: {summary_path}")
+                continue
+            print(f"[bench] stale    {summary_path}: made on another version of the dataset")
         if args.dry_run:
             state = "resume" if (run_dir / "checkpoint.pt").is_file() else "start"
             print(f"[bench] {state:8} {dataset} {variant} seed {seed} -> {run_dir}")
             continue
         data = ensure_dataset(dataset)
+        if not provenance and dataset_provenance(dataset):
+            return main(argv)  # just generated: its version now names the run directories
         command = run_command(variant, data, seed, args.preset, run_dir, args)
         print(f"[bench] running  {shlex.join(command)}", flush=True)
         start = time.time()
@@ -174,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             ["python", *[c.replace(str(ROOT) + "/", "") for c in command[1:]]]
         )
         summary["commit"] = git_commit()
+        summary["dataset_provenance"] = dataset_provenance(dataset)
         summary["session_wall_s"] = time.time() - start
         summary["finished_utc"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         summary["host"] = {"nproc": os.cpu_count(), "loadavg": os.getloadavg()}
