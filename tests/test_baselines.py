@@ -22,6 +22,7 @@ from cbop_torchrl.baselines import (
 )
 from cbop_torchrl.config import RunConfig, load_config
 from cbop_torchrl.data import load_dataset_with_info
+from cbop_torchrl.evaluation.analysis import analyze_baseline_run
 from cbop_torchrl.registry import get_family
 from cbop_torchrl.trainers.checkpoint import CheckpointError, load_checkpoint
 
@@ -137,3 +138,16 @@ def test_optimizer_groups_partition_the_trainable_parameters(algo: str) -> None:
     assert len(grouped) == len(set(grouped))  # no parameter in two groups
     trainable = {id(p) for p in parts.loss.parameters() if p.requires_grad}
     assert set(grouped) == trainable
+
+
+def test_conservatism_numbers_for_q_learning_baselines(
+    sweep: Path, workspace: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CBOP_TORCHRL_CACHE", workspace["env"]["CBOP_TORCHRL_CACHE"])
+    assert analyze_baseline_run(sweep / "bc") is None  # no Q-function
+    numbers = analyze_baseline_run(sweep / "cql", mc_states=2)["conservatism"]
+    assert numbers["states"] == 2 and len(numbers["differences"]) == 2
+    assert 1 <= numbers["episode_length_mean"] <= 50  # debug preset: eval.max_steps=50
+    assert numbers["overestimation"] == pytest.approx(
+        sum(numbers["differences"]) / 2, rel=1e-5, abs=1e-5
+    )

@@ -20,7 +20,7 @@ import pytest
 import torch
 from d4rl_files import write_d4rl_hdf5
 
-from cbop_torchrl.evaluation.analysis import value_var_share_histograms
+from cbop_torchrl.evaluation.analysis import rollout_from_observations, value_var_share_histograms
 from cbop_torchrl.evaluation.report import (
     SUMMARY_FORMAT,
     ReportError,
@@ -206,3 +206,29 @@ def test_goal_check_compares_cbop_with_the_best_baseline_and_bc() -> None:
     assert "vs BC +5.0 points (< +10)" in line
     (line,) = goal_check(score_rows([*summaries[1:], _summary("cbop", 0, 40.0)]))
     assert "WORSE" in line
+
+
+def test_rollout_from_observations_restarts_the_real_state() -> None:
+    import gymnasium
+
+    from cbop_torchrl.registry import get_family
+
+    family = get_family("hopper")
+    env = gymnasium.make(family.gym_id)
+    obs, _ = env.reset(seed=3)
+    action = [0.3, -0.2, 0.1]
+    expected, discount = 0.0, 1.0
+    for _ in range(20):
+        obs_next, reward, terminated, truncated, _ = env.step(action)
+        expected += discount * reward
+        discount *= 0.9
+        if terminated or truncated:
+            break
+    env.close()
+
+    def constant_actor(td):
+        return td.set("action", torch.tensor(action).expand(td.shape[0], 3))
+
+    start = torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0)
+    returns, lengths = rollout_from_observations(constant_actor, family, start, 0.9, max_steps=20)
+    assert returns[0].item() == pytest.approx(expected, rel=1e-4)

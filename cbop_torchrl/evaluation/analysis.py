@@ -13,8 +13,9 @@ the checkpoint:
   ``A / (A + B)``, the share of the Q-ensemble (value) variance in the
   total variance of ``R_h`` (Fig. 8);
 - ``conservatism``: the learned Q estimate of the deterministic policy at
-  real start states against its discounted Monte-Carlo return in the real
-  environment (Table 2).
+  dataset states against its discounted Monte-Carlo return from the same
+  states in the real environment (Table 2); :func:`analyze_baseline_run`
+  gives the same numbers for TD3+BC, IQL and CQL.
 """
 
 from __future__ import annotations
@@ -25,11 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 from cbop_torchrl.config import RunConfig, load_config
 from cbop_torchrl.data import load_dataset_with_info
-from cbop_torchrl.evaluation.evaluate import episode_returns, make_eval_env
 from cbop_torchrl.objectives.posterior import gaussian_posterior
 from cbop_torchrl.trainers.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
@@ -90,53 +90,136 @@ def value_var_share_histograms(
     return counts
 
 
-@torch.no_grad()
-def monte_carlo_conservatism(
-    loss: Any, config: RunConfig, family: Any, episodes: int = 5, max_steps: int = 1000
-) -> dict[str, float]:
-    """Learned Q of the deterministic policy at real start states vs its discounted MC return.
+def ensemble_q(
+    qvalue_network: Any, stacked_params: TensorDictBase, obs: torch.Tensor, action: torch.Tensor
+) -> torch.Tensor:
+    """``Q_m(obs, action)`` for every member: ``[N, O], [N, A] -> [M, N]``."""
+    td = TensorDict({"observation": obs, "action": action}, batch_size=obs.shape[:1])
+    values = []
+    for member in range(stacked_params.shape[0]):
+        with stacked_params[member].to_module(qvalue_network):
+            values.append(qvalue_network(td.clone()).get("state_action_value").squeeze(-1))
+    return torch.stack(values)
 
-    ``episodes`` environments are reset with seeds ``10_000 + i`` (start states
-    from the environment's own reset distribution, which is also where the
-    dataset's episodes start); the policy acts deterministically; the MC
-    return is ``sum_t gamma^t r_t`` up to the first ``done`` or ``max_steps``.
-    The prediction is ``Q_m(s_0, pi(s_0))`` of the trained (online) Q-ensemble,
-    averaged over members (``predicted_q_mean``) and its minimum over members.
+
+def rollout_from_observations(
+    actor: Any, family: Any, start_obs: torch.Tensor, gamma: float, max_steps: int = 1000
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Discounted Monte-Carlo returns of the deterministic ``actor`` from dataset states.
+
+    Each of the ``E`` environments (gymnasium ``family.gym_id``) is reset and
+    then put in the MuJoCo state the observation describes (the locomotion
+    observations are ``qpos[1:]`` and ``qvel``; the x position does not change
+    the dynamics, and the observed velocities are clipped to +-10, so this is
+    the dataset state up to that clipping). The actor is called once per step
+    on all environments still running.
+
+    Returns:
+        ``[E]`` returns ``sum_t gamma^t r_t`` up to termination or ``max_steps``,
+        and ``[E]`` episode lengths.
     """
+    import gymnasium
+    import numpy as np
     from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-    actor = loss.actor_network
-    env = make_eval_env(family, episodes, "serial")
-    try:
-        env.set_seed(10_000)
-        params = loss.actor_network_params
-        with params.to_module(actor), set_exploration_type(ExplorationType.DETERMINISTIC):
-            rollout = env.rollout(max_steps, actor, break_when_all_done=True)
-    finally:
+    count = start_obs.shape[0]
+    envs = [gymnasium.make(family.gym_id) for _ in range(count)]
+    obs = []
+    for index, env in enumerate(envs):
+        env.reset(seed=index)
+        raw = env.unwrapped
+        nq = raw.model.nq
+        state = start_obs[index].double().numpy()
+        raw.set_state(np.concatenate([[0.0], state[: nq - 1]]), state[nq - 1 :])
+        obs.append(raw._get_obs())
+    returns = torch.zeros(count, dtype=torch.float64)
+    lengths = torch.zeros(count, dtype=torch.long)
+    alive = list(range(count))
+    batch = torch.as_tensor(np.stack(obs), dtype=torch.float32)
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        for step in range(max_steps):
+            td = TensorDict({"observation": batch[alive]}, batch_size=[len(alive)])
+            actions = actor(td).get("action").double().numpy()
+            still = []
+            for row, index in enumerate(alive):
+                ob, reward, terminated, truncated, _ = envs[index].step(actions[row])
+                returns[index] += gamma**step * float(reward)
+                lengths[index] += 1
+                batch[index] = torch.as_tensor(ob, dtype=torch.float32)
+                if not (terminated or truncated):
+                    still.append(index)
+            alive = still
+            if not alive:
+                break
+    for env in envs:
         env.close()
-    gamma = config.agent.gamma
-    reward = rollout.get(("next", "reward"))  # [E, T, 1]
-    steps = reward.shape[1]
-    discount = gamma ** torch.arange(steps, dtype=reward.dtype)
-    discounted = reward * discount[None, :, None]
-    mc_return, lengths = episode_returns(discounted, rollout.get(("next", "done")))
-    first = rollout[:, 0]
-    td = TensorDict(
-        {"observation": first.get("observation"), "action": first.get("action")},
-        batch_size=[episodes],
-    )
-    q_rows = loss.value_estimator._q_values(
-        td.get("observation"), td.get("action"), loss.qvalue_network_params
-    )  # [M, E]
+    return returns.float(), lengths
+
+
+@torch.no_grad()
+def monte_carlo_conservatism(
+    loss: Any,
+    family: Any,
+    start_obs: torch.Tensor,
+    gamma: float,
+    max_steps: int = 1000,
+) -> dict[str, Any]:
+    """Paper Table 2: learned ``Q(s, pi(s))`` at dataset states vs the real discounted return.
+
+    Works for any TorchRL loss with ``actor_network(_params)`` and
+    ``qvalue_network(_params)`` (CBOP's SAC loss, TD3+BC, IQL, CQL). The
+    prediction is the Q-ensemble's mean (and min) over members at the
+    deterministic action; ``overestimation`` is the mean over states of
+    prediction minus MC return (negative: conservative).
+    """
+    actor = loss.actor_network
+    with loss.actor_network_params.to_module(actor):
+        from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            td = TensorDict({"observation": start_obs}, batch_size=start_obs.shape[:1])
+            action = actor(td).get("action")
+        mc_return, lengths = rollout_from_observations(actor, family, start_obs, gamma, max_steps)
+    q = ensemble_q(loss.qvalue_network, loss.qvalue_network_params, start_obs, action)  # [M, E]
+    difference = q.mean(0) - mc_return
     return {
-        "episodes": episodes,
+        "states": int(start_obs.shape[0]),
         "gamma": gamma,
-        "predicted_q_mean": float(q_rows.mean()),
-        "predicted_q_min": float(q_rows.min(0).values.mean()),
+        "predicted_q_mean": float(q.mean()),
+        "predicted_q_min": float(q.min(0).values.mean()),
         "mc_return_mean": float(mc_return.mean()),
         "mc_return_std": float(mc_return.std(unbiased=False)),
         "episode_length_mean": float(lengths.float().mean()),
-        "overestimation": float(q_rows.mean() - mc_return.mean()),
+        "overestimation": float(difference.mean()),
+        "overestimation_max": float(difference.max()),
+        "differences": difference.tolist(),
+    }
+
+
+def _start_states(data: Any, count: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed + 1)
+    rows = torch.randperm(data.shape[0], generator=generator)[:count]
+    return data.get("observation")[rows].float()
+
+
+@torch.no_grad()
+def analyze_baseline_run(run_dir: str | Path, mc_states: int = 5, seed: int = 0) -> dict | None:
+    """Table 2 numbers for a TD3+BC/IQL/CQL run (None for BC, which has no Q-function)."""
+    from cbop_torchrl.baselines import AlgoConfig, build_baseline
+
+    values = json.loads((Path(run_dir) / "config.json").read_text())
+    algo = AlgoConfig.from_dict(values["algo"])
+    if algo.name == "bc":
+        return None
+    config, data, info = load_run_config(run_dir)
+    parts = build_baseline(algo, config, info.family, torch.device("cpu"))
+    state = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
+    parts.loss.load_state_dict(state["trainer"]["loss_module"])
+    start = _start_states(data, mc_states, seed)
+    return {
+        "conservatism": monte_carlo_conservatism(
+            parts.loss, info.family, start, config.agent.gamma, config.eval.max_steps
+        )
     }
 
 
@@ -144,7 +227,7 @@ def monte_carlo_conservatism(
 def analyze_cbop_run(
     run_dir: str | Path,
     num_states: int = 512,
-    mc_episodes: int = 5,
+    mc_states: int = 5,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Fig. 5 / Fig. 8 / Table 2 numbers of one CBOP run (see the module doc).
@@ -152,7 +235,7 @@ def analyze_cbop_run(
     Args:
         run_dir: a ``scripts/cbop.py`` run directory with ``config.json`` and ``checkpoint.pt``.
         num_states: dataset transitions for the A/(A+B) histograms.
-        mc_episodes: real-environment episodes for the conservatism numbers.
+        mc_states: dataset states the policy is rolled out from in the real environment.
         seed: picks the states (the sample state is the first of them).
     """
     loss, config, data, info = load_cbop_loss(Path(run_dir))
@@ -185,14 +268,21 @@ def analyze_cbop_run(
             "counts": value_var_share_histograms(returns, valid),
         },
         "conservatism": monte_carlo_conservatism(
-            loss, config, info.family, mc_episodes, config.eval.max_steps
+            loss,
+            info.family,
+            _start_states(data, mc_states, seed),
+            config.agent.gamma,
+            config.eval.max_steps,
         ),
     }
 
 
 __all__ = [
     "SHARE_BINS",
+    "analyze_baseline_run",
     "analyze_cbop_run",
+    "ensemble_q",
+    "rollout_from_observations",
     "load_cbop_loss",
     "load_run_config",
     "monte_carlo_conservatism",

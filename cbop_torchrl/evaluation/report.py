@@ -161,10 +161,13 @@ def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
         },
         "run_dir": str(run_dir.resolve()),
     }
-    if analysis and summary["algo"] == "cbop" and (run_dir / "checkpoint.pt").is_file():
-        from cbop_torchrl.evaluation.analysis import analyze_cbop_run
+    if analysis and (run_dir / "checkpoint.pt").is_file():
+        from cbop_torchrl.evaluation.analysis import analyze_baseline_run, analyze_cbop_run
 
-        summary["analysis"] = analyze_cbop_run(run_dir)
+        if summary["algo"] == "cbop":
+            summary["analysis"] = analyze_cbop_run(run_dir)
+        elif summary["algo"] in ("td3bc", "iql", "cql"):
+            summary["analysis"] = analyze_baseline_run(run_dir)
     return summary
 
 
@@ -351,7 +354,7 @@ def goal_check(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def conservatism_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Table 2: learned Q at start states vs the real discounted MC return, per run."""
+    """Table 2: learned Q(s, pi(s)) at dataset states vs the real discounted MC return, per run."""
     rows = []
     for (dataset, variant), runs in group_runs(summaries).items():
         for run in runs:
@@ -367,7 +370,8 @@ def conservatism_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any
                         "mc_return_mean": numbers["mc_return_mean"],
                         "mc_return_std": numbers["mc_return_std"],
                         "overestimation": numbers["overestimation"],
-                        "episodes": numbers["episodes"],
+                        "overestimation_max": numbers["overestimation_max"],
+                        "states": numbers["states"],
                     }
                 )
     return rows
@@ -375,8 +379,8 @@ def conservatism_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any
 
 def conservatism_markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| dataset | algorithm | seed | predicted Q(s0, pi(s0)) | min over Q-members | "
-        "MC discounted return | predicted - MC |",
+        "| dataset | algorithm | seed | predicted Q(s, pi(s)) | min over Q-members | "
+        "MC discounted return | predicted - MC (mean, max) |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -384,7 +388,7 @@ def conservatism_markdown(rows: Sequence[dict[str, Any]]) -> str:
             f"| {row['dataset']} | {row['variant']} | {row['seed']} | "
             f"{row['predicted_q_mean']:.1f} | {row['predicted_q_min']:.1f} | "
             f"{row['mc_return_mean']:.1f} ± {row['mc_return_std']:.1f} | "
-            f"{row['overestimation']:+.1f} |"
+            f"{row['overestimation']:+.1f}, {row['overestimation_max']:+.1f} |"
         )
     return "\n".join(lines) + "\n"
 
