@@ -15,6 +15,7 @@ output                          from
 ``results.md`` / ``.csv``       final and best normalized score per run
 ``curves_<dataset>.png``        ``curve`` (evaluations during training)
 ``horizon_<dataset>.png``       ``train_curves["cbop/expected_horizon"]``
+``targets_<dataset>.png``       ``train_curves``: target mean, critic loss
 ``rh_<dataset>_<variant>.png``  ``analysis.rh_sample`` (checkpoint needed once)
 ``share_<dataset>_<variant>``   ``analysis.value_var_share`` (idem)
 ``conservatism.md`` / ``.csv``  ``analysis.conservatism`` (idem)
@@ -370,8 +371,8 @@ def conservatism_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any
                         "mc_return_mean": numbers["mc_return_mean"],
                         "mc_return_std": numbers["mc_return_std"],
                         "overestimation": numbers["overestimation"],
-                        "overestimation_max": numbers["overestimation_max"],
-                        "states": numbers["states"],
+                        "overestimation_max": numbers.get("overestimation_max"),
+                        "states": numbers.get("states", numbers.get("episodes")),
                     }
                 )
     return rows
@@ -388,7 +389,7 @@ def conservatism_markdown(rows: Sequence[dict[str, Any]]) -> str:
             f"| {row['dataset']} | {row['variant']} | {row['seed']} | "
             f"{row['predicted_q_mean']:.1f} | {row['predicted_q_min']:.1f} | "
             f"{row['mc_return_mean']:.1f} ± {row['mc_return_std']:.1f} | "
-            f"{row['overestimation']:+.1f}, {row['overestimation_max']:+.1f} |"
+            f"{row['overestimation']:+.1f}, {_fmt(row['overestimation_max'])} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -554,6 +555,35 @@ def plot_expected_horizon(summaries: Sequence[dict[str, Any]], out_dir: Path) ->
     return written
 
 
+def plot_target_diagnostics(summaries: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """CBOP's target scale and critic loss over training (watching for Q divergence)."""
+    plt = _pyplot()
+    written = []
+    keys = ("cbop/target_mean", "loss_qvalue")
+    groups = group_runs([s for s in summaries if keys[0] in s.get("train_curves", {})])
+    for dataset in sorted({d for d, _ in groups}):
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+        for (d, variant), runs in groups.items():
+            if d != dataset:
+                continue
+            for ax, key in zip(axes, keys, strict=True):
+                if not all(key in r["train_curves"] for r in runs):
+                    continue
+                steps, mean, std = _mean_curve(runs, lambda r, k=key: r["train_curves"][k])
+                ax.plot(steps, mean, label=f"{variant} (n={len(runs)})")
+                _band(ax, steps, mean, std)
+        for ax, key in zip(axes, ("mean CBOP target y", "critic loss"), strict=True):
+            ax.set(xlabel="gradient step", title=f"{dataset}: {key}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        path = out_dir / f"targets_{dataset}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 def _first_with_analysis(runs: Sequence[dict[str, Any]], key: str) -> dict[str, Any] | None:
     for run in runs:  # sorted by seed: the lowest seed that has it
         if run.get("analysis", {}).get(key):
@@ -679,6 +709,7 @@ def write_report(
     files.append(_write_csv(out_dir / "runs.csv", runs))
     figures = plot_learning_curves(summaries, out_dir)
     figures += plot_expected_horizon(summaries, out_dir)
+    figures += plot_target_diagnostics(summaries, out_dir)
     figures += plot_rh_histograms(summaries, out_dir)
     figures += plot_share_histograms(summaries, out_dir)
     conservatism = conservatism_rows(summaries)
