@@ -601,7 +601,7 @@ def plot_rh_histograms(summaries: Sequence[dict[str, Any]], out_dir: Path) -> li
             continue
         sample = run["analysis"]["rh_sample"]
         horizons = len(sample["returns"])
-        fig, axes = plt.subplots(1, horizons, figsize=(2.2 * horizons, 2.6), sharey=True)
+        fig, axes = plt.subplots(1, horizons, figsize=(max(2.2 * horizons, 6.5), 2.8), sharey=True)
         axes = axes if horizons > 1 else [axes]
         for h, ax in enumerate(axes):
             ax.hist(sample["returns"][h], bins=15, color="C0" if sample["valid"][h] else "C7")
@@ -634,7 +634,9 @@ def plot_share_histograms(summaries: Sequence[dict[str, Any]], out_dir: Path) ->
             continue
         bins = share["bins"]
         edges = [i / bins for i in range(bins + 1)]
-        fig, axes = plt.subplots(1, len(counts), figsize=(2.2 * len(counts), 2.6), sharey=True)
+        fig, axes = plt.subplots(
+            1, len(counts), figsize=(max(2.2 * len(counts), 6.5), 2.8), sharey=True
+        )
         axes = axes if len(counts) > 1 else [axes]
         for h, (ax, row) in enumerate(zip(axes, counts, strict=True), start=1):
             ax.stairs(row, edges, fill=True)
