@@ -1,0 +1,57 @@
+"""The learning benchmark driver's plan: order, skipping finished runs, stale summaries."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_driver():
+    spec = importlib.util.spec_from_file_location("learning", ROOT / "benchmarks" / "learning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def plan_lines(capsys: pytest.CaptureFixture, driver, *args: str) -> list[str]:
+    assert driver.main(["--dry-run", *args]) == 0
+    # "[bench] <state> <dataset> <variant> seed <k>..." -> [state, dataset, variant, k]
+    return [
+        [*line.split()[1:4], line.split()[5].rstrip(":")]
+        for line in capsys.readouterr().out.splitlines()
+    ]
+
+
+def test_plan_order_skip_and_stale(
+    tmp_path: Path, isolated_cache: Path, capsys: pytest.CaptureFixture
+) -> None:
+    driver = load_driver()
+    generated = isolated_cache / "generated"
+    generated.mkdir(parents=True)
+    provenance = {"command": "python scripts/collect.py", "data_key": "k1", "sha256": "aaa"}
+    (generated / "hopper-medium-replay-gen.provenance.json").write_text(json.dumps(provenance))
+    results = tmp_path / "results"
+    args = ("--results", str(results), "--seeds", "0", "1", "--algos", "cbop", "bc", "iql")
+
+    lines = plan_lines(capsys, driver, *args)
+    assert [line[2] for line in lines] == ["cbop", "bc", "iql"] * 2  # seed by seed, CBOP first
+    assert [line[-1] for line in lines] == ["0"] * 3 + ["1"] * 3
+    assert {line[0] for line in lines} == {"start"}
+
+    summary = results / "hopper-medium-replay-gen" / "bc" / "seed0.json"
+    summary.parent.mkdir(parents=True)
+    summary.write_text(json.dumps({"dataset_provenance": provenance}))
+    lines = plan_lines(capsys, driver, *args)
+    assert lines[1] == ["done", "hopper-medium-replay-gen", "bc", "0"]
+    assert sum(line[0] == "start" for line in lines) == 5
+
+    provenance["sha256"] = "bbb"  # the dataset was regenerated differently: rerun
+    (generated / "hopper-medium-replay-gen.provenance.json").write_text(json.dumps(provenance))
+    assert driver.main(["--dry-run", *args]) == 0
+    printed = capsys.readouterr().out
+    assert "stale" in printed and printed.count("start ") == 6
