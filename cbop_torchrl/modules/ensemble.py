@@ -53,6 +53,8 @@ class EnsembleLinear(nn.Module):
         self.out_features = out_features
         self.weight = nn.Parameter(torch.empty(num_members, in_features, out_features))
         self.bias = nn.Parameter(torch.empty(num_members, 1, out_features))
+        # (key, weight, bias) of the last gathered/cast member subset, see member_params.
+        self._selected_cache: tuple | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -62,12 +64,40 @@ class EnsembleLinear(nn.Module):
         nn.init.uniform_(self.bias, -bound, bound)
 
     def member_params(
-        self, members: torch.Tensor | None = None
+        self, members: torch.Tensor | None = None, dtype: torch.dtype | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(weight [E', in, out], bias [E', 1, out])`` of the selected members (all if None)."""
-        if members is None:
+        """``(weight [E', in, out], bias [E', 1, out])`` of the selected members (all if None).
+
+        With ``dtype`` the copies are cast to it. Outside autograd (rollouts)
+        the gathered/cast copies are cached and reused until the parameters
+        change: the key holds the parameters' storage and version counter,
+        which every in-place update (optimizer step, ``load_state_dict``,
+        ``copy_``) and every ``.to()`` changes, and the ``members`` tensor's.
+        """
+        if members is None and dtype in (None, self.weight.dtype):
             return self.weight, self.bias
-        return self.weight.index_select(0, members), self.bias.index_select(0, members)
+        building_graph = torch.is_grad_enabled() and self.weight.requires_grad
+        key = None
+        if not building_graph:
+            key = (
+                self.weight.data_ptr(),
+                self.weight._version,
+                self.bias.data_ptr(),
+                self.bias._version,
+                None if members is None else (members.data_ptr(), members._version),
+                None if members is None else tuple(members.shape),
+                dtype,
+            )
+            if self._selected_cache is not None and self._selected_cache[0] == key:
+                return self._selected_cache[1], self._selected_cache[2]
+        weight, bias = self.weight, self.bias
+        if members is not None:
+            weight, bias = weight.index_select(0, members), bias.index_select(0, members)
+        if dtype is not None:
+            weight, bias = weight.to(dtype), bias.to(dtype)
+        if key is not None:
+            self._selected_cache = (key, weight, bias)
+        return weight, bias
 
     def forward(
         self, x: torch.Tensor, members: torch.Tensor | None = None, per_member: bool = True
@@ -82,7 +112,12 @@ class EnsembleLinear(nn.Module):
         Returns:
             ``[E', B, out]``.
         """
-        weight, bias = self.member_params(members)
+        device_type = x.device.type
+        dtype = None
+        if torch.is_autocast_enabled(device_type):
+            # Cast the (cached) weights once instead of letting autocast recast them per call.
+            dtype = torch.get_autocast_dtype(device_type)
+        weight, bias = self.member_params(members, dtype)
         if not per_member:
             x = x.unsqueeze(0).expand(weight.shape[0], *x.shape)
         return torch.baddbmm(bias, x, weight)
@@ -124,8 +159,10 @@ class EnsembleMLP(nn.Module):
     ) -> torch.Tensor:
         """``x`` ``[E', B, in]`` (or shared ``[B, in]``) -> ``[E', B, out]``.
 
-        The selected members' weights are gathered once per layer per call
-        (``index_select``); with ``members=None`` the stacks are used as they are.
+        The selected members' weights are gathered (``index_select``) and, under
+        ``torch.autocast``, cast once; outside autograd these copies are cached
+        until the parameters change (:meth:`EnsembleLinear.member_params`).
+        With ``members=None`` in fp32 the stacks are used as they are.
         """
         if per_member and members is not None and x.shape[0] != members.shape[0]:
             raise ValueError(

@@ -57,6 +57,8 @@ class CBOPLoss(SACLoss):
         num_qvalue_nets: M (default: ``len(qvalue_network)``).
         gamma, horizon, psi, mode, termination, rollout_dtype, seed: estimator
             settings, see :class:`CBOPValueEstimator`.
+        compile: on CUDA, compile the target's Q-ensemble with CUDA graphs
+            (``CBOPValueEstimator(compile=True)``); ignored on CPU.
         eta: weight of the EDAC diversity term (paper: 1; 0 disables it).
         loss_function: SACLoss's critic distance (default ``"l2"``).
         estimator_kwargs: further :class:`CBOPValueEstimator` arguments
@@ -79,6 +81,7 @@ class CBOPLoss(SACLoss):
         termination: str = "zero_precision",
         rollout_dtype: torch.dtype | str = torch.float32,
         seed: int | None = None,
+        compile: bool = False,
         eta: float = 1.0,
         loss_function: str = "l2",
         estimator_kwargs: dict[str, Any] | None = None,
@@ -117,6 +120,7 @@ class CBOPLoss(SACLoss):
             termination=termination,
             rollout_dtype=rollout_dtype,
             seed=seed,
+            compile=compile,
             **(estimator_kwargs or {}),
         )
         self.make_value_estimator(estimator)

@@ -1,0 +1,619 @@
+"""Benchmark of the CBOP update against the machine's matmul peak (issue 7, DESIGN.md section 5).
+
+    python scripts/bench.py                      # paper and CPU-preset sizes, ~5-10 min on 2 cores
+    python scripts/bench.py --quick              # CPU-preset sizes only, < 2 min
+    python scripts/bench.py --json benchmarks/bench_cpu.json --device cuda
+
+Everything is measured in ONE process, variants interleaved round by round so
+that a busy machine slows them alike: ratios are what to compare.
+
+For each size it times (ms per call, median over rounds):
+
+- ``reference_target``: the official code's design, written here: fp32, one
+  batched matmul per ensemble layer, particles materialized with ``repeat``,
+  the Q-ensemble evaluated on every particle at every horizon, ``var_mean``
+  over the ``M x K`` samples;
+- ``target_fp32`` / ``target_bf16``: the project's :class:`CBOPValueEstimator`
+  (``rollout_dtype`` float32 / bfloat16), and ``target_bf16_rel_error``
+  ``mean|y_bf16 - y_fp32| / std(y_fp32)`` on the same batch and seed;
+- ``update``: a full :class:`CBOPLoss` gradient step (fp32 target, critic with
+  EDAC term, actor, alpha, Adam), and ``sac_update``: a stock TorchRL
+  ``SACLoss`` step with the same M, the floor without model rollouts.
+
+FLOPs are the design's nominal count ``(H+1) K B (M f_Q + f_pi) + H K B f_f``
+(``f`` = 2 x multiply-adds of one row through a network), the same for every
+target variant, so GFLOP/s compare the time to do the same useful work. The
+update's count adds the critic/EDAC/actor passes (about 11 B M f_Q + 3 B f_pi).
+
+Models have random weights; the dynamics' normalization is set so that rollouts
+stay in walker2d's healthy range (few terminations). Timings do not depend on
+the weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+if __name__ == "__main__":  # before torch starts its thread pool; not when imported by tests
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the entry scripts (see cbop.py)
+    os.environ.setdefault("RL_WARNINGS", "False")  # the losses here have no target updater
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+from torchrl.objectives import SACLoss  # noqa: E402
+
+from cbop_torchrl.modules.actor_critic import (  # noqa: E402
+    action_spec,
+    make_actor,
+    make_qvalue_ensemble,
+)
+from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble  # noqa: E402
+from cbop_torchrl.objectives.estimator import CBOPValueEstimator  # noqa: E402
+from cbop_torchrl.objectives.loss import CBOPLoss  # noqa: E402
+from cbop_torchrl.registry import get_family  # noqa: E402
+from cbop_torchrl.utils import atomic_json_dump  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Size:
+    """One benchmark configuration (DESIGN.md section 5 symbols)."""
+
+    name: str
+    batch: int  # B
+    particles: int  # K (= dynamics elites)
+    members: int  # M (Q-ensemble)
+    horizon: int  # H
+    hidden: tuple[int, ...]  # actor/critic hidden widths
+    dyn_hidden: tuple[int, ...]  # dynamics hidden widths
+    dyn_members: int  # dynamics ensemble size (>= K)
+    family: str = "walker2d"
+
+
+PAPER = Size("paper", 256, 20, 20, 10, (256, 256, 256), (200,) * 4, 30)
+TINY = Size("tiny", 8, 2, 2, 2, (16, 16), (16, 16), 3)
+
+
+def cpu_preset_size() -> Size:
+    """The sizes of ``configs/preset/cpu.yaml`` (missing keys: ``configs/config.yaml``)."""
+    base = yaml.safe_load((REPO / "configs/config.yaml").read_text())
+    preset = yaml.safe_load((REPO / "configs/preset/cpu.yaml").read_text())
+    dyn = yaml.safe_load((REPO / "configs/dynamics/default.yaml").read_text())
+
+    def get(section: str, key: str, default=None):
+        for source in (preset, base):
+            value = (source.get(section) or {}).get(key)
+            if value is not None:
+                return value
+        return default
+
+    dyn_hidden = (int(dyn["hidden_size"]),) * int(dyn["num_layers"])
+    return Size(
+        "cpu",
+        batch=int(get("train", "batch_size", 256)),
+        particles=int(get("dynamics", "num_elites", dyn["num_elites"])),
+        members=int(get("agent", "num_qvalue_nets", 20)),
+        horizon=int(get("estimator", "horizon", 10)),
+        hidden=tuple(int(h) for h in get("agent", "hidden_sizes")),
+        dyn_hidden=dyn_hidden,
+        dyn_members=int(get("dynamics", "num_members", dyn["num_members"])),
+    )
+
+
+# --------------------------------------------------------------------------- timing
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_interleaved(
+    calls: dict[str, Callable[[], object]], rounds: int, device: torch.device
+) -> dict[str, float]:
+    """Median seconds per call of each callable; one warm-up, then ``rounds`` interleaved rounds."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for fn in calls.values():  # warm-up (allocator, autotuning, compilation)
+        fn()
+    sync(device)
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def matmul_peak(dtype: torch.dtype, n: int, device: torch.device, rounds: int) -> float:
+    """Best GFLOP/s of an ``n x n`` matmul in ``dtype``."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    torch.mm(a, b)
+    best = math.inf
+    for _ in range(rounds):
+        sync(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+# --------------------------------------------------------------------------- FLOPs
+def mlp_flops(sizes: list[int]) -> int:
+    """FLOPs of one row through an MLP with layer widths ``sizes`` (2 x multiply-adds)."""
+    return 2 * sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=False))
+
+
+def flop_counts(size: Size, obs_dim: int, act_dim: int) -> dict[str, int]:
+    f_q = mlp_flops([obs_dim + act_dim, *size.hidden, 1])
+    f_pi = mlp_flops([obs_dim, *size.hidden, 2 * act_dim])
+    f_dyn = mlp_flops([obs_dim + act_dim, *size.dyn_hidden, 2 * (obs_dim + 1)])
+    B, K, M, H = size.batch, size.particles, size.members, size.horizon
+    target = (H + 1) * K * B * (M * f_q + f_pi) + H * K * B * f_dyn
+    update = target + 11 * B * M * f_q + 3 * B * f_pi
+    sac = 11 * B * M * f_q + 6 * B * f_pi  # SAC's own bootstrap + the same passes, no EDAC term
+    return {"target": target, "update": update, "sac_update": sac}
+
+
+# --------------------------------------------------------------------------- models
+def build_models(size: Size, device: torch.device, seed: int = 0):
+    """Actor, M Q-networks, a dynamics model (K elites) and a batch of transitions."""
+    torch.manual_seed(seed)
+    family = get_family(size.family)
+    obs_dim, act_dim = family.obs_dim, family.action_dim
+    actor = make_actor(obs_dim, act_dim, size.hidden, device=device)
+    qnets = make_qvalue_ensemble(size.members, obs_dim, act_dim, size.hidden, device=device)
+    ensemble = GaussianEnsemble(obs_dim, act_dim, size.dyn_members, size.dyn_hidden).to(device)
+    # Normalization: states around walker2d's standing pose, small state deltas,
+    # rewards ~ N(1, 1): rollouts stay healthy with a random network.
+    pose = torch.zeros(obs_dim, device=device)
+    pose[0] = 1.25
+    inputs = torch.cat(
+        [
+            pose + 0.1 * torch.randn(4096, obs_dim, device=device),
+            torch.rand(4096, act_dim, device=device) * 2 - 1,
+        ],
+        dim=-1,
+    )
+    targets = torch.cat(
+        [
+            0.02 * torch.randn(4096, obs_dim, device=device),
+            1.0 + torch.randn(4096, 1, device=device),
+        ],
+        dim=-1,
+    )
+    ensemble.set_normalizer(inputs, targets)
+    dynamics = DynamicsModel(ensemble, family, elites=range(size.particles)).to(device)
+    with torch.no_grad():  # Q values of a realistic scale (~100 +- 10), which bf16 must resolve
+        for qnet in qnets:
+            out_layer = [m for m in qnet.module if isinstance(m, torch.nn.Linear)][-1]
+            out_layer.weight.mul_(50.0)
+            out_layer.bias.fill_(100.0)
+    obs = pose + 0.1 * torch.randn(size.batch, obs_dim, device=device)
+    batch = TensorDict(
+        {
+            "observation": obs,
+            "action": torch.rand(size.batch, act_dim, device=device) * 2 - 1,
+            ("next", "observation"): obs + 0.02 * torch.randn(size.batch, obs_dim, device=device),
+            ("next", "reward"): 1.0 + torch.randn(size.batch, 1, device=device),
+            ("next", "terminated"): torch.zeros(size.batch, 1, dtype=torch.bool, device=device),
+            ("next", "truncated"): torch.zeros(size.batch, 1, dtype=torch.bool, device=device),
+            ("next", "done"): torch.zeros(size.batch, 1, dtype=torch.bool, device=device),
+        },
+        batch_size=[size.batch],
+    )
+    return actor, qnets, dynamics, batch
+
+
+# ------------------------------------------------------------------ reference design
+def _stacked_linear(qnets) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``[(W [M, in, out], b [M, 1, out]), ...]`` of the Q-networks' Linear layers."""
+    layers = [m for m in qnets[0].module if isinstance(m, torch.nn.Linear)]
+    stacked = []
+    for i in range(len(layers)):
+        linears = [[m for m in q.module if isinstance(m, torch.nn.Linear)][i] for q in qnets]
+        weight = torch.stack([lin.weight.detach().t() for lin in linears]).contiguous()
+        bias = torch.stack([lin.bias.detach() for lin in linears]).unsqueeze(1)
+        stacked.append((weight, bias))
+    return stacked
+
+
+class ReferenceTarget:
+    """The official code's target design (fp32, ``repeat``ed particles, ``var_mean``).
+
+    Written for comparison only: per horizon ``t = 0..H`` the Q-ensemble runs on
+    all ``K N`` particle rows (``bmm`` + bias + ReLU per layer on a member-expanded
+    input), the dynamics elites are gathered from the full ensemble at every step,
+    the returns are accumulated into ``[K, N, H+1]``/``[M, K, N, H+1]`` buffers and
+    the per-horizon moments come from ``var_mean`` over ``(M, K)``; LCB of the
+    inverse-variance-weighted posterior.
+    """
+
+    def __init__(
+        self, actor, qnets, dynamics: DynamicsModel, horizon: int, gamma: float, psi: float = 1.0
+    ) -> None:
+        self.actor, self.dynamics = actor, dynamics
+        self.q_layers = _stacked_linear(qnets)
+        self.horizon, self.gamma, self.psi = horizon, gamma, psi
+
+    def q_ensemble(self, x: torch.Tensor) -> torch.Tensor:  # [R, in] -> [M, R, 1]
+        M = self.q_layers[0][0].shape[0]
+        h = x.unsqueeze(0).expand(M, *x.shape)
+        for i, (w, b) in enumerate(self.q_layers):
+            h = torch.bmm(h, w) + b
+            if i < len(self.q_layers) - 1:
+                h = torch.relu(h)
+        return h
+
+    def dynamics_step(self, obs: torch.Tensor, action: torch.Tensor, K: int):
+        ens = self.dynamics.ensemble
+        members = self.dynamics.elite_indices
+        x = ((torch.cat([obs, action], -1) - ens.input_mean) / ens.input_std).view(
+            K, -1, obs.shape[-1] + action.shape[-1]
+        )
+        n_layers = len(ens.net.layers)
+        for i, layer in enumerate(ens.net.layers):
+            w, b = layer.weight.index_select(0, members), layer.bias.index_select(0, members)
+            x = torch.bmm(x, w) + b
+            if i < n_layers - 1:
+                x = torch.nn.functional.silu(x)
+        mean, raw_logvar = x.chunk(2, dim=-1)
+        max_lv, min_lv = ens.max_logvar[members], ens.min_logvar[members]
+        logvar = max_lv - torch.nn.functional.softplus(max_lv - raw_logvar)
+        logvar = min_lv + torch.nn.functional.softplus(logvar - min_lv)
+        sample = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)
+        sample = (sample * ens.target_std + ens.target_mean).reshape(-1, sample.shape[-1])
+        obs_dim = obs.shape[-1]
+        next_obs = obs + sample[:, :obs_dim]
+        return next_obs, sample[:, obs_dim:], self.dynamics.termination_fn(next_obs).unsqueeze(-1)
+
+    def sample(self, obs: torch.Tensor):
+        dist = self.actor.get_dist(TensorDict({"observation": obs}, batch_size=obs.shape[:1]))
+        action = dist.sample()
+        return action, dist
+
+    @torch.no_grad()
+    def __call__(self, batch: TensorDict) -> torch.Tensor:
+        K, H, gamma = self.dynamics.num_elites, self.horizon, self.gamma
+        next_obs = batch.get(("next", "observation"))
+        N = next_obs.shape[0]
+        M = self.q_layers[0][0].shape[0]
+        first_action, dist = self.sample(next_obs)
+        log_prob = dist.log_prob(first_action)
+        obs = next_obs.repeat(K, 1)  # [KN, O]
+        action = first_action.repeat(K, 1)
+        terminated = torch.zeros(K * N, 1, dtype=torch.bool, device=obs.device)
+        terminated_step = torch.zeros(N, H + 1, dtype=torch.bool, device=obs.device)
+        x_returns = torch.zeros(K, N, H + 1, device=obs.device)
+        q_terms = torch.zeros(M, K, N, H + 1, device=obs.device)
+        for t in range(H + 1):
+            if t > 0:
+                action, _ = self.sample(obs)
+            q = self.q_ensemble(torch.cat([obs, action], -1))  # [M, KN, 1]
+            q[terminated.unsqueeze(0).expand(M, -1, -1)] = 0
+            q_terms[..., t] = q.view(M, K, N) * gamma**t
+            if t < H:
+                obs, reward, done = self.dynamics_step(obs, action, K)
+                reward[terminated] = 0
+                terminated |= done
+                terminated_step[:, t + 1 :] = terminated.view(K, N, 1).any(0)
+                x_returns[..., t + 1 :] += reward.view(K, N, 1) * gamma**t
+        returns = x_returns.unsqueeze(0) + q_terms  # [M, K, N, H+1]
+        var, mean = torch.var_mean(returns, dim=(0, 1))  # [N, H+1]
+        precision = 1.0 / var.clamp_min(1e-5)
+        precision[terminated_step] = 0
+        weights = precision / precision.sum(-1, keepdim=True)
+        post_mean = (weights * mean).sum(-1)
+        post_std = (1.0 / precision.sum(-1)).sqrt()
+        value = post_mean - self.psi * post_std
+        reward0 = batch.get(("next", "reward")).squeeze(-1)
+        not_done = 1.0 - batch.get(("next", "terminated")).squeeze(-1).float()
+        return reward0 + gamma * not_done * (value - 0.0 * log_prob)
+
+
+# --------------------------------------------------------------------------- benches
+def gradient_step(loss_module, optimizer) -> Callable[[TensorDict], None]:
+    def step(batch: TensorDict) -> None:
+        losses = loss_module(batch.clone(False))
+        total = sum(v for k, v in losses.items() if k.startswith("loss_"))
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        optimizer.step()
+
+    return step
+
+
+def bench_size(size: Size, device: torch.device, rounds: int, peaks: dict, compile_q: bool) -> dict:
+    family = get_family(size.family)
+    actor, qnets, dynamics, batch = build_models(size, device)
+    common = dict(gamma=0.99, horizon=size.horizon, psi=1.0, seed=0, compile=compile_q)
+    est_fp32 = CBOPValueEstimator(
+        actor_network=actor,
+        qvalue_network=qnets,
+        dynamics=dynamics,
+        rollout_dtype="float32",
+        **common,
+    )
+    est_bf16 = CBOPValueEstimator(
+        actor_network=actor,
+        qvalue_network=qnets,
+        dynamics=dynamics,
+        rollout_dtype="bfloat16",
+        **common,
+    )
+    reference = ReferenceTarget(actor, qnets, dynamics, size.horizon, 0.99)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No target network updater")
+        cbop_loss = CBOPLoss(
+            actor,
+            qnets,
+            dynamics,
+            action_spec=action_spec(family.action_dim, device),
+            horizon=size.horizon,
+            seed=0,
+            compile=compile_q,
+        ).to(device)
+        sac_actor = make_actor(family.obs_dim, family.action_dim, size.hidden, device=device)
+        sac_qnets = make_qvalue_ensemble(
+            size.members, family.obs_dim, family.action_dim, size.hidden, device=device
+        )
+        sac_loss = SACLoss(
+            sac_actor,
+            sac_qnets,
+            num_qvalue_nets=size.members,
+            action_spec=action_spec(family.action_dim, device),
+        ).to(device)
+    cbop_step = gradient_step(cbop_loss, torch.optim.Adam(cbop_loss.parameters(), lr=3e-4))
+    sac_step = gradient_step(sac_loss, torch.optim.Adam(sac_loss.parameters(), lr=3e-4))
+
+    y32 = est_fp32.compute_target(batch)[0]
+    y16 = est_bf16.compute_target(batch)[0]
+    rel_error = float((y16 - y32).abs().mean() / y32.std().clamp_min(1e-12))
+    bootstrap = y32 - batch.get(("next", "reward"))  # gamma (V - alpha log pi), the model part
+    rel_error_bootstrap = float((y16 - y32).abs().mean() / bootstrap.std().clamp_min(1e-12))
+
+    calls = {
+        "reference_target": lambda: reference(batch),
+        "target_fp32": lambda: est_fp32.compute_target(batch),
+        "target_bf16": lambda: est_bf16.compute_target(batch),
+        "update": lambda: cbop_step(batch),
+        "sac_update": lambda: sac_step(batch),
+    }
+    seconds = time_interleaved(calls, rounds, device)
+    flops = flop_counts(size, family.obs_dim, family.action_dim)
+    flops_of = {
+        "reference_target": flops["target"],
+        "target_fp32": flops["target"],
+        "target_bf16": flops["target"],
+        "update": flops["update"],
+        "sac_update": flops["sac_update"],
+    }
+    peak_of = {"target_bf16": peaks["peak_bf16_gflops"]}
+    result: dict = {
+        "size": asdict(size),
+        "target_gflop": flops["target"] / 1e9,
+        "target_bf16_rel_error": rel_error,
+        "target_bf16_rel_error_bootstrap": rel_error_bootstrap,
+        "target_std": float(y32.std()),
+        "target_mean": float(y32.mean()),
+    }
+    for name, sec in seconds.items():
+        gflops = flops_of[name] / sec / 1e9
+        peak = peak_of.get(name, peaks["peak_fp32_gflops"])
+        result[f"{name}_ms"] = sec * 1e3
+        result[f"{name}_gflops"] = gflops
+        result[f"{name}_peak_share"] = gflops / peak
+        result[f"{name}_speedup_vs_reference"] = seconds["reference_target"] / sec
+    result["update_over_target_fp32"] = seconds["update"] / seconds["target_fp32"]
+    return result
+
+
+def bench_dynamics_training(device: torch.device, size: Size, steps: int) -> dict:
+    """Minibatch steps of the project's training epoch on synthetic standardized data."""
+    # The trainer's inner loop (private helper): the same forward/NLL/backward/Adam step.
+    from cbop_torchrl.trainers.dynamics import DynamicsConfig, _train_epoch
+
+    family = get_family(size.family)
+    obs_dim, act_dim = family.obs_dim, family.action_dim
+    config = DynamicsConfig(
+        num_members=size.dyn_members,
+        num_elites=size.particles,
+        hidden_size=size.dyn_hidden[0],
+        num_layers=len(size.dyn_hidden),
+        weight_decay=(1e-4,) * (len(size.dyn_hidden) + 1),
+    )
+    ensemble = GaussianEnsemble(obs_dim, act_dim, size.dyn_members, size.dyn_hidden).to(device)
+    optimizer = torch.optim.Adam(ensemble.param_groups(config.weight_decay), lr=config.lr)
+    rows = steps * config.batch_size
+    x = torch.randn(rows, obs_dim + act_dim, device=device)
+    y = torch.randn(rows, obs_dim + 1, device=device)
+    bootstrap = torch.randint(rows, (size.dyn_members, rows), device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    _train_epoch(
+        ensemble,
+        optimizer,
+        x[: config.batch_size],
+        y[: config.batch_size],
+        bootstrap[:, : config.batch_size] % config.batch_size,
+        gen,
+        config,
+    )  # warm-up
+    sync(device)
+    start = time.perf_counter()
+    _train_epoch(ensemble, optimizer, x, y, bootstrap, gen, config)
+    sync(device)
+    seconds = time.perf_counter() - start
+    samples = rows * size.dyn_members  # (row, member) pairs
+    flops = 3 * samples * mlp_flops([obs_dim + act_dim, *size.dyn_hidden, 2 * (obs_dim + 1)])
+    return {
+        "dynamics_train_samples_per_s": samples / seconds,
+        "dynamics_train_gflops": flops / seconds / 1e9,
+        "dynamics_train_ms_per_step": seconds / steps * 1e3,
+    }
+
+
+def bench_evaluation(num_envs: int, max_steps: int, hidden: tuple[int, ...]) -> dict:
+    """Env steps/s of the vectorized evaluator vs one environment at a time."""
+    from cbop_torchrl.evaluation.evaluate import evaluate_policy, make_eval_env
+
+    family = get_family("hopper")
+    actor = make_actor(family.obs_dim, family.action_dim, hidden)
+    env = make_eval_env(family, num_envs)
+    start = time.perf_counter()
+    result = evaluate_policy(actor, family, env, max_steps=max_steps)
+    vec_seconds = time.perf_counter() - start
+    vec_steps = sum(result.lengths)
+    env.close()
+    single = make_eval_env(family, 1)
+    single_steps, start = 0, time.perf_counter()
+    for episode in range(num_envs):
+        single_steps += sum(evaluate_policy(actor, family, single, max_steps, seed=episode).lengths)
+    single_seconds = time.perf_counter() - start
+    single.close()
+    return {
+        "eval_vectorized_steps_per_s": vec_steps / vec_seconds,
+        "eval_single_env_steps_per_s": single_steps / single_seconds,
+        "eval_num_envs": num_envs,
+    }
+
+
+# --------------------------------------------------------------------------- report
+def print_size(result: dict, peaks: dict) -> None:
+    size = result["size"]
+    print(
+        f"\n== {size['name']}: B {size['batch']} K {size['particles']} M {size['members']} "
+        f"H {size['horizon']} hidden {size['hidden']} dynamics {size['dyn_hidden']} "
+        f"(target {result['target_gflop']:.1f} GFLOP)"
+    )
+    print(f"{'':18}{'ms/call':>10}{'GFLOP/s':>10}{'% peak':>8}{'vs ref':>8}")
+    for name in ("reference_target", "target_fp32", "target_bf16", "update", "sac_update"):
+        print(
+            f"{name:18}{result[name + '_ms']:10.1f}{result[name + '_gflops']:10.1f}"
+            f"{100 * result[name + '_peak_share']:8.1f}"
+            f"{result[name + '_speedup_vs_reference']:7.2f}x"
+        )
+    print(
+        f"bf16 target: mean|dy|/std(y) = {100 * result['target_bf16_rel_error']:.3f}% "
+        f"(of the bootstrap's std: {100 * result['target_bf16_rel_error_bootstrap']:.3f}%; "
+        f"y = {result['target_mean']:.1f} +- {result['target_std']:.1f}); "
+        f"update / fp32 target = {result['update_over_target_fp32']:.2f}"
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, help="write the results to this JSON file")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="CPU-preset sizes only, fewer rounds, short evaluation (< 2 min)",
+    )
+    parser.add_argument(
+        "--sizes", help="comma list of paper,cpu,tiny (default: paper,cpu; --quick: cpu)"
+    )
+    parser.add_argument("--rounds", type=int, help="timing rounds per variant (default 5, quick 3)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--compile", action="store_true", help="compile=True in the estimator and loss (CUDA only)"
+    )
+    parser.add_argument(
+        "--no-extras",
+        action="store_true",
+        help="skip the dynamics-training and evaluation benchmarks",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        print(f"--device {args.device!r} is not a torch device; use cpu or cuda.", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(
+            "--device cuda was given but torch sees no CUDA device; use --device cpu.",
+            file=sys.stderr,
+        )
+        return 2
+    if device.type not in ("cpu", "cuda"):
+        print(f"--device {args.device!r}: only cpu and cuda are supported.", file=sys.stderr)
+        return 2
+    known = {"paper": PAPER, "cpu": None, "tiny": TINY}
+    names = (args.sizes or ("cpu" if args.quick else "paper,cpu")).split(",")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        print(f"--sizes: unknown size(s) {unknown}; choose from {sorted(known)}.", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rounds = args.rounds or (3 if args.quick else 5)
+    tiny = names == ["tiny"]
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    report: dict = {
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "load_average_start": list(load),
+        "command": " ".join(["python", "scripts/bench.py", *(argv or sys.argv[1:])]),
+    }
+    n = 256 if tiny else (2048 if args.quick else 4096)
+    report["peak_fp32_gflops"] = matmul_peak(torch.float32, n, device, rounds + 2)
+    report["peak_bf16_gflops"] = matmul_peak(torch.bfloat16, n, device, rounds + 2)
+    print(
+        f"device {device}, {report['threads']} threads, load average {load[0]:.2f}; "
+        f"matmul peak {report['peak_fp32_gflops']:.0f} GFLOP/s fp32, "
+        f"{report['peak_bf16_gflops']:.0f} bf16"
+    )
+    report["sizes"] = {}
+    for name in names:
+        size = known[name] or cpu_preset_size()
+        result = bench_size(size, device, rounds, report, args.compile)
+        report["sizes"][name] = result
+        print_size(result, report)
+
+    if not args.no_extras:
+        dyn_size = TINY if tiny else PAPER
+        report["dynamics_training"] = bench_dynamics_training(
+            device, dyn_size, 2 if tiny else (5 if args.quick else 20)
+        )
+        report["evaluation"] = bench_evaluation(
+            2 if tiny else 10,
+            5 if tiny else (50 if args.quick else 200),
+            TINY.hidden if tiny else PAPER.hidden,
+        )
+        d, e = report["dynamics_training"], report["evaluation"]
+        print(
+            f"\ndynamics training ({dyn_size.dyn_members} members, {dyn_size.dyn_hidden}): "
+            f"{d['dynamics_train_samples_per_s']:.0f} samples/s, "
+            f"{d['dynamics_train_gflops']:.1f} GFLOP/s"
+        )
+        print(
+            f"evaluation (hopper, {e['eval_num_envs']} episodes): vectorized "
+            f"{e['eval_vectorized_steps_per_s']:.0f} env steps/s, one env at a time "
+            f"{e['eval_single_env_steps_per_s']:.0f}"
+        )
+    report["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    if args.json:
+        atomic_json_dump(report, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

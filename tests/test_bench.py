@@ -1,0 +1,70 @@
+"""Smoke test of scripts/bench.py at tiny sizes (no timing is asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_tiny_run_writes_every_figure(bench, tmp_path, monkeypatch):
+    monkeypatch.setenv("CBOP_TORCHRL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "bench.json"
+    assert bench.main(["--quick", "--sizes", "tiny", "--rounds", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    for key in ("peak_fp32_gflops", "peak_bf16_gflops"):
+        assert report[key] > 0
+    tiny = report["sizes"]["tiny"]
+    for name in ("reference_target", "target_fp32", "target_bf16", "update", "sac_update"):
+        assert tiny[f"{name}_ms"] > 0 and math.isfinite(tiny[f"{name}_gflops"])
+    assert 0 <= tiny["target_bf16_rel_error"] < 0.05
+    assert report["dynamics_training"]["dynamics_train_samples_per_s"] > 0
+    assert report["evaluation"]["eval_vectorized_steps_per_s"] > 0
+
+
+def test_reference_design_computes_the_same_kind_of_target(bench):
+    """Same models: the reference design's y and the estimator's y agree in distribution."""
+    import torch
+
+    from cbop_torchrl.objectives.estimator import CBOPValueEstimator
+
+    size = bench.TINY
+    actor, qnets, dynamics, batch = bench.build_models(size, torch.device("cpu"))
+    ours = CBOPValueEstimator(
+        actor_network=actor,
+        qvalue_network=qnets,
+        dynamics=dynamics,
+        horizon=size.horizon,
+        gamma=0.99,
+        seed=0,
+    )
+    y_ours = ours.compute_target(batch)[0].squeeze(-1)
+    y_ref = bench.ReferenceTarget(actor, qnets, dynamics, size.horizon, 0.99)(batch)
+    assert y_ref.shape == y_ours.shape
+    # Different random draws, the same estimator: close relative to the target's scale.
+    assert (y_ref - y_ours).abs().mean() < 0.05 * y_ours.abs().mean()
+
+
+def test_cpu_preset_sizes_come_from_the_config(bench):
+    size = bench.cpu_preset_size()
+    assert size.particles <= size.dyn_members and size.members >= 2 and size.horizon >= 0
+
+
+def test_bad_arguments_are_explained(bench, capsys):
+    assert bench.main(["--sizes", "huge"]) == 2
+    assert "unknown size" in capsys.readouterr().err
