@@ -159,6 +159,13 @@ def run_command(
     return command + list(args.overrides)
 
 
+def portable_command(command: list[str]) -> str:
+    """The command as run from the repository root, with the cache as ``$CBOP_TORCHRL_CACHE``."""
+    cache = str(cache_dir())
+    words = ["python", *(c.replace(str(ROOT) + "/", "") for c in command[1:])]
+    return shlex.join(words).replace(cache, "$CBOP_TORCHRL_CACHE")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     runs_root = args.runs or cache_dir("benchmark_runs")
@@ -199,9 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         summary = summarize_run(run_dir, analysis=not args.no_analysis)
         summary["dataset"] = dataset
-        summary["command"] = shlex.join(
-            ["python", *[c.replace(str(ROOT) + "/", "") for c in command[1:]]]
-        )
+        summary["command"] = portable_command(command)
         summary["commit"] = git_commit()
         summary["dataset_provenance"] = dataset_provenance(dataset)
         summary["session_wall_s"] = time.time() - start
