@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
-SAC_STEPS=${SAC_STEPS:-60000}          # environment steps of the behaviour SAC run
+SAC_STEPS=${SAC_STEPS:-100000}         # environment steps of the behaviour SAC run
 ROLLOUTS=${ROLLOUTS:-100000}           # transitions of the medium rollouts
 FAMILIES=${FAMILIES:-"hopper walker2d"}
 mkdir -p benchmarks/results
