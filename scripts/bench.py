@@ -16,6 +16,9 @@ For each size it times (ms per call, median over rounds):
 - ``target_fp32`` / ``target_bf16``: the project's :class:`CBOPValueEstimator`
   (``rollout_dtype`` float32 / bfloat16), and ``target_bf16_rel_error``
   ``mean|y_bf16 - y_fp32| / std(y_fp32)`` on the same batch and seed;
+- ``matmul_fp32``/``matmul_bf16``: a large square matmul in the same rounds, the
+  peak each size's "% peak" is taken against (the start-of-run figure is
+  printed too; on a busy machine the two differ);
 - ``update``: a full :class:`CBOPLoss` gradient step (fp32 target, critic with
   EDAC term, actor, alpha, Adam), and ``sac_update``: a stock TorchRL
   ``SACLoss`` step with the same M, the floor without model rollouts.
@@ -334,7 +337,10 @@ def gradient_step(loss_module, optimizer) -> Callable[[TensorDict], None]:
     return step
 
 
-def bench_size(size: Size, device: torch.device, rounds: int, peaks: dict, compile_q: bool) -> dict:
+def bench_size(
+    size: Size, device: torch.device, rounds: int, matmul_n: int, compile_q: bool
+) -> dict:
+    """All timings of one size; the matmul peak is re-measured in the same interleaved rounds."""
     family = get_family(size.family)
     actor, qnets, dynamics, batch = build_models(size, device)
     common = dict(gamma=0.99, horizon=size.horizon, psi=1.0, seed=0, compile=compile_q)
@@ -391,7 +397,18 @@ def bench_size(size: Size, device: torch.device, rounds: int, peaks: dict, compi
         "update": lambda: cbop_step(batch),
         "sac_update": lambda: sac_step(batch),
     }
+    square = {
+        dtype: torch.randn(matmul_n, matmul_n, device=device).to(dtype)
+        for dtype in (torch.float32, torch.bfloat16)
+    }
+    for dtype, name in ((torch.float32, "matmul_fp32"), (torch.bfloat16, "matmul_bf16")):
+        calls[name] = lambda a=square[dtype]: torch.mm(a, a)
     seconds = time_interleaved(calls, rounds, device)
+    matmul_flops = 2 * matmul_n**3
+    peaks = {
+        "fp32": matmul_flops / seconds.pop("matmul_fp32") / 1e9,
+        "bf16": matmul_flops / seconds.pop("matmul_bf16") / 1e9,
+    }
     flops = flop_counts(size, family.obs_dim, family.action_dim)
     flops_of = {
         "reference_target": flops["target"],
@@ -400,7 +417,7 @@ def bench_size(size: Size, device: torch.device, rounds: int, peaks: dict, compi
         "update": flops["update"],
         "sac_update": flops["sac_update"],
     }
-    peak_of = {"target_bf16": peaks["peak_bf16_gflops"]}
+    peak_of = {"target_bf16": peaks["bf16"]}
     result: dict = {
         "size": asdict(size),
         "target_gflop": flops["target"] / 1e9,
@@ -408,10 +425,12 @@ def bench_size(size: Size, device: torch.device, rounds: int, peaks: dict, compi
         "target_bf16_rel_error_bootstrap": rel_error_bootstrap,
         "target_std": float(y32.std()),
         "target_mean": float(y32.mean()),
+        "peak_fp32_gflops": peaks["fp32"],
+        "peak_bf16_gflops": peaks["bf16"],
     }
     for name, sec in seconds.items():
         gflops = flops_of[name] / sec / 1e9
-        peak = peak_of.get(name, peaks["peak_fp32_gflops"])
+        peak = peak_of.get(name, peaks["fp32"])
         result[f"{name}_ms"] = sec * 1e3
         result[f"{name}_gflops"] = gflops
         result[f"{name}_peak_share"] = gflops / peak
@@ -490,12 +509,16 @@ def bench_evaluation(num_envs: int, max_steps: int, hidden: tuple[int, ...]) -> 
 
 
 # --------------------------------------------------------------------------- report
-def print_size(result: dict, peaks: dict) -> None:
+def print_size(result: dict) -> None:
     size = result["size"]
     print(
         f"\n== {size['name']}: B {size['batch']} K {size['particles']} M {size['members']} "
         f"H {size['horizon']} hidden {size['hidden']} dynamics {size['dyn_hidden']} "
         f"(target {result['target_gflop']:.1f} GFLOP)"
+    )
+    print(
+        f"matmul peak in the same rounds: {result['peak_fp32_gflops']:.0f} GFLOP/s fp32, "
+        f"{result['peak_bf16_gflops']:.0f} bf16 (% peak: target_bf16 against bf16, others fp32)"
     )
     print(f"{'':18}{'ms/call':>10}{'GFLOP/s':>10}{'% peak':>8}{'vs ref':>8}")
     for name in ("reference_target", "target_fp32", "target_bf16", "update", "sac_update"):
@@ -572,9 +595,9 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_start": list(load),
         "command": " ".join(["python", "scripts/bench.py", *(argv or sys.argv[1:])]),
     }
-    n = 256 if tiny else (2048 if args.quick else 4096)
-    report["peak_fp32_gflops"] = matmul_peak(torch.float32, n, device, rounds + 2)
-    report["peak_bf16_gflops"] = matmul_peak(torch.bfloat16, n, device, rounds + 2)
+    matmul_n = 256 if tiny else (2048 if args.quick else 4096)
+    report["peak_fp32_gflops"] = matmul_peak(torch.float32, matmul_n, device, rounds + 2)
+    report["peak_bf16_gflops"] = matmul_peak(torch.bfloat16, matmul_n, device, rounds + 2)
     print(
         f"device {device}, {report['threads']} threads, load average {load[0]:.2f}; "
         f"matmul peak {report['peak_fp32_gflops']:.0f} GFLOP/s fp32, "
@@ -583,9 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     report["sizes"] = {}
     for name in names:
         size = known[name] or cpu_preset_size()
-        result = bench_size(size, device, rounds, report, args.compile)
+        result = bench_size(size, device, rounds, matmul_n, args.compile)
         report["sizes"][name] = result
-        print_size(result, report)
+        print_size(result)
 
     if not args.no_extras:
         dyn_size = TINY if tiny else PAPER
