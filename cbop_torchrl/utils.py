@@ -47,6 +47,10 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         write(tmp_path)
         with open(tmp_path, "rb+") as handle:
             os.fsync(handle.fileno())
+        # mkstemp creates 0600 files; give the result the usual umask-based permissions.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)

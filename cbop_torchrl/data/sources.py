@@ -28,8 +28,11 @@ DEMO_DATASET_PATH = (
 )
 """The bundled default dataset (``load_dataset("demo")``)."""
 
-DEMO_COMMAND = "python scripts/collect.py env=hopper kind=medium-replay"
-"""How the demo file is regenerated; its provenance file beside it has the exact command."""
+DEMO_COMMAND = (
+    "python scripts/collect.py env=hopper kind=medium-replay seed=0 tag=demo "
+    "out_dir=cbop_torchrl/assets"
+)
+"""The command that made the demo file (also in the provenance file beside it)."""
 
 MINARI_PREFIX = "minari:"
 
@@ -113,8 +116,8 @@ def _dispatch(
         if not DEMO_DATASET_PATH.is_file():
             raise DatasetError(
                 f"the bundled demo dataset is missing: expected {str(DEMO_DATASET_PATH)!r}. "
-                f"Regenerate it with `{DEMO_COMMAND}` (see the provenance file in "
-                "cbop_torchrl/assets/ for the exact seed and size) and move the file there, "
+                f"Regenerate it with `{DEMO_COMMAND}` (the provenance file in "
+                "cbop_torchrl/assets/ records the seed and size), "
                 "or pass another source: a D4RL id, a D4RL-format HDF5 path or minari:<id>."
             )
         return _from_hdf5(DEMO_DATASET_PATH, family, "demo", with_data)
