@@ -76,6 +76,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--eval-interval", type=int, default=1000, help="gradient steps between evaluations"
     )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=5,
+        help="train.epochs of every run (x --steps-per-epoch = the gradient steps of every "
+        "algorithm, pinned here so a later preset change cannot make the runs unequal)",
+    )
+    parser.add_argument("--steps-per-epoch", type=int, default=1000)
     parser.add_argument("--no-analysis", action="store_true", help="skip checkpoint analysis")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument(
@@ -127,6 +135,25 @@ def dataset_provenance(name: str) -> dict:
     return {key: values.get(key) for key in PROVENANCE_KEYS}
 
 
+def stale_reason(summary: dict, provenance: dict, steps: int) -> str | None:
+    """Why a stored summary no longer counts (None: it does)."""
+    stored = summary.get("dataset_provenance", {})
+    if provenance and stored.get("sha256") != provenance.get("sha256"):
+        return "made on another version of the dataset"
+    if summary.get("gradient_steps", steps) != steps:
+        return f"{summary['gradient_steps']} gradient steps, the benchmark now runs {steps}"
+    return None
+
+
+def run_steps(run_dir: Path) -> int | None:
+    """The gradient steps an existing run directory was started with (None: no run there)."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return None
+    train = json.loads(path.read_text())["train"]
+    return int(train["epochs"]) * int(train["steps_per_epoch"])
+
+
 def git_commit() -> str:
     """``HEAD``'s hash, with ``+dirty`` when tracked files differ from it."""
 
@@ -151,6 +178,8 @@ def run_command(
         f"seed={seed}",
         *overrides,
         f"hydra.run.dir={run_dir}",
+        f"train.epochs={args.epochs}",
+        f"train.steps_per_epoch={args.steps_per_epoch}",
         f"eval.interval={args.eval_interval}",
         "progress=false",
     ]
@@ -181,11 +210,20 @@ def main(argv: list[str] | None = None) -> int:
         data_key = provenance.get("data_key") or "unversioned"
         run_dir = runs_root / dataset / data_key / args.preset / variant / f"seed{seed}"
         if summary_path.is_file():
-            stored = json.loads(summary_path.read_text()).get("dataset_provenance", {})
-            if not provenance or stored.get("sha256") == provenance.get("sha256"):
+            stored = json.loads(summary_path.read_text())
+            why = stale_reason(stored, provenance, args.epochs * args.steps_per_epoch)
+            if why is None:
                 print(f"[bench] done     {dataset} {variant} seed {seed}: {summary_path}")
                 continue
-            print(f"[bench] stale    {summary_path}: made on another version of the dataset")
+            print(f"[bench] stale    {summary_path}: {why}")
+            if run_dir.exists() and not args.dry_run:  # other settings: start that run over
+                run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
+        if not args.dry_run and run_steps(run_dir) not in (
+            None,
+            args.epochs * args.steps_per_epoch,
+        ):
+            print(f"[bench] moving   {run_dir} aside: started with other gradient steps")
+            run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
         if args.dry_run:
             state = "resume" if (run_dir / "checkpoint.pt").is_file() else "start"
             print(f"[bench] {state:8} {dataset} {variant} seed {seed} -> {run_dir}")
