@@ -139,7 +139,8 @@ def test_paper_grid_sweep_is_the_papers_grid_at_paper_settings() -> None:
 @pytest.mark.parametrize("name", ["paper_grid", "psi_grid"])
 def test_sweep_configs_name_run_directories_like_the_main_config(name: str) -> None:
     main = yaml.safe_load((CONFIGS / "config.yaml").read_text())
-    expected = main["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"] + ["sweep"]
+    expected = main["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"]
+    assert "sweep" in expected
     cfg = compose_config(f"+sweep={name}")
     assert list(cfg.hydra.job.config.override_dirname.exclude_keys) == expected
 
