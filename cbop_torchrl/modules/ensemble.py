@@ -120,9 +120,6 @@ class EnsembleLinear(nn.Module):
         weight, bias = self.member_params(members, dtype)
         if not per_member:
             x = x.unsqueeze(0).expand(weight.shape[0], *x.shape)
-        if weight.dtype == torch.bfloat16:
-            # oneDNN's bf16 baddbmm copies the broadcast bias first; bmm + add_ is faster.
-            return torch.bmm(x, weight).add_(bias)
         return torch.baddbmm(bias, x, weight)
 
     def extra_repr(self) -> str:
