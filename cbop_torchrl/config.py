@@ -177,6 +177,7 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     threads: int | None = None  # torch CPU threads; None: torch's default (all cores)
+    compile: bool = False  # CUDA only: torch.compile + CUDA graphs for the target's Q-ensemble
     resume: str = "auto"
     progress: bool = True
     agent: AgentConfig = field(default_factory=AgentConfig)
@@ -201,7 +202,9 @@ class RunConfig:
         may change between a run and its resumption.
         """
         values = self.to_dict()
-        for key in ("device", "threads", "resume", "progress", "eval", "logger", "preset"):
+        for key in (
+            "device", "threads", "compile", "resume", "progress", "eval", "logger", "preset"
+        ):
             values.pop(key)
         values["train"].pop("log_interval")
         values["train"].pop("checkpoint_interval")

@@ -337,6 +337,7 @@ def build_cbop_loss(
         rollout_dtype=estimator.rollout_dtype,
         eta=config.agent.eta,
         alpha_init=config.agent.alpha_init,
+        compile=config.compile,
         estimator_kwargs={
             "fixed_weighting": estimator.fixed_weighting,
             "lmbda": estimator.lmbda,
