@@ -53,6 +53,7 @@ from tqdm import tqdm
 
 from cbop_torchrl.data.collect_env import make_collect_env
 from cbop_torchrl.data.collect_sac import TRANSITION_KEYS, SACConfig, SACRun, run_dir_for
+from cbop_torchrl.data.hdf5 import REQUIRED_KEYS
 from cbop_torchrl.registry import D4RL_KINDS, EnvFamily
 from cbop_torchrl.utils import atomic_json_dump, atomic_write, config_hash, seed_everything
 
@@ -149,16 +150,7 @@ def read_d4rl_hdf5(path: Path) -> tuple[Arrays, dict[str, Any]]:
     arrays: Arrays = {}
     metadata: dict[str, Any] = {}
     with h5py.File(path, "r") as handle:
-        for key in (
-            "observations",
-            "next_observations",
-            "actions",
-            "rewards",
-            "terminals",
-            "timeouts",
-            "infos/qpos",
-            "infos/qvel",
-        ):
+        for key in (*REQUIRED_KEYS, "infos/qpos", "infos/qvel"):
             arrays[key] = handle[key][()]
         for key, value in handle["metadata"].items():
             value = value[()]
