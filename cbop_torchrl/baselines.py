@@ -61,6 +61,7 @@ from cbop_torchrl.trainers.offline import (
     GradientSteps,
     ResumeProgressBar,
     SampleFromBuffer,
+    common_results,
 )
 from cbop_torchrl.utils import atomic_json_dump, atomic_torch_save, resolve_device, seed_everything
 
@@ -464,28 +465,20 @@ def run_baseline(
     if start_step < total_steps:
         trainer.train()
     train_time = time.perf_counter() - train_start
-    steps_run = total_steps - start_step
     final = evaluation.evaluate(total_steps)
     eval_env.close()
     save_baseline_policy(run_dir / POLICY_NAME, parts.actor, metadata(total_steps))
     results = {
         "algo": algo.name,
-        "dataset": info.name,
-        "env_family": family.name,
-        "gym_id": family.gym_id,
-        "seed": config.seed,
-        "preset": config.preset,
-        "normalized_score_mean": final["normalized_score_mean"],
-        "normalized_score_std": final["normalized_score_std"],
-        "return_mean": final["return_mean"],
-        "return_std": final["return_std"],
-        "episodes": final["episodes"],
-        "episode_returns": final["returns"],
-        "gradient_steps": total_steps,
-        "gradient_steps_this_session": steps_run,
-        "grad_steps_per_s": steps_run / train_time if steps_run and train_time > 0 else None,
-        "wall_time_s": prior_wall + time.perf_counter() - start_time,
-        "resumed_from_step": start_step or None,
+        **common_results(
+            info,
+            config,
+            final,
+            total_steps=total_steps,
+            start_step=start_step,
+            train_time=train_time,
+            wall_time=prior_wall + time.perf_counter() - start_time,
+        ),
         "eval_history": evaluation.history,
         "final_train_metrics": {k: v for k, v in metrics.last_window.items() if math.isfinite(v)},
         "settings": {

@@ -364,6 +364,42 @@ def make_optimizer(loss: CBOPLoss, config: RunConfig) -> torch.optim.Optimizer:
     )
 
 
+def common_results(
+    info: DatasetInfo,
+    config: RunConfig,
+    final: dict[str, Any],
+    *,
+    total_steps: int,
+    start_step: int,
+    train_time: float,
+    wall_time: float,
+) -> dict[str, Any]:
+    """The ``results.json`` fields every training script writes (CBOP and the baselines).
+
+    ``grad_steps_per_s`` counts the steps of this session over its training
+    time, periodic evaluation included.
+    """
+    steps_run = total_steps - start_step
+    return {
+        "dataset": info.name,
+        "env_family": info.family.name,
+        "gym_id": info.family.gym_id,
+        "seed": config.seed,
+        "preset": config.preset,
+        "normalized_score_mean": final["normalized_score_mean"],
+        "normalized_score_std": final["normalized_score_std"],
+        "return_mean": final["return_mean"],
+        "return_std": final["return_std"],
+        "episodes": final["episodes"],
+        "episode_returns": final["returns"],
+        "gradient_steps": total_steps,
+        "gradient_steps_this_session": steps_run,
+        "grad_steps_per_s": steps_run / train_time if steps_run and train_time > 0 else None,
+        "wall_time_s": wall_time,
+        "resumed_from_step": start_step or None,
+    }
+
+
 def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run_dir: Path) -> dict:
     """Runs every stage for a validated config and returns the results dict.
 
@@ -501,7 +537,6 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     if start_step < total_steps:
         trainer.train()
     train_time = time.perf_counter() - train_start
-    steps_run = total_steps - start_step
 
     # Final evaluation and outputs.
     clock.start("eval", f"{config.eval.episodes} episodes")
@@ -512,25 +547,16 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
         run_dir / POLICY_NAME, actor, policy_metadata(family, hidden, info.name, total_steps)
     )
     results = {
-        "dataset": info.name,
-        "env_family": family.name,
-        "gym_id": family.gym_id,
-        "seed": config.seed,
-        "preset": config.preset,
-        "normalized_score_mean": final["normalized_score_mean"],
-        "normalized_score_std": final["normalized_score_std"],
-        "return_mean": final["return_mean"],
-        "return_std": final["return_std"],
-        "episodes": final["episodes"],
-        "episode_returns": final["returns"],
-        "gradient_steps": total_steps,
-        "gradient_steps_this_session": steps_run,
-        "grad_steps_per_s": steps_run / train_time
-        if steps_run and train_time > 0
-        else None,  # incl. periodic evaluation
-        "wall_time_s": prior_wall_time + time.perf_counter() - start_time,
+        **common_results(
+            info,
+            config,
+            final,
+            total_steps=total_steps,
+            start_step=start_step,
+            train_time=train_time,
+            wall_time=prior_wall_time + time.perf_counter() - start_time,
+        ),
         "stage_times": clock.times,
-        "resumed_from_step": start_step or None,
         "expected_horizon_start": metrics.first_window.get("cbop/expected_horizon"),
         "expected_horizon_end": metrics.last_window.get("cbop/expected_horizon"),
         "eval_history": evaluation.history,
