@@ -54,7 +54,12 @@ from cbop_torchrl.trainers.checkpoint import (
     policy_metadata,
     training_config_hash,
 )
-from cbop_torchrl.trainers.logging import MetricsHook, log_scalars, make_logger
+from cbop_torchrl.trainers.logging import (
+    MetricsHook,
+    drop_rows_after,
+    log_scalars,
+    make_logger,
+)
 from cbop_torchrl.trainers.offline import (
     CBOP_KEYS,
     EvaluationHook,
@@ -398,6 +403,8 @@ def run_baseline(
     prior_wall = float(resume_state.get("wall_time_s", 0.0)) if resume_state else 0.0
     atomic_json_dump({**config.to_dict(), "algo": asdict(algo)}, run_dir / "config.json")
     logger = make_logger(config.logger.backend, run_dir, run_dir.name, config.logger.project)
+    if resume_state is not None:
+        drop_rows_after(logger, int(resume_state["step"]))
 
     seed_everything(config.seed + BASELINE_SEED_OFFSET)
     parts = build_baseline(algo, config, family, device)

@@ -145,6 +145,11 @@ def test_killed_run_resumes_to_the_same_parameters(workspace: dict, reference_ru
     for index, state in expected["optimizer"]["state"].items():
         assert torch.equal(state["exp_avg_sq"], actual["optimizer"]["state"][index]["exp_avg_sq"])
     assert expected["state"]["_optim_count"] == actual["state"]["_optim_count"] == 40
+    # Rows logged between the checkpoint and the kill are not written twice.
+    for name in ("train/loss_qvalue", "eval/normalized_score"):
+        path = f"logs/{{}}/scalars/{name}.csv"
+        reference_rows = (reference_run / path.format(reference_run.name)).read_text()
+        assert (run_dir / path.format(run_dir.name)).read_text() == reference_rows, name
 
 
 def test_changed_settings_are_not_resumed(reference_run: Path) -> None:
@@ -190,6 +195,23 @@ def test_metrics_are_flattened_and_written_by_torchrl_loggers(tmp_path: Path) ->
     rows = (tmp_path / "csv/logs/run/scalars/train/cbop/weights/1.csv").read_text().split()
     assert rows == ["2,0.25"]
     assert hook.state_dict()["first_window"]["cbop/expected_horizon"] == 0.75
+
+
+def test_resumed_csv_logs_drop_rows_past_the_checkpoint(tmp_path: Path) -> None:
+    from cbop_torchrl.trainers.logging import drop_rows_after, log_scalars, make_logger
+
+    logger = make_logger("csv", tmp_path, "run", "p")
+    for step in (10, 20, 30):
+        log_scalars(logger, {"train/loss": step / 10, "bc/loss": step, "eval/score": 1.0}, step)
+    scalars = tmp_path / "logs" / "run" / "scalars"
+    with open(scalars / "train" / "loss.csv", "a") as handle:
+        handle.write("4")  # the partial line of a killed process
+
+    assert drop_rows_after(logger, 20) == 3
+    assert (scalars / "train" / "loss.csv").read_text() == "10,1.0\n20,2.0\n"
+    assert (scalars / "eval" / "score.csv").read_text() == "10,1.0\n20,1.0\n"
+    assert (scalars / "bc" / "loss.csv").read_text().count("\n") == 3  # other axes kept
+    assert drop_rows_after(make_logger("none", tmp_path, "run", "p"), 0) == 0
 
 
 def test_evaluate_script_scores_a_saved_policy(workspace: dict, reference_run: Path) -> None:

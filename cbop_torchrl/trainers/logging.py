@@ -20,6 +20,8 @@ from tensordict import TensorDictBase
 from torchrl.record.loggers import Logger
 from torchrl.trainers import Trainer, TrainerHookBase
 
+from cbop_torchrl.utils import atomic_write
+
 
 def make_logger(backend: str, run_dir: Path, exp_name: str, project: str) -> Logger | None:
     """A TorchRL logger writing under ``run_dir/logs`` (None for ``backend="none"``)."""
@@ -43,6 +45,48 @@ def make_logger(backend: str, run_dir: Path, exp_name: str, project: str) -> Log
             exp_name, offline=True, save_dir=str(log_dir), project=project, log_env_packages=False
         )
     raise ValueError(f"unknown logger backend {backend!r}; use csv, tensorboard, wandb or none")
+
+
+#: Log prefixes on the training-step axis: what a resumed run logs again.
+RESUMED_PREFIXES = ("train/", "eval/", "final/")
+
+
+def drop_rows_after(
+    logger: Logger | None, step: int, prefixes: tuple[str, ...] = RESUMED_PREFIXES
+) -> int:
+    """Removes CSV rows past ``step`` from the ``prefixes`` logs; returns how many.
+
+    A run killed after its last checkpoint logged rows it will log again when
+    resumed from that checkpoint; without this the CSV files would hold those
+    steps twice. Files are rewritten atomically. Other backends keep their
+    own history (TensorBoard shows the later point; wandb offline runs are new
+    runs), so only the CSV logger is touched.
+    """
+    from torchrl.record.loggers import CSVLogger
+
+    if not isinstance(logger, CSVLogger):
+        return 0
+    scalars = Path(logger.experiment.log_dir) / "scalars"
+    dropped = 0
+    for prefix in prefixes:
+        for path in sorted((scalars / prefix).rglob("*.csv")):
+            lines = path.read_text().splitlines(keepends=True)
+            kept = [line for line in lines if _row_step(line) <= step]  # drops a partial line
+            if len(kept) != len(lines):
+                dropped += len(lines) - len(kept)
+                text = "".join(kept)
+                atomic_write(path, lambda tmp, text=text: tmp.write_text(text))
+    return dropped
+
+
+def _row_step(line: str) -> float:
+    """The step of a complete ``step,value`` row; inf for a line cut short by a kill."""
+    if not line.endswith("\n") or "," not in line:
+        return float("inf")
+    try:
+        return float(line.split(",", 1)[0])
+    except ValueError:
+        return float("inf")
 
 
 def log_scalars(logger: Logger | None, values: Mapping[str, float], step: int) -> None:

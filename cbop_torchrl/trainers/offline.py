@@ -59,7 +59,12 @@ from cbop_torchrl.trainers.checkpoint import (
     training_config_hash,
 )
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
-from cbop_torchrl.trainers.logging import MetricsHook, log_scalars, make_logger
+from cbop_torchrl.trainers.logging import (
+    MetricsHook,
+    drop_rows_after,
+    log_scalars,
+    make_logger,
+)
 from cbop_torchrl.trainers.pretrain import load_or_train_bc, load_or_train_fqe
 from cbop_torchrl.utils import atomic_json_dump, resolve_device, seed_everything
 
@@ -437,6 +442,8 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     atomic_json_dump(config.to_dict(), run_dir / "config.json")
 
     logger = make_logger(config.logger.backend, run_dir, run_dir.name, config.logger.project)
+    if resume_state is not None:
+        drop_rows_after(logger, int(resume_state["step"]))
 
     def log_stage(values: dict[str, float], step: int) -> None:
         log_scalars(logger, values, step)
