@@ -30,21 +30,25 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
+from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.checkpoint import GlobalRNGState
-from torchrl.modules import MLP, TanhModule, ValueOperator
+from torchrl.modules import MLP, ValueOperator
 from torchrl.objectives import CQLLoss, IQLLoss, LossModule, SoftUpdate, TD3BCLoss
 from torchrl.trainers import OptimizationStepper, TargetNetUpdaterHook, Trainer
 
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo, make_replay_buffer
 from cbop_torchrl.evaluation.evaluate import make_eval_env
-from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
+from cbop_torchrl.modules.actor_critic import (
+    action_spec,
+    make_actor,
+    make_deterministic_actor,
+    make_qvalue_ensemble,
+)
 from cbop_torchrl.objectives.pretrain import ACTION_EPS, BehaviourCloningLoss
-from cbop_torchrl.registry import EnvFamily, get_family
+from cbop_torchrl.registry import EnvFamily
 from cbop_torchrl.trainers.checkpoint import (
-    CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
     POLICY_NAME,
     CheckpointHook,
@@ -52,6 +56,7 @@ from cbop_torchrl.trainers.checkpoint import (
     check_resumable,
     load_checkpoint,
     policy_metadata,
+    save_policy,
     training_config_hash,
 )
 from cbop_torchrl.trainers.logging import (
@@ -68,7 +73,7 @@ from cbop_torchrl.trainers.offline import (
     SampleFromBuffer,
     common_results,
 )
-from cbop_torchrl.utils import atomic_json_dump, atomic_torch_save, resolve_device, seed_everything
+from cbop_torchrl.utils import atomic_json_dump, resolve_device, seed_everything
 
 ALGOS = ("bc", "td3bc", "iql", "cql")
 BASELINE_SEED_OFFSET = 5
@@ -148,23 +153,6 @@ class BaselineParts:
     groups: list[tuple[tuple[str, ...], list[nn.Parameter], float, int]]
     has_targets: bool
     actor_kind: str
-
-
-def make_deterministic_actor(
-    obs_dim: int, action_dim: int, hidden_sizes: Sequence[int], device: Any = None
-) -> TensorDictSequential:
-    """TD3's actor: ``observation [..., obs] -> action = tanh(MLP(obs)) [..., act]``."""
-    net = MLP(
-        in_features=obs_dim,
-        out_features=action_dim,
-        num_cells=list(hidden_sizes),
-        activation_class=nn.ReLU,
-        device=device,
-    )
-    return TensorDictSequential(
-        TensorDictModule(net, in_keys=["observation"], out_keys=["param"]),
-        TanhModule(in_keys=["param"], out_keys=["action"], spec=action_spec(action_dim, device)),
-    )
 
 
 def make_state_value(
@@ -340,26 +328,6 @@ def baseline_training_dict(config: RunConfig, algo: AlgoConfig) -> dict[str, Any
     return kept
 
 
-def save_baseline_policy(path: Path, actor: TensorDictModuleBase, metadata: dict[str, Any]) -> Path:
-    """``policy.pt`` in the pipeline's format; ``metadata["actor_kind"]`` says how to rebuild it."""
-    state = {"format": CHECKPOINT_FORMAT, "policy": metadata, "actor": actor.state_dict()}
-    return atomic_torch_save(state, path)
-
-
-def load_baseline_policy(path: str | Path) -> tuple[TensorDictModuleBase, EnvFamily, dict]:
-    """The actor in a baseline or CBOP ``policy.pt``/``checkpoint.pt``, its family, metadata."""
-    state = load_checkpoint(path)
-    meta = state["policy"]
-    family = get_family(meta["family"])
-    hidden = tuple(meta["hidden_sizes"])
-    if meta.get("actor_kind") == "deterministic":
-        actor = make_deterministic_actor(meta["obs_dim"], meta["action_dim"], hidden)
-    else:
-        actor = make_actor(meta["obs_dim"], meta["action_dim"], hidden)
-    actor.load_state_dict(state["actor"])
-    return actor, family, meta
-
-
 def run_baseline(
     config: RunConfig,
     algo: AlgoConfig,
@@ -474,7 +442,7 @@ def run_baseline(
     train_time = time.perf_counter() - train_start
     final = evaluation.evaluate(total_steps)
     eval_env.close()
-    save_baseline_policy(run_dir / POLICY_NAME, parts.actor, metadata(total_steps))
+    save_policy(run_dir / POLICY_NAME, parts.actor, metadata(total_steps))
     results = {
         "algo": algo.name,
         **common_results(
@@ -508,8 +476,6 @@ __all__ = [
     "BaselineParts",
     "GroupedOptimizationStepper",
     "build_baseline",
-    "load_baseline_policy",
-    "make_deterministic_actor",
     "make_state_value",
     "run_baseline",
 ]

@@ -17,14 +17,13 @@ from cbop_torchrl.baselines import (
     AlgoConfig,
     BaselineConfigError,
     build_baseline,
-    load_baseline_policy,
     run_baseline,
 )
 from cbop_torchrl.config import RunConfig, load_config
 from cbop_torchrl.data import load_dataset_with_info
 from cbop_torchrl.evaluation.analysis import analyze_baseline_run
 from cbop_torchrl.registry import get_family
-from cbop_torchrl.trainers.checkpoint import CheckpointError, load_checkpoint
+from cbop_torchrl.trainers.checkpoint import CheckpointError, load_checkpoint, load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "baseline.py"
@@ -78,11 +77,28 @@ def test_every_algorithm_trains_and_writes_results(sweep: Path) -> None:
         assert config["algo"]["name"] == algo
         state = load_checkpoint(run / "checkpoint.pt")
         assert state["step"] == 40
-        actor, family, meta = load_baseline_policy(run / "policy.pt")
+        actor, family, meta = load_policy(run / "policy.pt")
         assert family.name == "hopper" and meta["algo"] == algo
         action = actor(_obs_td(family.obs_dim)).get("action")
         assert action.shape == (4, family.action_dim) and action.abs().max() <= 1.0
         assert list((run / "logs").rglob("eval/normalized_score.csv"))
+
+
+def test_evaluate_script_scores_a_td3bc_policy(sweep: Path, workspace: dict) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "evaluate.py"),
+            f"checkpoint={sweep / 'td3bc' / 'policy.pt'}",
+            "episodes=2",
+            "max_steps=10",
+        ],
+        env=workspace["env"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "normalized score" in done.stdout and "Hopper-v4" in done.stdout
 
 
 def _run_config(run: Path, workspace: dict, **agent: float) -> tuple:

@@ -10,11 +10,13 @@ actor is a ``ProbabilisticActor`` over a ``TanhNormal``; a Q-network is a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
-from tensordict.nn import TensorDictModule
+from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.data import Bounded
-from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
+from torchrl.modules import MLP, ProbabilisticActor, TanhModule, TanhNormal, ValueOperator
 
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
@@ -70,6 +72,26 @@ def make_actor(
         distribution_class=TanhNormal,
         distribution_kwargs={"low": -1.0, "high": 1.0},
         return_log_prob=False,
+    )
+
+
+def make_deterministic_actor(
+    obs_dim: int,
+    action_dim: int,
+    hidden_sizes: Sequence[int] = (256, 256, 256),
+    device: torch.device | str | None = None,
+) -> TensorDictSequential:
+    """TD3's actor: ``observation [..., obs_dim] -> action = tanh(MLP(obs)) [..., action_dim]``."""
+    net = MLP(
+        in_features=obs_dim,
+        out_features=action_dim,
+        num_cells=list(hidden_sizes),
+        activation_class=nn.ReLU,
+        device=device,
+    )
+    return TensorDictSequential(
+        TensorDictModule(net, in_keys=["observation"], out_keys=["param"]),
+        TanhModule(in_keys=["param"], out_keys=["action"], spec=action_spec(action_dim, device)),
     )
 
 

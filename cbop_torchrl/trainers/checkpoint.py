@@ -27,7 +27,7 @@ import torch
 from tensordict.nn import TensorDictModuleBase
 from torchrl.trainers import Trainer, TrainerHookBase
 
-from cbop_torchrl.modules.actor_critic import make_actor
+from cbop_torchrl.modules.actor_critic import make_actor, make_deterministic_actor
 from cbop_torchrl.registry import EnvFamily, get_family
 from cbop_torchrl.utils import atomic_torch_save, config_hash
 
@@ -91,11 +91,17 @@ def save_policy(path: str | Path, actor: TensorDictModuleBase, metadata: dict[st
 def load_policy(
     path: str | Path, device: torch.device | str = "cpu"
 ) -> tuple[TensorDictModuleBase, EnvFamily, dict[str, Any]]:
-    """The actor stored in a ``checkpoint.pt`` or ``policy.pt``, its family and metadata."""
+    """The actor stored in a ``checkpoint.pt`` or ``policy.pt``, its family and metadata.
+
+    CBOP's and the stochastic baselines' actors are TanhNormal policies
+    (:func:`make_actor`); TD3+BC's records ``actor_kind="deterministic"`` in
+    its metadata (:func:`make_deterministic_actor`).
+    """
     state = load_checkpoint(path)
     meta = state["policy"]
     family = get_family(meta["family"])
-    actor = make_actor(meta["obs_dim"], meta["action_dim"], tuple(meta["hidden_sizes"]))
+    build = make_deterministic_actor if meta.get("actor_kind") == "deterministic" else make_actor
+    actor = build(meta["obs_dim"], meta["action_dim"], tuple(meta["hidden_sizes"]))
     actor.load_state_dict(state["actor"])
     return actor.to(device), family, meta
 
