@@ -38,6 +38,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cbop_torchrl.utils import atomic_write
+
 SUMMARY_FORMAT = "cbop-torchrl-summary/1"
 TRAIN_CURVE_KEYS = (
     "cbop/expected_horizon",
@@ -293,13 +295,19 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write_text(path: Path, text: str) -> Path:
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
 def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    with open(path, "w", newline="") as handle:
-        if rows:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    return path
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as handle:
+            if rows:
+                writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
+
+    return atomic_write(path, write)
 
 
 def dataset_markdown(summaries: Sequence[dict[str, Any]]) -> str:
@@ -485,6 +493,14 @@ def _pyplot():
     return plt
 
 
+def _save_figure(fig: Any, path: Path) -> Path:
+    """Lays out, writes (atomically: never a half-written PNG) and closes ``fig``."""
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    _pyplot().close(fig)
+    return path
+
+
 def _mean_curve(runs: Sequence[dict[str, Any]], points_of) -> tuple[list, list, list]:
     """Steps present in every run, and the mean/std across runs at those steps."""
     per_run = [dict((int(s), v) for s, v in points_of(run)) for run in runs]
@@ -522,11 +538,7 @@ def plot_learning_curves(summaries: Sequence[dict[str, Any]], out_dir: Path) -> 
         ax.set(xlabel="gradient step", ylabel="normalized score", title=dataset)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        path = out_dir / f"curves_{dataset}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save_figure(fig, out_dir / f"curves_{dataset}.png"))
     return written
 
 
@@ -547,11 +559,7 @@ def plot_expected_horizon(summaries: Sequence[dict[str, Any]], out_dir: Path) ->
         ax.set(xlabel="gradient step", ylabel="E[h] (posterior weights)", title=dataset)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        path = out_dir / f"horizon_{dataset}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save_figure(fig, out_dir / f"horizon_{dataset}.png"))
     return written
 
 
@@ -576,11 +584,7 @@ def plot_target_diagnostics(summaries: Sequence[dict[str, Any]], out_dir: Path) 
             ax.set(xlabel="gradient step", title=f"{dataset}: {key}")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-        path = out_dir / f"targets_{dataset}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save_figure(fig, out_dir / f"targets_{dataset}.png"))
     return written
 
 
@@ -612,11 +616,7 @@ def plot_rh_histograms(summaries: Sequence[dict[str, Any]], out_dir: Path) -> li
             f"{sample['posterior_mean']:.1f} ± {sample['posterior_std']:.1f})",
             fontsize=8,
         )
-        fig.tight_layout()
-        path = out_dir / f"rh_{dataset}_{variant}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save_figure(fig, out_dir / f"rh_{dataset}_{variant}.png"))
     return written
 
 
@@ -648,11 +648,7 @@ def plot_share_histograms(summaries: Sequence[dict[str, Any]], out_dir: Path) ->
             f"{variant}, seed {run['seed']}",
             fontsize=8,
         )
-        fig.tight_layout()
-        path = out_dir / f"share_{dataset}_{variant}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save_figure(fig, out_dir / f"share_{dataset}_{variant}.png"))
     return written
 
 
@@ -670,11 +666,7 @@ def plot_rliable(aggregates: dict[str, dict[str, list[float]]], out_dir: Path) -
         ax.set_yticks(range(len(variants)), variants, fontsize=8)
         ax.set_title(metric.replace("_", " "), fontsize=9)
         ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    path = out_dir / "rliable.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, out_dir / "rliable.png")
 
 
 # ----------------------------------------------------------------------------- report
@@ -694,7 +686,7 @@ def write_report(
     rows = score_rows(summaries)
     files: list[Path] = []
     table = markdown_table(rows)
-    (out_dir / "results.md").write_text(table)
+    _write_text(out_dir / "results.md", table)
     files += [out_dir / "results.md", _write_csv(out_dir / "results.csv", rows)]
     runs = [
         {k: s.get(k) for k in ("dataset", "variant", "seed", "gradient_steps", "wall_time_s")}
@@ -723,15 +715,15 @@ def write_report(
     if datasets:
         sections += ["\n### Datasets\n", datasets]
     if conservatism:
-        (out_dir / "conservatism.md").write_text(conservatism_markdown(conservatism))
+        _write_text(out_dir / "conservatism.md", conservatism_markdown(conservatism))
         files += [out_dir / "conservatism.md"]
         files.append(_write_csv(out_dir / "conservatism.csv", conservatism))
         sections += ["\n### Conservatism (paper Table 2)\n", conservatism_markdown(conservatism)]
     aggregates = rliable_aggregates(summaries)
     if aggregates:
-        (out_dir / "rliable.md").write_text(rliable_markdown(aggregates))
+        _write_text(out_dir / "rliable.md", rliable_markdown(aggregates))
         files.append(out_dir / "rliable.md")
-        (out_dir / "rliable.json").write_text(json.dumps(aggregates, indent=1))
+        _write_text(out_dir / "rliable.json", json.dumps(aggregates, indent=1))
         files.append(out_dir / "rliable.json")
         plot = plot_rliable(aggregates, out_dir)
         if plot is not None:
@@ -740,7 +732,7 @@ def write_report(
     files += figures
     sections.append("\n### Figures\n")
     sections += [f"![{p.stem}]({figure_prefix}{p.name})\n" for p in figures]
-    (out_dir / "README_results.md").write_text("\n".join(sections))
+    _write_text(out_dir / "README_results.md", "\n".join(sections))
     files.append(out_dir / "README_results.md")
     return {"files": files, "rows": rows, "rliable": aggregates, "conservatism": conservatism}
 
