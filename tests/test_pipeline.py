@@ -234,3 +234,27 @@ def test_evaluate_script_scores_a_saved_policy(workspace: dict, reference_run: P
     summary = json.loads(output.read_text())
     assert summary["episodes"] == 2 and math.isfinite(summary["normalized_score_mean"])
     assert all(length <= 20 for length in summary["lengths"])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("estimator.mode=map",),
+        ("estimator.mode=fixed", "estimator.fixed_weighting=uniform"),
+        ("estimator.mode=fixed", "estimator.fixed_weighting=lambda"),
+        ("estimator.mode=quantile",),
+    ],
+    ids=["map", "fixed-uniform", "fixed-lambda", "quantile"],
+)
+def test_ablation_modes_train_end_to_end(
+    workspace: dict, reference_run: Path, overrides: tuple[str, ...]
+) -> None:
+    run_dir = workspace["root"] / "ablation" / "_".join(o.split("=")[1] for o in overrides)
+    done = subprocess.run(
+        cli(workspace, run_dir, *overrides), env=workspace["env"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["estimator"]["mode"] == overrides[0].split("=")[1]
+    assert results["gradient_steps"] == 40 and math.isfinite(results["normalized_score_mean"])
