@@ -61,7 +61,6 @@ from cbop_torchrl.trainers.checkpoint import (
 )
 from cbop_torchrl.trainers.logging import (
     MetricsHook,
-    drop_rows_after,
     log_scalars,
     make_logger,
 )
@@ -370,9 +369,13 @@ def run_baseline(
         load_checkpoint(checkpoint_path)  # raises the "no checkpoint" error
     prior_wall = float(resume_state.get("wall_time_s", 0.0)) if resume_state else 0.0
     atomic_json_dump({**config.to_dict(), "algo": asdict(algo)}, run_dir / "config.json")
-    logger = make_logger(config.logger.backend, run_dir, run_dir.name, config.logger.project)
-    if resume_state is not None:
-        drop_rows_after(logger, int(resume_state["step"]))
+    logger = make_logger(
+        config.logger.backend,
+        run_dir,
+        run_dir.name,
+        config.logger.project,
+        resume_step=int(resume_state["step"]) if resume_state is not None else None,
+    )
 
     seed_everything(config.seed + BASELINE_SEED_OFFSET)
     parts = build_baseline(algo, config, family, device)

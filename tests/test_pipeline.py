@@ -146,10 +146,11 @@ def test_killed_run_resumes_to_the_same_parameters(workspace: dict, reference_ru
         assert torch.equal(state["exp_avg_sq"], actual["optimizer"]["state"][index]["exp_avg_sq"])
     assert expected["state"]["_optim_count"] == actual["state"]["_optim_count"] == 40
     # Rows logged between the checkpoint and the kill are not written twice.
+    def rows(run: Path, name: str) -> str:
+        return (run / "logs" / run.name / "scalars" / f"{name}.csv").read_text()
+
     for name in ("train/loss_qvalue", "eval/normalized_score"):
-        path = f"logs/{{}}/scalars/{name}.csv"
-        reference_rows = (reference_run / path.format(reference_run.name)).read_text()
-        assert (run_dir / path.format(run_dir.name)).read_text() == reference_rows, name
+        assert rows(run_dir, name) == rows(reference_run, name), name
 
 
 def test_changed_settings_are_not_resumed(reference_run: Path) -> None:

@@ -23,8 +23,14 @@ from torchrl.trainers import Trainer, TrainerHookBase
 from cbop_torchrl.utils import atomic_write
 
 
-def make_logger(backend: str, run_dir: Path, exp_name: str, project: str) -> Logger | None:
-    """A TorchRL logger writing under ``run_dir/logs`` (None for ``backend="none"``)."""
+def make_logger(
+    backend: str, run_dir: Path, exp_name: str, project: str, resume_step: int | None = None
+) -> Logger | None:
+    """A TorchRL logger writing under ``run_dir/logs`` (None for ``backend="none"``).
+
+    ``resume_step``: the run continues from a checkpoint at that step, so CSV
+    rows logged past it are dropped first (:func:`drop_rows_after`).
+    """
     log_dir = Path(run_dir) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     if backend == "none":
@@ -32,7 +38,10 @@ def make_logger(backend: str, run_dir: Path, exp_name: str, project: str) -> Log
     if backend == "csv":
         from torchrl.record.loggers import CSVLogger
 
-        return CSVLogger(exp_name, log_dir=str(log_dir))
+        logger = CSVLogger(exp_name, log_dir=str(log_dir))
+        if resume_step is not None:
+            drop_rows_after(logger, resume_step)
+        return logger
     if backend == "tensorboard":
         from torchrl.record.loggers import TensorboardLogger
 

@@ -61,7 +61,6 @@ from cbop_torchrl.trainers.checkpoint import (
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
 from cbop_torchrl.trainers.logging import (
     MetricsHook,
-    drop_rows_after,
     log_scalars,
     make_logger,
 )
@@ -441,9 +440,13 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     clock = StageClock(progress)
     atomic_json_dump(config.to_dict(), run_dir / "config.json")
 
-    logger = make_logger(config.logger.backend, run_dir, run_dir.name, config.logger.project)
-    if resume_state is not None:
-        drop_rows_after(logger, int(resume_state["step"]))
+    logger = make_logger(
+        config.logger.backend,
+        run_dir,
+        run_dir.name,
+        config.logger.project,
+        resume_step=int(resume_state["step"]) if resume_state is not None else None,
+    )
 
     def log_stage(values: dict[str, float], step: int) -> None:
         log_scalars(logger, values, step)
