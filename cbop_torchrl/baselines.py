@@ -20,11 +20,10 @@ CBOP run and resumes the same way. ``results.json`` additionally names the
 
 from __future__ import annotations
 
-import json
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +31,13 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
-from torchrl.checkpoint import GlobalRNGState
 from torchrl.modules import MLP, ValueOperator
 from torchrl.objectives import CQLLoss, IQLLoss, LossModule, SoftUpdate, TD3BCLoss
-from torchrl.trainers import OptimizationStepper, TargetNetUpdaterHook, Trainer
+from torchrl.trainers import OptimizationStepper, Trainer
 
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo, make_replay_buffer
-from cbop_torchrl.evaluation.evaluate import make_eval_env
+from cbop_torchrl.envs.evaluate import make_eval_env
 from cbop_torchrl.modules.actor_critic import (
     action_spec,
     make_actor,
@@ -49,30 +47,21 @@ from cbop_torchrl.modules.actor_critic import (
 from cbop_torchrl.objectives.pretrain import ACTION_EPS, BehaviourCloningLoss
 from cbop_torchrl.registry import EnvFamily
 from cbop_torchrl.trainers.checkpoint import (
-    CHECKPOINT_NAME,
     POLICY_NAME,
     CheckpointHook,
     NonFiniteLossError,
-    check_resumable,
-    load_checkpoint,
     policy_metadata,
     save_policy,
     training_config_hash,
 )
-from cbop_torchrl.trainers.logging import (
-    MetricsHook,
-    log_scalars,
-    make_logger,
-)
 from cbop_torchrl.trainers.offline import (
     CBOP_KEYS,
-    EvaluationHook,
-    GradientSteps,
-    ResumeProgressBar,
-    SampleFromBuffer,
+    OfflineRun,
+    build_offline_training,
     common_results,
+    final_evaluation,
 )
-from cbop_torchrl.utils import atomic_json_dump, resolve_device, seed_everything
+from cbop_torchrl.utils import seed_everything
 
 ALGOS = ("bc", "td3bc", "iql", "cql")
 BASELINE_SEED_OFFSET = 5
@@ -348,104 +337,43 @@ def run_baseline(
         CheckpointError: a checkpoint written with other settings (or none with ``resume=true``).
         NonFiniteLossError: a loss or gradient became NaN/inf.
     """
-    start_time = time.perf_counter()
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(config.device)
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    family = info.family
-    training = baseline_training_dict(config, algo)
-    checkpoint_path = run_dir / CHECKPOINT_NAME
-    results_path = run_dir / "results.json"
+    run = OfflineRun.open(config, info, run_dir, baseline_training_dict(config, algo))
+    if (finished := run.finished_results()) is not None:
+        return finished
+    run.start({**config.to_dict(), "algo": asdict(algo)})
     total_steps = config.train.total_steps
-    resume_state = None
-    if str(config.resume).lower() != "false" and checkpoint_path.is_file():
-        resume_state = load_checkpoint(checkpoint_path)
-        check_resumable(resume_state, training, checkpoint_path)
-        if resume_state["step"] >= total_steps and results_path.is_file():
-            return json.loads(results_path.read_text())
-    elif str(config.resume).lower() == "true":
-        load_checkpoint(checkpoint_path)  # raises the "no checkpoint" error
-    prior_wall = float(resume_state.get("wall_time_s", 0.0)) if resume_state else 0.0
-    atomic_json_dump({**config.to_dict(), "algo": asdict(algo)}, run_dir / "config.json")
-    logger = make_logger(
-        config.logger.backend,
-        run_dir,
-        run_dir.name,
-        config.logger.project,
-        resume_step=int(resume_state["step"]) if resume_state is not None else None,
-    )
 
     seed_everything(config.seed + BASELINE_SEED_OFFSET)
-    parts = build_baseline(algo, config, family, device)
+    parts = build_baseline(algo, config, info.family, run.device)
     optimizer = torch.optim.Adam([{"params": p, "lr": lr} for _, p, lr, _ in parts.groups])
     buffer = make_replay_buffer(
-        _dataset_for(algo.name, data.to(device)), config.train.batch_size, device=device
+        _dataset_for(algo.name, data.to(run.device)), config.train.batch_size, device=run.device
     )
-    generator = torch.Generator(device=device).manual_seed(config.seed + BASELINE_SEED_OFFSET)
+    generator = torch.Generator(device=run.device).manual_seed(config.seed + BASELINE_SEED_OFFSET)
     buffer.set_rng(generator)
-    eval_env = make_eval_env(family, config.eval.episodes, config.eval.backend)
-    hidden = list(config.agent.hidden_sizes)
-
-    def metadata(step: int) -> dict[str, Any]:
-        meta = policy_metadata(family, hidden, info.name, step)
-        return {**meta, "algo": algo.name, "actor_kind": parts.actor_kind}
-
-    def payload(step: int) -> dict[str, Any]:
-        return {
-            "training_config": training,
-            "training_config_hash": training_config_hash(training),
-            "policy": metadata(step),
-            "actor": parts.actor.state_dict(),
-            "wall_time_s": prior_wall + time.perf_counter() - start_time,
-        }
-
+    eval_env = make_eval_env(info.family, config.eval.episodes, config.eval.backend)
     checkpoint = CheckpointHook(
-        checkpoint_path, config.train.checkpoint_interval, total_steps, payload
-    )
-    trainer = Trainer(
-        collector=GradientSteps(),
-        total_frames=total_steps,
-        frame_skip=1,
-        optim_steps_per_batch=1,
-        loss_module=parts.loss,
-        optimizer=optimizer,
-        optimization_stepper=GroupedOptimizationStepper(parts, checkpoint, algo.name),
-        logger=None,
-        progress_bar=config.progress,
-        auto_log_optim_steps=False,
-        log_interval=config.train.log_interval,
-    )
-    SampleFromBuffer(buffer, generator).register(trainer)
-    if parts.has_targets:
-        updater = SoftUpdate(parts.loss, tau=config.agent.tau)
-        trainer.register_op("post_optim", TargetNetUpdaterHook(updater))
-    metrics = MetricsHook(logger, config.train.log_interval)
-    metrics.register(trainer)
-    evaluation = EvaluationHook(parts.actor, info, eval_env, config, logger, total_steps)
-    evaluation.register(trainer)
-    checkpoint.register(trainer)
-    trainer.register_module("rng", GlobalRNGState())
-    ResumeProgressBar(trainer).register(trainer)
-    start_step = 0
-    if resume_state is not None:
-        trainer.load_state_dict(resume_state["trainer"])
-        start_step = int(resume_state["step"])
-        checkpoint.last_saved_step = start_step
+        run.checkpoint_path, config.train.checkpoint_interval, total_steps,
+        partial(_checkpoint_payload, run, algo, parts),
+    )  # fmt: skip
+    training = build_offline_training(
+        run, loss=parts.loss, optimizer=optimizer,
+        stepper=GroupedOptimizationStepper(parts, checkpoint, algo.name), checkpoint=checkpoint,
+        buffer=buffer, generator=generator, actor=parts.actor, eval_env=eval_env,
+        target_update=SoftUpdate(parts.loss, tau=config.agent.tau) if parts.has_targets else None,
+    )  # fmt: skip
     if config.progress:
+        start = training.start_step
         print(
             f"[baseline] {algo.name} on {info.name}: {total_steps} gradient steps, batch "
-            f"{config.train.batch_size}" + (f", resuming at {start_step}" if start_step else ""),
+            f"{config.train.batch_size}" + (f", resuming at {start}" if start else ""),
             flush=True,
         )
-    train_start = time.perf_counter()
-    if start_step < total_steps:
-        trainer.train()
-    train_time = time.perf_counter() - train_start
-    final = evaluation.evaluate(total_steps)
-    eval_env.close()
-    save_policy(run_dir / POLICY_NAME, parts.actor, metadata(total_steps))
+    training.train(total_steps)
+    final = final_evaluation(run, training)
+    policy_path = run.run_dir / POLICY_NAME
+    save_policy(policy_path, parts.actor, _policy_metadata(run, algo, parts, total_steps))
+    last_window = training.metrics.last_window
     results = {
         "algo": algo.name,
         **common_results(
@@ -453,23 +381,40 @@ def run_baseline(
             config,
             final,
             total_steps=total_steps,
-            start_step=start_step,
-            train_time=train_time,
-            wall_time=prior_wall + time.perf_counter() - start_time,
+            start_step=training.start_step,
+            train_time=training.train_time,
+            wall_time=run.wall_time(),
         ),
-        "eval_history": evaluation.history,
-        "final_train_metrics": {k: v for k, v in metrics.last_window.items() if math.isfinite(v)},
+        "eval_history": training.evaluation.history,
+        "final_train_metrics": {k: v for k, v in last_window.items() if math.isfinite(v)},
         "settings": {
             "batch_size": config.train.batch_size,
-            "hidden_sizes": hidden,
+            "hidden_sizes": run.hidden_sizes,
             "algo": asdict(algo),
         },
-        "checkpoint": str(checkpoint_path),
-        "policy": str(run_dir / POLICY_NAME),
+        "checkpoint": str(run.checkpoint_path),
+        "policy": str(policy_path),
     }
-    atomic_json_dump(results, results_path)
-    log_scalars(logger, {"final/normalized_score": results["normalized_score_mean"]}, total_steps)
-    return results
+    return run.finish(results)
+
+
+def _policy_metadata(
+    run: OfflineRun, algo: AlgoConfig, parts: BaselineParts, step: int
+) -> dict[str, Any]:
+    meta = policy_metadata(run.info.family, run.hidden_sizes, run.info.name, step)
+    return {**meta, "algo": algo.name, "actor_kind": parts.actor_kind}
+
+
+def _checkpoint_payload(
+    run: OfflineRun, algo: AlgoConfig, parts: BaselineParts, step: int
+) -> dict[str, Any]:
+    return {
+        "training_config": run.training_config,
+        "training_config_hash": training_config_hash(run.training_config),
+        "policy": _policy_metadata(run, algo, parts, step),
+        "actor": parts.actor.state_dict(),
+        "wall_time_s": run.wall_time(),
+    }
 
 
 __all__ = [

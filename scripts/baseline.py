@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from cbop_torchrl.baselines import AlgoConfig, BaselineConfigError, run_baseline
 from cbop_torchrl.config import ConfigError, load_config, run_name
 from cbop_torchrl.data import DatasetError, load_dataset_with_info
-from cbop_torchrl.evaluation.evaluate import filter_env_warnings
+from cbop_torchrl.envs.evaluate import filter_env_warnings
 from cbop_torchrl.trainers.checkpoint import CheckpointError, NonFiniteLossError
 
 OmegaConf.register_new_resolver("cbop_run_name", run_name, replace=True)

@@ -485,7 +485,7 @@ def bench_dynamics_training(device: torch.device, size: Size, steps: int) -> dic
 
 def bench_evaluation(num_envs: int, max_steps: int, hidden: tuple[int, ...]) -> dict:
     """Env steps/s of the vectorized evaluator vs one environment at a time."""
-    from cbop_torchrl.evaluation.evaluate import evaluate_policy, make_eval_env
+    from cbop_torchrl.envs.evaluate import evaluate_policy, make_eval_env
 
     family = get_family("hopper")
     actor = make_actor(family.obs_dim, family.action_dim, hidden)

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbop_torchrl.config import ConfigError, default_preset_args, load_config, run_name
 from cbop_torchrl.data import DatasetError, load_dataset_with_info
-from cbop_torchrl.evaluation.evaluate import filter_env_warnings
+from cbop_torchrl.envs.evaluate import filter_env_warnings
 from cbop_torchrl.trainers.checkpoint import CheckpointError, NonFiniteLossError
 from cbop_torchrl.trainers.offline import run_pipeline
 

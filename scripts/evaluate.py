@@ -21,7 +21,7 @@ import warnings
 import hydra
 from omegaconf import DictConfig
 
-from cbop_torchrl.evaluation.evaluate import (
+from cbop_torchrl.envs.evaluate import (
     evaluate_policy,
     filter_env_warnings,
     make_eval_env,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from cbop_torchrl.evaluation.evaluate import episode_returns, evaluate_policy, make_eval_env
+from cbop_torchrl.envs.evaluate import episode_returns, evaluate_policy, make_eval_env
 from cbop_torchrl.modules.actor_critic import make_actor
 from cbop_torchrl.registry import get_family
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError

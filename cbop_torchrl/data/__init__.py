@@ -10,11 +10,11 @@ See :mod:`cbop_torchrl.data.transitions` for the keys and their exact meaning.
 """
 
 from cbop_torchrl.data.errors import GENERATE_COMMAND, DatasetError, generate_command
+from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.data.replay import make_replay_buffer
 from cbop_torchrl.data.sources import (
     DEMO_COMMAND,
     DEMO_DATASET_PATH,
-    DatasetInfo,
     dataset_info,
     load_dataset,
     load_dataset_with_info,

@@ -32,6 +32,7 @@ from torchrl.data.datasets.d4rl_infos import D4RL_DATASETS
 
 from cbop_torchrl.data.errors import DatasetError, generate_command
 from cbop_torchrl.data.hdf5 import FORMAT_VERSION, load_hdf5
+from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.data.transitions import build_transitions
 from cbop_torchrl.registry import parse_d4rl_id
 from cbop_torchrl.utils import cache_dir, config_hash
@@ -64,9 +65,7 @@ def raw_file_name(dataset_id: str) -> str:
 
 
 def load_d4rl(dataset_id: str, *, torchrl_root: str | Path | None = None):
-    """Dataset and :class:`~cbop_torchrl.data.sources.DatasetInfo` of a D4RL id."""
-    from cbop_torchrl.data.sources import DatasetInfo
-
+    """Dataset and :class:`~cbop_torchrl.data.info.DatasetInfo` of a D4RL id."""
     family, kind = parse_d4rl_id(dataset_id)
     root = torchrl_d4rl_root(torchrl_root)
     raw_file = cache_dir("d4rl") / raw_file_name(dataset_id)

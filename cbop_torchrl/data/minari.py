@@ -22,6 +22,7 @@ from torchrl.data.datasets import MinariExperienceReplay
 
 from cbop_torchrl.data.errors import DatasetError
 from cbop_torchrl.data.hdf5 import FORMAT_VERSION, _resolve_family, family_from_env_id
+from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.data.transitions import build_transitions
 from cbop_torchrl.registry import EnvFamily
 from cbop_torchrl.utils import config_hash
@@ -57,9 +58,7 @@ def local_minari_path(dataset_id: str) -> Path:
 def load_minari(
     dataset_id: str, family: str | None = None, *, torchrl_root: str | Path | None = None
 ):
-    """Dataset and :class:`~cbop_torchrl.data.sources.DatasetInfo` of a Minari dataset."""
-    from cbop_torchrl.data.sources import DatasetInfo
-
+    """Dataset and :class:`~cbop_torchrl.data.info.DatasetInfo` of a Minari dataset."""
     base = Path(torchrl_root) if torchrl_root else Path.home() / ".cache" / "torchrl"
     root = base / "minari"
     converted = (root / dataset_id).exists()

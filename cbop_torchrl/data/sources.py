@@ -14,13 +14,13 @@ Whatever the source, the result is the TensorDict described in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from tensordict import TensorDict
 
 from cbop_torchrl.data.errors import DatasetError
 from cbop_torchrl.data.hdf5 import load_hdf5
+from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.registry import EnvFamily, d4rl_ids, get_family, parse_d4rl_id
 
 DEMO_DATASET_PATH = (
@@ -35,26 +35,6 @@ DEMO_COMMAND = (
 """The command that made the demo file (also in the provenance file beside it)."""
 
 MINARI_PREFIX = "minari:"
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """What a run needs to know about its dataset without holding the data.
-
-    Attributes:
-        name: clean id for logs and run names (``hopper-medium-replay-v2``,
-            the file stem of an HDF5 file, the Minari id).
-        family: the environment family the data was recorded on.
-        fingerprint: stable string identifying the data, for cache keys.
-        num_transitions: rows in the dataset TensorDict.
-        source_kind: ``"d4rl"``, ``"hdf5"``, ``"minari"`` or ``"demo"``.
-    """
-
-    name: str
-    family: EnvFamily
-    fingerprint: str
-    num_transitions: int
-    source_kind: str
 
 
 def load_dataset(

@@ -28,6 +28,8 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,7 @@ from torchrl.trainers import OptimizationStepper, TargetNetUpdaterHook, Trainer,
 
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo, make_replay_buffer
-from cbop_torchrl.evaluation.evaluate import evaluate_policy, make_eval_env
+from cbop_torchrl.envs.evaluate import evaluate_policy, make_eval_env
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.objectives.pretrain import ensemble_q
@@ -405,7 +407,11 @@ def common_results(
 
 
 def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run_dir: Path) -> dict:
-    """Runs every stage for a validated config and returns the results dict.
+    """Runs CBOP as in appendix B of the paper and returns the ``results.json`` dict.
+
+    Learn the dynamics ensemble, pretrain the actor by behaviour cloning and the
+    Q-ensemble by fitted Q evaluation of the behaviour policy, train CBOP from
+    them, evaluate. Each stage is one function below.
 
     Args:
         config: a config from :func:`cbop_torchrl.config.load_config`.
@@ -419,94 +425,191 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
             written with other training settings.
         NonFiniteLossError: a stage produced NaN/inf.
     """
-    start_time = time.perf_counter()
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(config.device)
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    family = info.family
-    progress = config.progress
-    training_config = config.training_dict()
-    checkpoint_path = run_dir / CHECKPOINT_NAME
-    resume_state = _resume_state(config, checkpoint_path, training_config)
-    total_steps = config.train.total_steps
-    results_path = run_dir / "results.json"
-    if resume_state is not None and resume_state["step"] >= total_steps and results_path.is_file():
-        if progress:
-            print(f"[cbop] {run_dir} holds a finished run; nothing to do (resume=false reruns it)")
-        return json.loads(results_path.read_text())
-    prior_wall_time = float(resume_state.get("wall_time_s", 0.0)) if resume_state else 0.0
-    clock = StageClock(progress)
-    atomic_json_dump(config.to_dict(), run_dir / "config.json")
-
-    logger = make_logger(
-        config.logger.backend,
-        run_dir,
-        run_dir.name,
-        config.logger.project,
-        resume_step=int(resume_state["step"]) if resume_state is not None else None,
-    )
-
-    def log_stage(values: dict[str, float], step: int) -> None:
-        log_scalars(logger, values, step)
-
-    data = data.to(device)
+    run = OfflineRun.open(config, info, run_dir, config.training_dict())
+    if (finished := run.finished_results()) is not None:
+        return finished
+    run.start(config.to_dict())
+    data = data.to(run.device)
     seed_everything(config.seed)
+    dynamics, dynamics_metrics = dynamics_stage(run, data)
+    bc_state, bc_cached = behaviour_cloning_stage(run, data)
+    fqe_state, fqe_cached = fitted_q_evaluation_stage(run, data)
+    cbop = cbop_stage(run, data, dynamics, bc_state, fqe_state)
+    final = final_evaluation(run, cbop.training)
+    pretraining = {
+        "dynamics_cached": bool(dynamics_metrics.get("cached")),
+        "dynamics_holdout_r2_mean": dynamics_metrics.get("holdout_r2_mean"),
+        "bc_cached": bc_cached,
+        "fqe_cached": fqe_cached,
+    }
+    return write_cbop_results(run, cbop, final, pretraining)
 
-    # 1. Dynamics ensemble (cached by dataset + dynamics config).
-    clock.start("dynamics", f"{config.dynamics.num_members} members")
-    dynamics, dynamics_metrics = load_or_train_dynamics(
-        data,
-        info,
-        config.dynamics,
-        progress=progress,
-        log_fn=lambda m: log_stage(
-            {f"dynamics/{k}": v for k, v in m.items() if isinstance(v, (int, float))},
-            int(m.get("epoch", 0)),
-        ),
-    )
-    dynamics = dynamics.to(device)
 
-    # 2. Behaviour cloning, 3. FQE of the behaviour policy (cached, resumable).
-    hidden = list(config.agent.hidden_sizes)
-    clock.start("bc", f"{config.bc.steps} steps")
-    bc_state, bc_cached = load_or_train_bc(
-        data, info.fingerprint, family.obs_dim, family.action_dim, hidden, config.bc,
-        config.seed, progress, log_stage,
+@dataclass
+class OfflineRun:
+    """What the stages of one run share: config, data info, device, logger, clock, resume state.
+
+    Used by the CBOP pipeline and by the baselines (:func:`cbop_torchrl.baselines.run_baseline`).
+    """
+
+    config: RunConfig
+    info: DatasetInfo
+    run_dir: Path
+    device: torch.device
+    training_config: dict[str, Any]
+    resume_state: dict[str, Any] | None
+    start_time: float
+    clock: StageClock
+    logger: Logger | None = None
+
+    @classmethod
+    def open(
+        cls, config: RunConfig, info: DatasetInfo, run_dir: Path, training_config: dict[str, Any]
+    ) -> OfflineRun:
+        """Creates ``run_dir``, picks the device and reads the checkpoint to resume, if any."""
+        start_time = time.perf_counter()
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        device = resolve_device(config.device)
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        resume_state = _resume_state(config, run_dir / CHECKPOINT_NAME, training_config)
+        return cls(
+            config, info, run_dir, device, training_config, resume_state, start_time,
+            StageClock(config.progress),
+        )  # fmt: skip
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / CHECKPOINT_NAME
+
+    @property
+    def results_path(self) -> Path:
+        return self.run_dir / "results.json"
+
+    @property
+    def hidden_sizes(self) -> list[int]:
+        return list(self.config.agent.hidden_sizes)
+
+    @property
+    def resume_step(self) -> int | None:
+        return int(self.resume_state["step"]) if self.resume_state is not None else None
+
+    def finished_results(self) -> dict[str, Any] | None:
+        """The results of a run that already reached its last step, else None."""
+        step = self.resume_step
+        if step is None or step < self.config.train.total_steps or not self.results_path.is_file():
+            return None
+        if self.config.progress:
+            print(f"[cbop] {self.run_dir} holds a finished run; nothing to do", flush=True)
+        return json.loads(self.results_path.read_text())
+
+    def start(self, config_record: dict[str, Any]) -> None:
+        """Writes ``config.json`` and opens the logger."""
+        atomic_json_dump(config_record, self.run_dir / "config.json")
+        self.logger = make_logger(
+            self.config.logger.backend,
+            self.run_dir,
+            self.run_dir.name,
+            self.config.logger.project,
+            resume_step=self.resume_step,
+        )
+
+    def wall_time(self) -> float:
+        """Seconds spent on this run over all its sessions."""
+        prior = float(self.resume_state.get("wall_time_s", 0.0)) if self.resume_state else 0.0
+        return prior + time.perf_counter() - self.start_time
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        log_scalars(self.logger, values, step)
+
+    def log_dynamics_epoch(self, metrics: dict[str, Any]) -> None:
+        numbers = {f"dynamics/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
+        self.log(numbers, int(metrics.get("epoch", 0)))
+
+    def finish(self, results: dict[str, Any]) -> dict[str, Any]:
+        """Writes ``results.json`` atomically and logs the final score."""
+        atomic_json_dump(results, self.results_path)
+        total_steps = self.config.train.total_steps
+        self.log({"final/normalized_score": results["normalized_score_mean"]}, total_steps)
+        if self.config.logger.backend == "wandb" and hasattr(self.logger, "experiment"):
+            self.logger.experiment.finish()
+        return results
+
+
+def dynamics_stage(run: OfflineRun, data: TensorDictBase) -> tuple[Any, dict[str, Any]]:
+    """The dynamics ensemble (cached by dataset and dynamics config) and its metrics."""
+    run.clock.start("dynamics", f"{run.config.dynamics.num_members} members")
+    dynamics, metrics = load_or_train_dynamics(
+        data, run.info, run.config.dynamics, progress=run.config.progress,
+        log_fn=run.log_dynamics_epoch,
     )  # fmt: skip
-    clock.start("fqe", f"{config.fqe.steps} steps, M={config.agent.num_qvalue_nets}")
-    fqe_state, fqe_cached = load_or_train_fqe(
-        data, info.fingerprint, family.obs_dim, family.action_dim, hidden,
+    return dynamics.to(run.device), metrics
+
+
+def behaviour_cloning_stage(run: OfflineRun, data: TensorDictBase) -> tuple[dict, bool]:
+    """The BC actor's parameters (cached, resumable) and whether they came from the cache."""
+    config, family = run.config, run.info.family
+    run.clock.start("bc", f"{config.bc.steps} steps")
+    return load_or_train_bc(
+        data, run.info.fingerprint, family.obs_dim, family.action_dim, run.hidden_sizes,
+        config.bc, config.seed, config.progress, run.log,
+    )  # fmt: skip
+
+
+def fitted_q_evaluation_stage(run: OfflineRun, data: TensorDictBase) -> tuple[dict, bool]:
+    """The Q-ensemble's parameters after FQE of the behaviour policy (cached, resumable)."""
+    config, family = run.config, run.info.family
+    run.clock.start("fqe", f"{config.fqe.steps} steps, M={config.agent.num_qvalue_nets}")
+    return load_or_train_fqe(
+        data, run.info.fingerprint, family.obs_dim, family.action_dim, run.hidden_sizes,
         config.agent.num_qvalue_nets, config.agent.gamma, config.fqe,
-        config.seed, progress, log_stage,
+        config.seed, config.progress, run.log,
     )  # fmt: skip
 
-    # 4. CBOP on TorchRL's Trainer.
-    seed_everything(config.seed + CBOP_SEED_OFFSET)
-    loss, actor = build_cbop_loss(config, info, dynamics, device)
-    actor.load_state_dict(bc_state)
-    incompatible = loss.load_state_dict(fqe_state, strict=False)
-    if incompatible.unexpected_keys:
-        raise RuntimeError(f"FQE parameters do not fit the Q-ensemble: {incompatible}")
-    optimizer = make_optimizer(loss, config)
-    buffer = make_replay_buffer(data.select(*CBOP_KEYS), config.train.batch_size, device=device)
-    generator = torch.Generator(device=device).manual_seed(config.seed + CBOP_SEED_OFFSET)
-    buffer.set_rng(generator)
-    eval_env = make_eval_env(family, config.eval.episodes, config.eval.backend)
 
-    def checkpoint_payload(step: int) -> dict[str, Any]:
-        return {
-            "training_config": training_config,
-            "training_config_hash": training_config_hash(training_config),
-            "policy": policy_metadata(family, hidden, info.name, step),
-            "actor": actor.state_dict(),
-            "wall_time_s": prior_wall_time + time.perf_counter() - start_time,
-        }
+@dataclass
+class OfflineTraining:
+    """A Trainer over dataset batches, its hooks and where it started (CBOP and baselines)."""
 
-    checkpoint_hook = CheckpointHook(
-        checkpoint_path, config.train.checkpoint_interval, total_steps, checkpoint_payload
-    )
+    trainer: Trainer
+    actor: Any
+    metrics: MetricsHook
+    evaluation: EvaluationHook
+    checkpoint: CheckpointHook
+    eval_env: EnvBase
+    start_step: int = 0
+    train_time: float = 0.0
+
+    def train(self, total_steps: int) -> None:
+        """Runs the remaining gradient steps (none when the checkpoint is at the end)."""
+        train_start = time.perf_counter()
+        if self.start_step < total_steps:
+            self.trainer.train()
+        self.train_time = time.perf_counter() - train_start
+
+
+def build_offline_training(
+    run: OfflineRun,
+    *,
+    loss: Any,
+    optimizer: torch.optim.Optimizer,
+    stepper: OptimizationStepper,
+    checkpoint: CheckpointHook,
+    buffer: ReplayBuffer,
+    generator: torch.Generator,
+    actor: Any,
+    eval_env: EnvBase,
+    target_update: SoftUpdate | None,
+    extra_hooks: tuple[TrainerHookBase, ...] = (),
+) -> OfflineTraining:
+    """TorchRL's Trainer with the offline hooks registered, resumed from the run's checkpoint.
+
+    Hooks, in registration order: batch sampling, target-network update,
+    metrics, ``extra_hooks``, periodic evaluation, checkpoints, the global RNG
+    state and the progress bar.
+    """
+    config, total_steps = run.config, run.config.train.total_steps
     trainer = Trainer(
         collector=GradientSteps(),
         total_frames=total_steps,
@@ -514,84 +617,139 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
         optim_steps_per_batch=1,
         loss_module=loss,
         optimizer=optimizer,
-        optimization_stepper=GuardedOptimizationStepper(checkpoint_hook),
+        optimization_stepper=stepper,
         logger=None,  # MetricsHook/EvaluationHook write to the TorchRL logger themselves
-        progress_bar=progress,
+        progress_bar=config.progress,
         auto_log_optim_steps=False,
         log_interval=config.train.log_interval,
     )
     SampleFromBuffer(buffer, generator).register(trainer)
-    trainer.register_op("post_optim", TargetNetUpdaterHook(SoftUpdate(loss, tau=config.agent.tau)))
-    metrics = MetricsHook(logger, config.train.log_interval)
+    if target_update is not None:
+        trainer.register_op("post_optim", TargetNetUpdaterHook(target_update))
+    metrics = MetricsHook(run.logger, config.train.log_interval)
     metrics.register(trainer)
-    QValueStats(loss, logger, config.train.log_interval).register(trainer)
-    evaluation = EvaluationHook(actor, info, eval_env, config, logger, total_steps)
+    for hook in extra_hooks:
+        hook.register(trainer)
+    evaluation = EvaluationHook(actor, run.info, eval_env, config, run.logger, total_steps)
     evaluation.register(trainer)
-    checkpoint_hook.register(trainer)
+    checkpoint.register(trainer)
     trainer.register_module("rng", GlobalRNGState())
     ResumeProgressBar(trainer).register(trainer)
+    training = OfflineTraining(trainer, actor, metrics, evaluation, checkpoint, eval_env)
+    if run.resume_state is not None:
+        trainer.load_state_dict(run.resume_state["trainer"])
+        training.start_step = int(run.resume_state["step"])
+        checkpoint.last_saved_step = training.start_step
+    return training
 
-    start_step = 0
-    if resume_state is not None:
-        trainer.load_state_dict(resume_state["trainer"])
-        start_step = int(resume_state["step"])
-        checkpoint_hook.last_saved_step = start_step
-    clock.start(
+
+@dataclass
+class CBOPStage:
+    """The CBOP stage's loss, dynamics model and training state."""
+
+    loss: CBOPLoss
+    dynamics: Any
+    training: OfflineTraining
+
+
+def cbop_stage(
+    run: OfflineRun,
+    data: TensorDictBase,
+    dynamics: Any,
+    bc_state: dict[str, torch.Tensor],
+    fqe_state: dict[str, torch.Tensor],
+) -> CBOPStage:
+    """CBOP from the BC actor and the FQE Q-ensemble on TorchRL's Trainer (resumable)."""
+    config = run.config
+    seed_everything(config.seed + CBOP_SEED_OFFSET)
+    loss, actor = build_cbop_loss(config, run.info, dynamics, run.device)
+    actor.load_state_dict(bc_state)
+    incompatible = loss.load_state_dict(fqe_state, strict=False)
+    if incompatible.unexpected_keys:
+        raise RuntimeError(f"FQE parameters do not fit the Q-ensemble: {incompatible}")
+    optimizer = make_optimizer(loss, config)
+    buffer = make_replay_buffer(data.select(*CBOP_KEYS), config.train.batch_size, device=run.device)
+    generator = torch.Generator(device=run.device).manual_seed(config.seed + CBOP_SEED_OFFSET)
+    buffer.set_rng(generator)
+    eval_env = make_eval_env(run.info.family, config.eval.episodes, config.eval.backend)
+    checkpoint = CheckpointHook(
+        run.checkpoint_path, config.train.checkpoint_interval, config.train.total_steps,
+        partial(cbop_checkpoint_payload, run, actor),
+    )  # fmt: skip
+    training = build_offline_training(
+        run, loss=loss, optimizer=optimizer, stepper=GuardedOptimizationStepper(checkpoint),
+        checkpoint=checkpoint, buffer=buffer, generator=generator, actor=actor,
+        eval_env=eval_env, target_update=SoftUpdate(loss, tau=config.agent.tau),
+        extra_hooks=(QValueStats(loss, run.logger, config.train.log_interval),),
+    )  # fmt: skip
+    start = training.start_step
+    run.clock.start(
         "cbop",
-        f"{total_steps} gradient steps (K={dynamics.num_elites}, M="
+        f"{config.train.total_steps} gradient steps (K={dynamics.num_elites}, M="
         f"{config.agent.num_qvalue_nets}, H={config.estimator.horizon}, psi="
         f"{config.estimator.psi}, batch {config.train.batch_size})"
-        + (f", resuming at step {start_step}" if start_step else ""),
+        + (f", resuming at step {start}" if start else ""),
     )
-    train_start = time.perf_counter()
-    if start_step < total_steps:
-        trainer.train()
-    train_time = time.perf_counter() - train_start
+    training.train(config.train.total_steps)
+    return CBOPStage(loss, dynamics, training)
 
-    # Final evaluation and outputs.
-    clock.start("eval", f"{config.eval.episodes} episodes")
-    final = evaluation.evaluate(total_steps)
-    eval_env.close()
-    clock.stop()
-    save_policy(
-        run_dir / POLICY_NAME, actor, policy_metadata(family, hidden, info.name, total_steps)
-    )
+
+def cbop_checkpoint_payload(run: OfflineRun, actor: Any, step: int) -> dict[str, Any]:
+    """The non-trainer part of a CBOP checkpoint at ``step``."""
+    return {
+        "training_config": run.training_config,
+        "training_config_hash": training_config_hash(run.training_config),
+        "policy": policy_metadata(run.info.family, run.hidden_sizes, run.info.name, step),
+        "actor": actor.state_dict(),
+        "wall_time_s": run.wall_time(),
+    }
+
+
+def final_evaluation(run: OfflineRun, training: OfflineTraining) -> dict[str, Any]:
+    """Scores the final policy on ``eval.episodes`` episodes and closes the environments."""
+    run.clock.start("eval", f"{run.config.eval.episodes} episodes")
+    final = training.evaluation.evaluate(run.config.train.total_steps)
+    training.eval_env.close()
+    run.clock.stop()
+    return final
+
+
+def write_cbop_results(
+    run: OfflineRun, cbop: CBOPStage, final: dict[str, Any], pretraining: dict[str, Any]
+) -> dict[str, Any]:
+    """Saves the policy and writes ``results.json``; returns its dict."""
+    config, training = run.config, cbop.training
+    total_steps = config.train.total_steps
+    policy_path = run.run_dir / POLICY_NAME
+    metadata = policy_metadata(run.info.family, run.hidden_sizes, run.info.name, total_steps)
+    save_policy(policy_path, training.actor, metadata)
     results = {
         **common_results(
-            info,
+            run.info,
             config,
             final,
             total_steps=total_steps,
-            start_step=start_step,
-            train_time=train_time,
-            wall_time=prior_wall_time + time.perf_counter() - start_time,
+            start_step=training.start_step,
+            train_time=training.train_time,
+            wall_time=run.wall_time(),
         ),
-        "stage_times": clock.times,
-        "expected_horizon_start": metrics.first_window.get("cbop/expected_horizon"),
-        "expected_horizon_end": metrics.last_window.get("cbop/expected_horizon"),
-        "eval_history": evaluation.history,
-        "stages": {
-            "dynamics_cached": bool(dynamics_metrics.get("cached")),
-            "dynamics_holdout_r2_mean": dynamics_metrics.get("holdout_r2_mean"),
-            "bc_cached": bc_cached,
-            "fqe_cached": fqe_cached,
-        },
+        "stage_times": run.clock.times,
+        "expected_horizon_start": training.metrics.first_window.get("cbop/expected_horizon"),
+        "expected_horizon_end": training.metrics.last_window.get("cbop/expected_horizon"),
+        "eval_history": training.evaluation.history,
+        "stages": pretraining,
         "settings": {
-            "num_elites": dynamics.num_elites,
+            "num_elites": cbop.dynamics.num_elites,
             "num_qvalue_nets": config.agent.num_qvalue_nets,
             "horizon": config.estimator.horizon,
             "psi": config.estimator.psi,
             "mode": config.estimator.mode,
             "batch_size": config.train.batch_size,
         },
-        "checkpoint": str(checkpoint_path),
-        "policy": str(run_dir / POLICY_NAME),
+        "checkpoint": str(run.checkpoint_path),
+        "policy": str(policy_path),
     }
-    atomic_json_dump(results, results_path)
-    log_scalars(logger, {"final/normalized_score": results["normalized_score_mean"]}, total_steps)
-    if logger is not None and hasattr(logger, "experiment") and config.logger.backend == "wandb":
-        logger.experiment.finish()
-    return results
+    return run.finish(results)
 
 
 def _resume_state(
@@ -611,13 +769,23 @@ def _resume_state(
 
 
 __all__ = [
+    "CBOPStage",
     "CheckpointError",
     "EvaluationHook",
     "GradientSteps",
     "GuardedOptimizationStepper",
     "NonFiniteLossError",
+    "OfflineRun",
+    "OfflineTraining",
     "SampleFromBuffer",
+    "behaviour_cloning_stage",
     "build_cbop_loss",
+    "build_offline_training",
+    "cbop_stage",
+    "dynamics_stage",
+    "final_evaluation",
+    "fitted_q_evaluation_stage",
     "make_optimizer",
     "run_pipeline",
+    "write_cbop_results",
 ]
