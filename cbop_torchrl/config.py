@@ -110,6 +110,7 @@ class EstimatorConfig:
     lmbda: float = 0.9
     quantile: float = 0.3085
     termination: str = "zero_precision"
+    sampling: str = "shared"  # shared | independent rollouts per horizon
     rollout_dtype: str = "float32"
 
 
@@ -133,6 +134,13 @@ class FQEConfig(PretrainConfig):
     """
 
     target_tau: float = 0.005
+    rounds: int | None = None  # None: soft target updates; n: n rounds of hard-target FQE
+
+    # FQE as the paper's Algorithm 2 (Le et al. 2019): ``rounds`` rounds of
+    # ``steps // rounds`` gradient steps, each regressing on targets from the
+    # previous round's frozen ensemble (the target is copied at round starts;
+    # target_tau is then unused). A few rounds leave Q at the scale of a
+    # few-step return, as the authors' pretraining does (5 rounds in their README).
 
 
 @dataclass
@@ -158,6 +166,7 @@ class EvalConfig:
     interval: int = 10_000  # gradient steps between evaluations; 0 = only at the end
     max_steps: int = 1000
     backend: str = "serial"  # serial: one process (SerialEnv); parallel: ParallelEnv workers
+    diagnostics: bool = False  # also measure value error, policy drift, model error (diag/*)
 
 
 @dataclass
@@ -444,6 +453,20 @@ def validate(config: RunConfig) -> list[str]:
         )
     if estimator.mode not in ESTIMATOR_MODES:
         problems.append(f"estimator.mode={estimator.mode!r} must be one of {ESTIMATOR_MODES}")
+    if estimator.sampling not in ("shared", "independent"):
+        problems.append(
+            f"estimator.sampling={estimator.sampling!r} must be one of ('shared', 'independent')"
+        )
+    rounds = config.fqe.rounds
+    if rounds is not None and (
+        isinstance(rounds, bool)
+        or not isinstance(rounds, int)
+        or not 1 <= rounds <= config.fqe.steps
+    ):
+        problems.append(
+            f"fqe.rounds={rounds!r} must be null (soft target updates) or an integer from 1 to "
+            f"fqe.steps={config.fqe.steps}"
+        )
     dynamics = config.dynamics
     if (
         dynamics.num_members is not None

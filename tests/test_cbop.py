@@ -455,3 +455,63 @@ def test_with_the_real_dynamics_model():
 
     torch.testing.assert_close(target(3), target(3))
     assert not torch.allclose(target(3), target(4))
+
+
+@pytest.mark.parametrize("terminate_at", [None, 2])
+@pytest.mark.parametrize("termination", ["absorb", "zero_precision"])
+def test_independent_sampling_equals_shared_for_a_deterministic_model(terminate_at, termination):
+    """Same particles, same answer: only the randomness differs between the two schemes."""
+    next_obs = make_batch().get(("next", "observation"))
+    shared = toy_estimator(terminate_at=terminate_at, termination=termination)
+    independent = toy_estimator(
+        terminate_at=terminate_at, termination=termination, sampling="independent"
+    )
+    returns_shared, valid_shared, _ = shared.rollout_returns(next_obs)
+    returns_indep, valid_indep, _ = independent.rollout_returns(next_obs)
+    torch.testing.assert_close(returns_indep, returns_shared)
+    assert torch.equal(valid_indep, valid_shared)
+
+
+class NoisyRewardDynamics(TensorDictModuleBase):
+    """The state never changes; every particle earns an independent N(0, 1) reward per step."""
+
+    in_keys = ["observation", "action"]
+    out_keys = [("next", "observation"), ("next", "reward"), ("next", "terminated")]
+
+    def __init__(self, num_elites: int) -> None:
+        super().__init__()
+        self.num_elites = num_elites
+
+    def forward(self, td):
+        obs = td.get("observation")
+        td.set(("next", "observation"), obs.clone())
+        td.set(("next", "reward"), torch.randn(*obs.shape[:-1], 1))
+        td.set(("next", "terminated"), torch.zeros(*obs.shape[:-1], 1, dtype=torch.bool))
+        return td
+
+
+@pytest.mark.parametrize(
+    ("sampling", "expected"), [("shared", 1 / 1.81**0.5), ("independent", 0.0)]
+)
+def test_independent_sampling_decorrelates_the_horizons(sampling, expected):
+    """R_1 = r_1 and R_2 = r_1 + 0.9 r_2 share r_1 only when the rollouts are shared."""
+    K = 4000
+    torch.manual_seed(0)
+    est = CBOPValueEstimator(
+        actor_network=make_actor(OBS, ACT, hidden_sizes=(8,)),
+        qvalue_network=constant_q_ensemble([0.0, 0.0]),
+        dynamics=NoisyRewardDynamics(K),
+        gamma=GAMMA,
+        horizon=2,
+        sampling=sampling,
+    )
+    returns, _, _ = est.rollout_returns(torch.zeros(1, OBS))  # (1, 3, K, 2)
+    r1, r2 = returns[0, 1, :, 0], returns[0, 2, :, 0]
+    correlation = torch.corrcoef(torch.stack([r1, r2]))[0, 1]
+    assert abs(float(correlation) - expected) < 0.05
+    assert abs(float(r2.var()) - 1.81) < 0.15  # each horizon keeps its own variance
+
+
+def test_unknown_sampling_is_refused():
+    with pytest.raises(ValueError, match="sampling must be one of"):
+        toy_estimator(sampling="paired")

@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.objectives import SoftUpdate
 
-from cbop_torchrl.config import PretrainConfig
+from cbop_torchrl.config import FQEConfig, PretrainConfig
 from cbop_torchrl.modules.actor_critic import make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.pretrain import (
     ROW_KEY,
@@ -17,7 +17,7 @@ from cbop_torchrl.objectives.pretrain import (
     FittedQEvaluationLoss,
     bootstrap_counts,
 )
-from cbop_torchrl.trainers.pretrain import _sampler, run_supervised_stage
+from cbop_torchrl.trainers.pretrain import _sampler, fqe_target_update, run_supervised_stage
 
 OBS, ACT = 4, 2
 
@@ -95,8 +95,9 @@ def test_fqe_converges_to_the_behaviour_value(tmp_path: Path, terminated: bool, 
     buffer, generator = _sampler(data, 64, seed=0)
     config = PretrainConfig(steps=250, batch_size=64, lr=3e-3, checkpoint_interval=1000)
     run_supervised_stage(
-        "fqe", loss, buffer, generator, config, tmp_path, False, after_step=updater.step
-    )
+        "fqe", loss, buffer, generator, config, tmp_path, False,
+        after_step=lambda step: updater.step(),
+    )  # fmt: skip
     with torch.no_grad():
         q = loss.ensemble_q(data, loss.qvalue_network_params)
     assert abs(q.mean().item() - value) < 0.1
@@ -121,7 +122,7 @@ def test_interrupted_stage_resumes_to_the_same_parameters(tmp_path: Path) -> Non
         buffer, generator = _sampler(data, config.batch_size, seed=3)
         count = {"steps": 0}
 
-        def after_step() -> None:
+        def after_step(step: int) -> None:
             count["steps"] += 1
             if count["steps"] == stop_at:
                 raise KeyboardInterrupt
@@ -139,3 +140,24 @@ def test_interrupted_stage_resumes_to_the_same_parameters(tmp_path: Path) -> Non
     resumed = stage(tmp_path / "b")
     for key, value in reference.state_dict().items():
         assert torch.equal(value, resumed.state_dict()[key]), key
+
+
+def test_fqe_rounds_give_the_few_step_value(tmp_path: Path) -> None:
+    """Two hard-target rounds, reward 1, gamma 0.5, from Q = 0: Q -> 1 + 0.5 * 1 = 1.5, not 2."""
+    torch.manual_seed(0)
+    data = transitions(256)
+    qnets = make_qvalue_ensemble(2, OBS, ACT, (32, 32))
+    with torch.no_grad():  # Q = 0 everywhere, so round 1 regresses on r alone
+        for net in qnets:
+            net.module[-1].weight.zero_()
+            net.module[-1].bias.zero_()
+    loss = FittedQEvaluationLoss(qnets, gamma=0.5)
+    config = FQEConfig(steps=600, batch_size=64, lr=3e-3, checkpoint_interval=1000, rounds=2)
+    buffer, generator = _sampler(data, 64, seed=0)
+    run_supervised_stage(
+        "fqe", loss, buffer, generator, config, tmp_path, False,
+        after_step=fqe_target_update(loss, config),
+    )  # fmt: skip
+    with torch.no_grad():
+        q = loss.ensemble_q(data, loss.qvalue_network_params)
+    assert abs(q.mean().item() - 1.5) < 0.1

@@ -202,7 +202,7 @@ def fit_policy_fqe(
         work_dir,
         progress,
         log_fn,
-        updater.step,
+        lambda step: updater.step(),
         log_interval=max(1, config.steps // 10),
     )
     atomic_torch_save({k: v.detach().cpu() for k, v in loss.state_dict().items()}, result)

@@ -15,6 +15,15 @@ dataset transitions ``(s, a, r, s', terminated)`` it
    reduces it with :func:`gaussian_posterior` (or an ablation) and returns
    ``y = r + gamma (1 - terminated) (mu - psi sigma - alpha log pi(a'|s'))``.
 
+Sampling (``sampling``): with ``"shared"`` (default) one set of K rollouts of
+length H feeds every horizon, so the horizons' estimates are correlated, which
+the posterior (paper eq. 6-8) treats as independent. With ``"independent"``
+every horizon h >= 1 gets its own K rollouts of length h (``H (H+1) / 2``
+dynamics steps per particle instead of H), which makes the horizons
+conditionally independent as the posterior assumes. (The authors' code has
+both, ``indep_sampling``; its README command, which reproduces the paper,
+uses the shared one.)
+
 Model termination: a particle whose predicted next state is terminal is absorbing
 (no later reward, no bootstrap). With ``termination="zero_precision"`` (default,
 as in the reference code) every horizon from the first step at which ANY
@@ -56,6 +65,7 @@ from cbop_torchrl.objectives.posterior import (
 MODES = ("lcb", "map", "fixed", "quantile")
 FIXED_WEIGHTINGS = ("uniform", "lambda")
 TERMINATIONS = ("zero_precision", "absorb")
+SAMPLINGS = ("shared", "independent")
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -224,6 +234,8 @@ class CBOPValueEstimator(ValueEstimatorBase):
         alpha: entropy coefficient: a float, a scalar tensor or a zero-argument
             callable returning one (read at every call).
         termination: ``"zero_precision"`` (default) or ``"absorb"``, see the module doc.
+        sampling: ``"shared"`` (default) or ``"independent"`` rollouts per horizon,
+            see the module doc.
         rollout_dtype: ``torch.float32`` (default) or ``torch.bfloat16``: run the
             actor, dynamics and Q matmuls under ``torch.autocast``; the action
             distribution, returns and posterior stay in float32.
@@ -271,6 +283,7 @@ class CBOPValueEstimator(ValueEstimatorBase):
         quantile: float = 0.3085,
         alpha: float | torch.Tensor | Callable[[], torch.Tensor] = 0.0,
         termination: str = "zero_precision",
+        sampling: str = "shared",
         rollout_dtype: torch.dtype | str = torch.float32,
         qvalue_params: TensorDictBase | None = None,
         actor_params: TensorDictBase | None = None,
@@ -290,6 +303,8 @@ class CBOPValueEstimator(ValueEstimatorBase):
             raise ValueError(f"mode must be one of {MODES}; got {mode!r}.")
         if termination not in TERMINATIONS:
             raise ValueError(f"termination must be one of {TERMINATIONS}; got {termination!r}.")
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}; got {sampling!r}.")
         if fixed_weighting not in FIXED_WEIGHTINGS:
             raise ValueError(
                 f"fixed_weighting must be one of {FIXED_WEIGHTINGS}; got {fixed_weighting!r}."
@@ -315,6 +330,7 @@ class CBOPValueEstimator(ValueEstimatorBase):
         self.psi = float(psi)
         self.mode = mode
         self.termination = termination
+        self.sampling = sampling
         self.quantile = float(quantile)
         self.num_particles = int(num_particles)
         self.rollout_dtype = _resolve_dtype(rollout_dtype)
@@ -548,6 +564,8 @@ class CBOPValueEstimator(ValueEstimatorBase):
         q_params = self._qvalue_params(target_params)
 
         first_action, log_prob = self._sample_action(next_obs, with_log_prob=True)
+        if self.sampling == "independent" and H > 0:
+            return self._independent_returns(next_obs, first_action, q_params) + (log_prob,)
         obs = next_obs.unsqueeze(0).expand(K, N, next_obs.shape[-1])  # a view: s_1 = s'
         action = first_action.unsqueeze(0).expand(K, *first_action.shape)
         alive = torch.ones(K, N, dtype=torch.bool, device=device)
@@ -592,6 +610,69 @@ class CBOPValueEstimator(ValueEstimatorBase):
         if self.termination == "absorb":
             valid = torch.ones_like(valid)
         return returns, valid, log_prob
+
+    def _independent_returns(
+        self, next_obs: torch.Tensor, first_action: torch.Tensor, q_params: TensorDictBase
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``returns`` ``(N, H+1, K, M)`` and ``valid`` ``(N, H+1)`` with fresh rollouts per h.
+
+        Horizon h >= 1 has its own K particles, all starting at ``(s', a')``
+        (the same ``a'`` as horizon 0). The groups still running at step t are
+        those with h >= t, so step t propagates ``[K, (H - t + 1) * N]`` rows;
+        the group with h = t is then complete and leaves the batch.
+        """
+        H, K = self.horizon, self.num_particles
+        N, obs_dim = next_obs.shape
+        gamma, device = self.gamma, next_obs.device
+        obs = next_obs.expand(K, H, N, obs_dim)  # [K, G, N, O], group g is horizon g + 1
+        action = first_action.expand(K, H, *first_action.shape)
+        alive = torch.ones(K, H, N, dtype=torch.bool, device=device)
+        partial = torch.zeros(K, H, N, device=device)
+        done_obs, done_action, done_partial, done_alive, done_valid = [], [], [], [], []
+        valid_group = torch.ones(H, N, dtype=torch.bool, device=device)
+        for t in range(H):  # model step t + 1; groups with horizon >= t + 1 remain
+            groups = H - t
+            step_td = TensorDict(
+                {
+                    self.obs_key: obs.reshape(K, groups * N, obs_dim),
+                    self.action_key: action.reshape(K, groups * N, -1),
+                },
+                batch_size=[K, groups * N],
+            )
+            with self._autocast(device):
+                step_td = self.dynamics(step_td)
+            obs = step_td.get(("next", self.obs_key)).float().reshape(K, groups, N, obs_dim)
+            reward = step_td.get(("next", self.tensor_keys.reward)).float().reshape(K, groups, N)
+            terminated = step_td.get(("next", self.tensor_keys.terminated)).reshape(K, groups, N)
+            partial = partial + gamma**t * torch.where(alive, reward, torch.zeros_like(reward))
+            alive = alive & ~terminated.bool()
+            valid_group = valid_group & alive.all(dim=0)
+            action, _ = self._sample_action(obs, with_log_prob=False)
+            # The first remaining group has horizon t + 1: it is complete.
+            done_obs.append(obs[:, 0])
+            done_action.append(action[:, 0])
+            done_partial.append(partial[:, 0])
+            done_alive.append(alive[:, 0])
+            done_valid.append(valid_group[0])
+            obs, action = obs[:, 1:], action[:, 1:]
+            partial, alive, valid_group = partial[:, 1:], alive[:, 1:], valid_group[1:]
+
+        rows_obs = torch.cat([next_obs, *(o.reshape(K * N, -1) for o in done_obs)])
+        rows_action = torch.cat([first_action, *(a.reshape(K * N, -1) for a in done_action)])
+        q = self._q_values(rows_obs, rows_action, q_params)  # [M, N + H*K*N]
+        M = q.shape[0]
+        returns_0 = q[:, :N].t()[:, None, None, :].expand(N, 1, K, M)
+        q_h = q[:, N:].reshape(M, H, K, N)
+        discount_h = gamma ** torch.arange(1, H + 1, device=device, dtype=q.dtype)  # gamma^h
+        bootstrap = torch.where(torch.stack(done_alive), discount_h[:, None, None], 0.0)
+        returns_h = torch.stack(done_partial) + bootstrap * q_h  # [M, H, K, N]
+        returns = torch.cat([returns_0, returns_h.permute(3, 1, 2, 0)], dim=1)
+        valid = torch.cat([torch.ones(1, N, dtype=torch.bool, device=device), *(
+            v.unsqueeze(0) for v in done_valid
+        )]).t()
+        if self.termination == "absorb":
+            valid = torch.ones_like(valid)
+        return returns, valid
 
     @torch.no_grad()
     def compute_target(

@@ -60,6 +60,7 @@ from cbop_torchrl.trainers.checkpoint import (
     save_policy,
     training_config_hash,
 )
+from cbop_torchrl.trainers.diagnostics import LearningDiagnostics
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
 from cbop_torchrl.trainers.logging import (
     MetricsHook,
@@ -348,6 +349,7 @@ def build_cbop_loss(
             "fixed_weighting": estimator.fixed_weighting,
             "lmbda": estimator.lmbda,
             "quantile": estimator.quantile,
+            "sampling": estimator.sampling,
         },
     )
     return loss.to(device), actor
@@ -436,6 +438,8 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     fqe_state, fqe_cached = fitted_q_evaluation_stage(run, data)
     cbop = cbop_stage(run, data, dynamics, bc_state, fqe_state)
     final = final_evaluation(run, cbop.training)
+    if cbop.diagnostics is not None:
+        cbop.diagnostics.measure(config.train.total_steps)
     pretraining = {
         "dynamics_cached": bool(dynamics_metrics.get("cached")),
         "dynamics_holdout_r2_mean": dynamics_metrics.get("holdout_r2_mean"),
@@ -650,6 +654,7 @@ class CBOPStage:
     loss: CBOPLoss
     dynamics: Any
     training: OfflineTraining
+    diagnostics: LearningDiagnostics | None = None  # eval.diagnostics=true
 
 
 def cbop_stage(
@@ -672,6 +677,15 @@ def cbop_stage(
     generator = torch.Generator(device=run.device).manual_seed(config.seed + CBOP_SEED_OFFSET)
     buffer.set_rng(generator)
     eval_env = make_eval_env(run.info.family, config.eval.episodes, config.eval.backend)
+    diagnostics = (
+        [LearningDiagnostics(
+            loss, data, run.info.family.gym_id, config.agent.gamma, config.eval.interval,
+            config.train.total_steps, run.logger, max_steps=config.eval.max_steps,
+            seed=config.seed,
+        )]
+        if config.eval.diagnostics
+        else []
+    )  # fmt: skip
     checkpoint = CheckpointHook(
         run.checkpoint_path, config.train.checkpoint_interval, config.train.total_steps,
         partial(cbop_checkpoint_payload, run, actor),
@@ -680,7 +694,7 @@ def cbop_stage(
         run, loss=loss, optimizer=optimizer, stepper=GuardedOptimizationStepper(checkpoint),
         checkpoint=checkpoint, buffer=buffer, generator=generator, actor=actor,
         eval_env=eval_env, target_update=SoftUpdate(loss, tau=config.agent.tau),
-        extra_hooks=(QValueStats(loss, run.logger, config.train.log_interval),),
+        extra_hooks=(QValueStats(loss, run.logger, config.train.log_interval), *diagnostics),
     )  # fmt: skip
     start = training.start_step
     run.clock.start(
@@ -690,8 +704,12 @@ def cbop_stage(
         f"{config.estimator.psi}, batch {config.train.batch_size})"
         + (f", resuming at step {start}" if start else ""),
     )
+    if diagnostics and start == 0:
+        # The curves' reference point: the BC actor and the FQE critic, before any CBOP step.
+        training.evaluation.evaluate(0)
+        diagnostics[0].measure(0)
     training.train(config.train.total_steps)
-    return CBOPStage(loss, dynamics, training)
+    return CBOPStage(loss, dynamics, training, diagnostics[0] if diagnostics else None)
 
 
 def cbop_checkpoint_payload(run: OfflineRun, actor: Any, step: int) -> dict[str, Any]:
@@ -737,6 +755,7 @@ def write_cbop_results(
         "expected_horizon_start": training.metrics.first_window.get("cbop/expected_horizon"),
         "expected_horizon_end": training.metrics.last_window.get("cbop/expected_horizon"),
         "eval_history": training.evaluation.history,
+        **({"diagnostics_history": cbop.diagnostics.history} if cbop.diagnostics else {}),
         "stages": pretraining,
         "settings": {
             "num_elites": cbop.dynamics.num_elites,

@@ -60,7 +60,7 @@ def run_supervised_stage(
     work_dir: Path,
     progress: bool = True,
     log_fn: LogFn | None = None,
-    after_step: Callable[[], None] | None = None,
+    after_step: Callable[[int], None] | None = None,
     log_interval: int = 1000,
 ) -> dict[str, float]:
     """``config.steps`` Adam steps on the sum of ``loss``'s ``loss_*`` entries.
@@ -109,9 +109,9 @@ def run_supervised_stage(
                 f"Check the dataset for extreme values or lower {name}.lr."
             )
         optimizer.step()
-        if after_step is not None:
-            after_step()
         done = step + 1
+        if after_step is not None:
+            after_step(done)
         if done % log_interval == 0 or done == config.steps:
             last = {key: float(value.detach()) for key, value in out.items() if value.ndim == 0}
             bar.set_postfix({key: f"{value:.3g}" for key, value in last.items()})
@@ -173,6 +173,28 @@ def load_or_train_bc(
     return state, False
 
 
+def fqe_target_update(loss: LossModule, config: FQEConfig) -> Callable[[int], None]:
+    """The FQE target ensemble's update, called after every gradient step with its number.
+
+    ``config.rounds=None``: a Polyak step of rate ``config.target_tau``.
+    ``config.rounds=n``: a hard copy every ``config.steps // n`` steps, so each
+    round regresses on the previous round's frozen ensemble (paper Algorithm 2).
+    """
+    if config.rounds is None:
+        soft_update = SoftUpdate(loss, tau=config.target_tau)
+        return lambda step: soft_update.step()
+    round_steps = config.steps // config.rounds
+    # tau = 1 is an exact copy; HardUpdate counts calls in a counter that a resumed run
+    # would not restore, the step number here comes from the stage's checkpoint.
+    hard_update = SoftUpdate(loss, tau=1.0)
+
+    def update(step: int) -> None:
+        if step % round_steps == 0:
+            hard_update.step()
+
+    return update
+
+
 def load_or_train_fqe(
     data: TensorDictBase,
     fingerprint: str,
@@ -221,11 +243,11 @@ def load_or_train_fqe(
         num_members, obs_dim, action_dim, tuple(hidden_sizes), device=data.device
     )
     loss = FittedQEvaluationLoss(qnets, gamma=gamma, bootstrap_weights=counts)
-    updater = SoftUpdate(loss, tau=config.target_tau)
     buffer, generator = _sampler(fqe_data, config.batch_size, seed + FQE_SEED_OFFSET)
     run_supervised_stage(
-        "fqe", loss, buffer, generator, config, work_dir, progress, log_fn, updater.step
-    )
+        "fqe", loss, buffer, generator, config, work_dir, progress, log_fn,
+        fqe_target_update(loss, config),
+    )  # fmt: skip
     state = {k: v.detach().cpu() for k, v in loss.state_dict().items()}
     atomic_torch_save({"qvalue": state}, result)
     (work_dir / "partial.pt").unlink(missing_ok=True)

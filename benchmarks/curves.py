@@ -1,0 +1,86 @@
+"""Print a run's learning curve with its diagnostics as a markdown table.
+
+    python benchmarks/curves.py RUN_DIR [RUN_DIR ...] [--keys eval/normalized_score diag/q_pi ...]
+
+Reads the CSV logger's files (``<run>/logs/<name>/scalars/<group>/<key>.csv``,
+rows ``step,value``) of runs trained with ``eval.diagnostics=true`` and prints
+one row per evaluation step. With several runs, each key is the mean over
+them (e.g. seeds), and ``--per-run`` prints each run's table instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+DEFAULT_KEYS = [
+    "eval/normalized_score",
+    "diag/q_pi",
+    "diag/q_data",
+    "diag/q_pi_minus_data",
+    "diag/q_std_pi",
+    "diag/q_start",
+    "diag/mc_start",
+    "diag/q_minus_mc_visited",
+    "diag/bc_logprob",
+    "diag/action_distance",
+    "diag/model_error_policy",
+    "diag/model_error_data",
+    "diag/horizon_gap_1",
+    "diag/lcb_penalty",
+    "train/alpha",
+]
+
+
+def read_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
+    """``{"group/key": {step: value}}`` from every CSV under ``run_dir/logs``."""
+    scalars: dict[str, dict[int, float]] = {}
+    for path in sorted(Path(run_dir, "logs").glob("*/scalars/**/*.csv")):
+        root = next(p for p in path.parents if p.name == "scalars")
+        key = path.relative_to(root).with_suffix("").as_posix()
+        with path.open() as handle:
+            rows = {int(float(r[0])): float(r[1]) for r in csv.reader(handle) if len(r) >= 2}
+        scalars[key] = rows
+    return scalars
+
+
+def nearest(values: dict[int, float], step: int) -> float | None:
+    """The value logged at ``step``, or at the last step before it (training metrics)."""
+    if step in values:
+        return values[step]
+    before = [s for s in values if s <= step]
+    return values[max(before)] if before else None
+
+
+def table(runs: list[dict[str, dict[int, float]]], keys: list[str]) -> str:
+    steps = sorted(set().union(*(r.get("eval/normalized_score", {}).keys() for r in runs)))
+    lines = ["| step | " + " | ".join(k.split("/", 1)[1] for k in keys) + " |"]
+    lines.append("|---" * (len(keys) + 1) + "|")
+    for step in steps:
+        cells = []
+        for key in keys:
+            values = [nearest(r.get(key, {}), step) for r in runs]
+            values = [v for v in values if v is not None]
+            cells.append(f"{sum(values) / len(values):.3g}" if values else "")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--keys", nargs="+", default=DEFAULT_KEYS)
+    parser.add_argument("--per-run", action="store_true")
+    args = parser.parse_args()
+    runs = [read_scalars(run) for run in args.runs]
+    if args.per_run:
+        for path, run in zip(args.runs, runs, strict=True):
+            print(f"\n{path}\n")
+            print(table([run], args.keys))
+    else:
+        print(table(runs, args.keys))
+
+
+if __name__ == "__main__":
+    main()

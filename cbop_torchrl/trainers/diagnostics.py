@@ -1,0 +1,280 @@
+"""Learning diagnostics: the measurements that explain a CBOP learning curve.
+
+:class:`LearningDiagnostics` runs at every evaluation step (opt-in,
+``eval.diagnostics=true``) and logs, under ``diag/``:
+
+- **Value against reality.** The deterministic policy is run in the real
+  environment from ``episodes`` resets; at every visited state the critic's
+  ``Q(s_t, pi(s_t))`` (mean over members) is compared with the discounted
+  Monte-Carlo return-to-go from ``s_t`` (``q_visited`` vs ``mc_visited``,
+  and the same at the start states, ``q_start`` vs ``mc_start``). Only
+  states whose return-to-go is complete enter (the episode terminated, or
+  ``s_t`` is at least :data:`MC_TAIL` steps before the time limit).
+- **How far the policy moved.** On a fixed batch of dataset states:
+  ``Q(s, a_data)`` against ``Q(s, pi(s))`` (``q_data``, ``q_pi``, and the
+  member std at each, ``q_std_data``, ``q_std_pi``), the behaviour-cloning
+  log-likelihood of the dataset actions ``log pi(a_data|s)`` (``bc_logprob``)
+  and the distance ``||pi(s) - a_data||`` (``action_distance``).
+- **Model error where the policy goes.** The elites' mean one-step
+  prediction of ``[s' - s, r]`` against the real transition, as a mean
+  squared error in units of the model's target std, on the real policy
+  transitions (``model_error_policy``) and on dataset transitions
+  (``model_error_data``), with the elites' disagreement on each
+  (``model_disagreement_*``).
+- **The LCB per horizon.** On the same dataset batch: ``mu_h - mu_0``
+  (``horizon_gap_h``), ``sigma_h`` (``horizon_std_h``), the posterior weight
+  ``w_h`` and the penalty ``psi * sigma`` actually subtracted (``lcb_penalty``).
+
+The history is checkpointed with the trainer (so a resumed run keeps it)
+and goes into ``results.json`` as ``diagnostics_history``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.record.loggers import Logger
+from torchrl.trainers import Trainer, TrainerHookBase
+
+from cbop_torchrl.objectives.posterior import gaussian_posterior
+from cbop_torchrl.objectives.pretrain import ensemble_q
+from cbop_torchrl.trainers.logging import log_scalars
+
+MC_TAIL = 300
+"""Steps of return-to-go required before a time limit (0.99^300 < 5% of the tail is lost)."""
+
+
+class LearningDiagnostics(TrainerHookBase):
+    """Measures value error, policy drift, model error and the LCB at evaluation steps.
+
+    Args:
+        loss: the CBOP loss (its actor, online Q-ensemble and value estimator).
+        data: the dataset TensorDict (``observation``, ``action``, ``("next", ...)``).
+        gym_id: the gymnasium id of the real environment.
+        gamma: discount of the Monte-Carlo returns.
+        interval: gradient steps between measurements (the evaluation interval).
+        total_steps: the run's last step (measured by the pipeline itself).
+        logger: a TorchRL logger or ``None``.
+        num_states: size of the fixed dataset batch.
+        episodes: real episodes per measurement.
+        max_steps: episode cap.
+        seed: seeds the dataset batch and the environments.
+    """
+
+    def __init__(
+        self,
+        loss: Any,
+        data: TensorDictBase,
+        gym_id: str,
+        gamma: float,
+        interval: int,
+        total_steps: int,
+        logger: Logger | None,
+        num_states: int = 1024,
+        episodes: int = 5,
+        max_steps: int = 1000,
+        seed: int = 0,
+    ) -> None:
+        self.loss, self.gym_id, self.gamma, self.logger = loss, gym_id, float(gamma), logger
+        self.interval, self.total_steps = int(interval), int(total_steps)
+        self.episodes, self.max_steps, self.seed = int(episodes), int(max_steps), int(seed)
+        generator = torch.Generator().manual_seed(seed + 7)
+        rows = torch.randperm(data.shape[0], generator=generator)[:num_states]
+        self.batch = data[rows.to(data.device)].clone()
+        self.history: list[dict[str, float]] = []
+        self.trainer: Trainer | None = None
+
+    # ------------------------------------------------------------------ hook API
+    def __call__(self) -> None:
+        step = self.trainer.collected_frames
+        if self.interval and step % self.interval == 0 and step < self.total_steps:
+            self.measure(step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [dict(record) for record in self.history]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = [dict(record) for record in state_dict.get("history", [])]
+
+    def register(self, trainer: Trainer, name: str = "diagnostics") -> None:
+        self.trainer = trainer
+        trainer.register_op("post_steps", self)
+        trainer.register_module(name, self)
+
+    # ------------------------------------------------------------- measurements
+    @torch.no_grad()
+    def measure(self, step: int) -> dict[str, float]:
+        """All measurements at ``step``; logged under ``diag/`` and kept in ``history``."""
+        devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.seed + step)
+            record = {"step": step}
+            record.update(self._policy_drift())
+            transitions = self._real_episodes()
+            record.update(self._value_error(transitions))
+            record.update(self._model_error(transitions))
+            record.update(self._horizons())
+        self.history.append(record)
+        log_scalars(self.logger, {f"diag/{k}": v for k, v in record.items() if k != "step"}, step)
+        return record
+
+    def _actor_call(self, obs: torch.Tensor, deterministic: bool = True) -> TensorDictBase:
+        actor = self.loss.actor_network
+        mode = ExplorationType.DETERMINISTIC if deterministic else ExplorationType.RANDOM
+        with self.loss.actor_network_params.to_module(actor), set_exploration_type(mode):
+            return actor(TensorDict({"observation": obs}, batch_size=obs.shape[:1]))
+
+    def _q(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Online Q-ensemble ``[N, O], [N, A] -> [M, N]``."""
+        td = TensorDict({"observation": obs, "action": action}, batch_size=obs.shape[:1])
+        q = ensemble_q(self.loss.qvalue_network, self.loss.qvalue_network_params, td)
+        return q.squeeze(-1)
+
+    def _policy_drift(self) -> dict[str, float]:
+        obs, data_action = self.batch.get("observation"), self.batch.get("action")
+        policy_action = self._actor_call(obs).get("action")
+        q_data, q_pi = self._q(obs, data_action), self._q(obs, policy_action)
+        actor = self.loss.actor_network
+        with self.loss.actor_network_params.to_module(actor):
+            dist = actor.get_dist(TensorDict({"observation": obs}, batch_size=obs.shape[:1]))
+            # log pi is infinite at the box's edges; the data's actions may sit on them.
+            inside = data_action.clamp(-1 + 1e-4, 1 - 1e-4)
+            log_prob = dist.log_prob(inside)
+        return {
+            "q_data": float(q_data.mean()),
+            "q_pi": float(q_pi.mean()),
+            "q_pi_minus_data": float((q_pi - q_data).mean()),
+            "q_std_data": float(q_data.std(0, unbiased=False).mean()),
+            "q_std_pi": float(q_pi.std(0, unbiased=False).mean()),
+            "bc_logprob": float(log_prob.mean()),
+            "action_distance": float((policy_action - data_action).norm(dim=-1).mean()),
+        }
+
+    def _real_episodes(self) -> dict[str, torch.Tensor]:
+        """Deterministic episodes in the real env: transitions and their return-to-go."""
+        obs_list, action_list, next_obs_list, reward_list, togo_list, start_list = (
+            [], [], [], [], [], []
+        )  # fmt: skip
+        complete_list = []
+        device = self.batch.device
+        for episode in range(self.episodes):
+            env = gymnasium.make(self.gym_id)
+            observation, _ = env.reset(seed=self.seed + 1000 + episode)
+            obs, actions, next_obs, rewards = [], [], [], []
+            terminated = False
+            for _ in range(self.max_steps):
+                obs_t = torch.as_tensor(observation, dtype=torch.float32, device=device)
+                action = self._actor_call(obs_t.unsqueeze(0)).get("action")[0]
+                observation, reward, terminated, truncated, _ = env.step(
+                    action.cpu().double().numpy()
+                )
+                obs.append(obs_t)
+                actions.append(action)
+                next_obs.append(torch.as_tensor(observation, dtype=torch.float32, device=device))
+                rewards.append(float(reward))
+                if terminated or truncated:
+                    break
+            env.close()
+            length = len(rewards)
+            togo = np.zeros(length)
+            running = 0.0
+            for t in reversed(range(length)):
+                running = rewards[t] + self.gamma * running
+                togo[t] = running
+            complete = np.ones(length, dtype=bool)
+            if not terminated:
+                complete[max(0, length - MC_TAIL) :] = False
+            obs_list += obs
+            action_list += actions
+            next_obs_list += next_obs
+            reward_list += rewards
+            togo_list.append(torch.as_tensor(togo, dtype=torch.float32))
+            complete_list.append(torch.as_tensor(complete))
+            start = torch.zeros(length, dtype=torch.bool)
+            start[0] = True
+            start_list.append(start)
+        return {
+            "obs": torch.stack(obs_list),
+            "action": torch.stack(action_list),
+            "next_obs": torch.stack(next_obs_list),
+            "reward": torch.tensor(reward_list, dtype=torch.float32, device=device),
+            "togo": torch.cat(togo_list).to(device),
+            "complete": torch.cat(complete_list).to(device),
+            "start": torch.cat(start_list).to(device),
+        }
+
+    def _value_error(self, transitions: dict[str, torch.Tensor]) -> dict[str, float]:
+        q = self._q(transitions["obs"], transitions["action"]).mean(0)
+        complete, start = transitions["complete"], transitions["start"]
+        togo = transitions["togo"]
+        lengths = start.nonzero().squeeze(-1).tolist() + [start.numel()]
+        bounds = zip(lengths[:-1], lengths[1:], strict=True)
+        returns = [float(transitions["reward"][a:b].sum()) for a, b in bounds]
+        return {
+            "episode_return": float(np.mean(returns)),
+            "episode_length": float(np.mean(np.diff(lengths))),
+            "q_start": float(q[start].mean()),
+            "mc_start": float(togo[start].mean()),
+            "q_visited": float(q[complete].mean()) if complete.any() else float("nan"),
+            "mc_visited": float(togo[complete].mean()) if complete.any() else float("nan"),
+            "q_minus_mc_visited": float((q - togo)[complete].mean())
+            if complete.any()
+            else float("nan"),
+        }
+
+    def _one_step_error(
+        self, obs: torch.Tensor, action: torch.Tensor, next_obs: torch.Tensor, reward: torch.Tensor
+    ) -> tuple[float, float, float]:
+        """Elites' mean-prediction error (standardized MSE, reward part) and disagreement."""
+        dynamics = self.loss.value_estimator.dynamics
+        ensemble = dynamics.ensemble
+        mean, _ = ensemble.predict(obs, action, dynamics.elite_indices, per_member=False)
+        target = torch.cat([next_obs - obs, reward.reshape(-1, 1)], dim=-1)
+        scale = ensemble.target_std
+        error = ((mean.mean(0) - target) / scale).pow(2)
+        disagreement = (mean / scale).var(0, unbiased=False).mean()
+        return float(error.mean()), float(error[:, -1].mean()), float(disagreement)
+
+    def _model_error(self, transitions: dict[str, torch.Tensor]) -> dict[str, float]:
+        policy = self._one_step_error(
+            transitions["obs"],
+            transitions["action"],
+            transitions["next_obs"],
+            transitions["reward"],
+        )
+        batch = self.batch
+        data = self._one_step_error(
+            batch.get("observation"),
+            batch.get("action"),
+            batch.get(("next", "observation")),
+            batch.get(("next", "reward")),
+        )
+        return {
+            "model_error_policy": policy[0],
+            "model_reward_error_policy": policy[1],
+            "model_disagreement_policy": policy[2],
+            "model_error_data": data[0],
+            "model_reward_error_data": data[1],
+            "model_disagreement_data": data[2],
+        }
+
+    def _horizons(self) -> dict[str, float]:
+        estimator = self.loss.value_estimator
+        next_obs = self.batch.get(("next", "observation"))
+        returns, valid, _ = estimator.rollout_returns(next_obs)
+        post = gaussian_posterior(returns, valid, estimator.var_floor)
+        record: dict[str, float] = {
+            "posterior_std": float(post.var.sqrt().mean()),
+            "lcb_penalty": float(estimator.psi * post.var.sqrt().mean()),
+        }
+        mu_0 = post.mu_h[:, 0]
+        for h in range(returns.shape[1]):
+            record[f"horizon_gap_{h}"] = float((post.mu_h[:, h] - mu_0).mean())
+            record[f"horizon_std_{h}"] = float(post.var_h[:, h].sqrt().mean())
+            record[f"horizon_weight_{h}"] = float(post.weights[:, h].mean())
+        return record
