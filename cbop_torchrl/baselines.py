@@ -37,7 +37,7 @@ from torchrl.trainers import OptimizationStepper, Trainer
 
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo, make_replay_buffer
-from cbop_torchrl.envs.evaluate import make_eval_env
+from cbop_torchrl.envs import make_eval_env
 from cbop_torchrl.modules.actor_critic import (
     action_spec,
     make_actor,
@@ -45,12 +45,10 @@ from cbop_torchrl.modules.actor_critic import (
     make_qvalue_ensemble,
 )
 from cbop_torchrl.objectives.pretrain import ACTION_EPS, BehaviourCloningLoss
-from cbop_torchrl.registry import EnvFamily
 from cbop_torchrl.trainers.checkpoint import (
     POLICY_NAME,
     CheckpointHook,
     NonFiniteLossError,
-    policy_metadata,
     save_policy,
     training_config_hash,
 )
@@ -163,10 +161,10 @@ def _params(module_params: TensorDictBase) -> list[nn.Parameter]:
 
 
 def build_baseline(
-    algo: AlgoConfig, config: RunConfig, family: EnvFamily, device: torch.device
+    algo: AlgoConfig, config: RunConfig, info: DatasetInfo, device: torch.device
 ) -> BaselineParts:
-    """The loss, actor and optimizer groups of ``algo`` for ``family``'s dimensions."""
-    obs, act = family.obs_dim, family.action_dim
+    """The loss, actor and optimizer groups of ``algo`` for the dataset's sizes."""
+    obs, act = info.obs_dim, info.action_dim
     hidden = tuple(config.agent.hidden_sizes)
     agent = config.agent
     spec = action_spec(act, device)
@@ -344,14 +342,14 @@ def run_baseline(
     total_steps = config.train.total_steps
 
     seed_everything(config.seed + BASELINE_SEED_OFFSET)
-    parts = build_baseline(algo, config, info.family, run.device)
+    parts = build_baseline(algo, config, info, run.device)
     optimizer = torch.optim.Adam([{"params": p, "lr": lr} for _, p, lr, _ in parts.groups])
     buffer = make_replay_buffer(
         _dataset_for(algo.name, data.to(run.device)), config.train.batch_size, device=run.device
     )
     generator = torch.Generator(device=run.device).manual_seed(config.seed + BASELINE_SEED_OFFSET)
     buffer.set_rng(generator)
-    eval_env = make_eval_env(info.family, config.eval.episodes, config.eval.backend)
+    eval_env = make_eval_env(run.task, config.eval.episodes, config.eval.backend)
     checkpoint = CheckpointHook(
         run.checkpoint_path, config.train.checkpoint_interval, total_steps,
         partial(_checkpoint_payload, run, algo, parts),
@@ -378,6 +376,7 @@ def run_baseline(
         "algo": algo.name,
         **common_results(
             info,
+            run.task,
             config,
             final,
             total_steps=total_steps,
@@ -401,7 +400,7 @@ def run_baseline(
 def _policy_metadata(
     run: OfflineRun, algo: AlgoConfig, parts: BaselineParts, step: int
 ) -> dict[str, Any]:
-    meta = policy_metadata(run.info.family, run.hidden_sizes, run.info.name, step)
+    meta = run.policy_metadata(step)
     return {**meta, "algo": algo.name, "actor_kind": parts.actor_kind}
 
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cbop_torchrl.registry import D4RL_KINDS, EnvFamily, parse_d4rl_id
+from cbop_torchrl.envs.task import TaskConfig
+from cbop_torchrl.registry import D4RL_KINDS, Task, parse_d4rl_id
 from cbop_torchrl.trainers.dynamics import DynamicsConfig
 
 PAPER_PSI: dict[str, dict[str, float]] = {
@@ -197,6 +198,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
 
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
@@ -212,7 +214,14 @@ class RunConfig:
         """
         values = self.to_dict()
         for key in (
-            "device", "threads", "compile", "resume", "progress", "eval", "logger", "preset"
+            "device",
+            "threads",
+            "compile",
+            "resume",
+            "progress",
+            "eval",
+            "logger",
+            "preset",
         ):
             values.pop(key)
         values["train"].pop("log_interval")
@@ -228,6 +237,7 @@ _SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "eval": EvalConfig,
     "logger": LoggerConfig,
+    "task": TaskConfig,
 }
 
 
@@ -243,12 +253,12 @@ def infer_dataset_kind(name: str) -> str | None:
     return None
 
 
-def paper_settings(family: EnvFamily | str, kind: str | None) -> dict[str, Any]:
+def paper_settings(family: Task | str | None, kind: str | None) -> dict[str, Any]:
     """The paper's settings for one dataset, as dotted keys (``"estimator.psi"``: 2.0).
 
     ``estimator.psi`` is present only when ``kind`` is one of the D4RL kinds.
     """
-    family_name = family if isinstance(family, str) else family.name
+    family_name = family.name if isinstance(family, Task) else family
     settings = dict(PAPER_SHARED)
     settings["agent.num_qvalue_nets"] = PAPER_QVALUE_NETS.get(
         family_name, PAPER_DEFAULT_QVALUE_NETS
@@ -301,8 +311,9 @@ def _unknown_keys(values: Mapping[str, Any], known: type, where: str) -> list[st
     ]
 
 
-DatasetLookup = Callable[[str], tuple[EnvFamily, str]]
-"""Maps ``env`` to its family and clean dataset name; raises when the dataset is missing."""
+DatasetLookup = Callable[[str], tuple[Task | str | None, str]]
+"""Maps ``env`` to its known family (None for other tasks) and clean dataset name; raises
+when the dataset is missing."""
 
 
 def load_config(
@@ -345,10 +356,12 @@ def load_config(
                 values[section][key] = table[dotted]
                 filled.append(dotted)
             else:
+                family_name = getattr(family, "name", family) or "not a known one"
                 problems.append(
                     f"estimator.psi is null, which means 'the paper's psi for this dataset', "
-                    f"but the paper has no psi for {dataset_name!r} (family {family.name}, kind "
-                    f"{kind or 'unknown'}); pass estimator.psi=<value>, e.g. estimator.psi=2.0"
+                    f"but the paper has no psi for {dataset_name!r} (family {family_name}, "
+                    f"kind {kind or 'unknown'}); pass estimator.psi=<value>, e.g. "
+                    "estimator.psi=2.0"
                 )
 
     sections = {}

@@ -1,17 +1,24 @@
-"""Environment registry: everything the project knows about an environment family.
+"""What cannot come from the data: known tasks' gymnasium ids, D4RL's score constants, terminations.
 
-One :class:`EnvFamily` entry per family holds the gymnasium id used for
-evaluation, the observation/action sizes, D4RL's normalized-score constants
-and the termination function used in model rollouts. Adding a family means
-calling :func:`register_family` once; nothing else in the package names
-environments.
+Everything else about an environment is read where it lives: observation and
+action sizes from the dataset's tensors, action bounds from the gymnasium
+environment's TorchRL specs (:mod:`cbop_torchrl.envs.gym`). A dataset of a
+task listed here (D4RL's MuJoCo locomotion families) needs no settings; any
+other gymnasium task is described on the command line with ``task.gym_id``,
+``task.termination`` and optionally ``task.ref_min_score``/``task.ref_max_score``
+(:func:`cbop_torchrl.envs.task.resolve_task`).
+
+The termination functions are the healthy-state rules of the gymnasium
+environments (MBPO/MOPO-style "static" functions), applied to predicted next
+observations in model rollouts.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -20,12 +27,15 @@ TerminationFn = Callable[[torch.Tensor], torch.Tensor]
 
 D4RL_KINDS = ("random", "medium", "medium-replay", "medium-expert", "expert", "full-replay")
 
+NO_TERMINATION = "none"
+"""``task.termination=none``: model rollouts never terminate (a warning says so)."""
+
 
 def hopper_termination(next_obs: torch.Tensor) -> torch.Tensor:
     """Hopper falls when its height, torso angle or any state leaves the healthy range.
 
     Args:
-        next_obs: ``[..., 11]`` observations in D4RL layout.
+        next_obs: ``[..., 11]`` observations (height, angle, 3 joint angles, 6 velocities).
 
     Returns:
         ``[...]`` bool, True where the episode terminates.
@@ -44,7 +54,7 @@ def walker2d_termination(next_obs: torch.Tensor) -> torch.Tensor:
     """Walker2d falls when its height leaves (0.8, 2.0) or its angle leaves (-1, 1).
 
     Args:
-        next_obs: ``[..., 17]`` observations in D4RL layout.
+        next_obs: ``[..., 17]`` observations (height, angle, joint angles, velocities).
 
     Returns:
         ``[...]`` bool, True where the episode terminates.
@@ -54,67 +64,158 @@ def walker2d_termination(next_obs: torch.Tensor) -> torch.Tensor:
     return ~alive
 
 
+def ant_termination(next_obs: torch.Tensor) -> torch.Tensor:
+    """Ant is unhealthy when its torso height leaves [0.2, 1.0] or a state is not finite.
+
+    Args:
+        next_obs: ``[..., 27]`` or ``[..., 111]`` observations (torso height first;
+            D4RL's layout appends 84 contact forces).
+
+    Returns:
+        ``[...]`` bool, True where the episode terminates.
+    """
+    height = next_obs[..., 0]
+    alive = torch.isfinite(next_obs).all(-1) & (height >= 0.2) & (height <= 1.0)
+    return ~alive
+
+
 def never_terminates(next_obs: torch.Tensor) -> torch.Tensor:
-    """For families such as halfcheetah whose episodes only end by timeout."""
+    """For tasks such as halfcheetah whose episodes only end by timeout."""
     return torch.zeros(next_obs.shape[:-1], dtype=torch.bool, device=next_obs.device)
 
 
+_TERMINATIONS: dict[str, TerminationFn] = {NO_TERMINATION: never_terminates}
+
+
+def register_termination(name: str, fn: TerminationFn) -> TerminationFn:
+    """Makes ``fn`` usable as ``task.termination=<name>``; registering a name twice is an error."""
+    if name in _TERMINATIONS:
+        raise ValueError(f"termination function {name!r} is already registered")
+    _TERMINATIONS[name] = fn
+    return fn
+
+
+def termination_names() -> list[str]:
+    """The names ``task.termination`` accepts (``none`` included)."""
+    return sorted(_TERMINATIONS)
+
+
+def get_termination(name: str) -> TerminationFn:
+    """The termination function registered as ``name``, with a helpful error otherwise."""
+    try:
+        return _TERMINATIONS[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown termination function {name!r}; registered: {termination_names()} "
+            "(`none`: model rollouts never terminate). Register another with "
+            "cbop_torchrl.registry.register_termination(name, fn)."
+        ) from None
+
+
 @dataclass(frozen=True)
-class EnvFamily:
-    """What the project needs to know about one environment family."""
+class Task:
+    """The environment a dataset was recorded on, as far as training and evaluation need it.
+
+    Attributes:
+        name: the family name of a known task (``hopper``), else the gymnasium id.
+        gym_id: gymnasium id evaluation runs on (``Hopper-v4``).
+        gym_kwargs: keyword arguments of ``gymnasium.make`` (``use_contact_forces``).
+        ref_min_score, ref_max_score: returns that normalize to 0 and 100 (D4RL's
+            random and expert scores), or None: then no normalized score exists.
+        termination: name of a registered termination function, or ``none``.
+    """
 
     name: str
     gym_id: str
-    obs_dim: int
-    action_dim: int
-    ref_min_score: float
-    ref_max_score: float
-    termination_fn: TerminationFn
-    max_episode_steps: int = 1000
+    gym_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    ref_min_score: float | None = None
+    ref_max_score: float | None = None
+    termination: str = NO_TERMINATION
 
-    def normalized_score(self, episode_return: float) -> float:
-        """D4RL's normalized score: 0 for a random policy, 100 for an expert."""
+    def __post_init__(self) -> None:
+        refs = (self.ref_min_score, self.ref_max_score)
+        if (refs[0] is None) != (refs[1] is None):
+            raise ValueError(
+                f"task {self.name!r} needs both ref_min_score and ref_max_score or neither; "
+                f"got {refs[0]!r} and {refs[1]!r}"
+            )
+        if refs[0] is not None and not (math.isfinite(refs[1] - refs[0]) and refs[1] != refs[0]):
+            raise ValueError(
+                f"task {self.name!r}: ref_min_score={refs[0]!r} and ref_max_score={refs[1]!r} "
+                "must be finite and differ"
+            )
+        object.__setattr__(self, "gym_kwargs", dict(self.gym_kwargs))
+
+    @property
+    def has_reference_scores(self) -> bool:
+        return self.ref_min_score is not None
+
+    def normalized_score(self, episode_return: float) -> float | None:
+        """D4RL's normalized score (0 random, 100 expert); None without reference scores."""
+        if not self.has_reference_scores:
+            return None
         span = self.ref_max_score - self.ref_min_score
         return 100.0 * (episode_return - self.ref_min_score) / span
 
+    @property
+    def termination_fn(self) -> TerminationFn:
+        return get_termination(self.termination)
 
-_FAMILIES: dict[str, EnvFamily] = {}
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for checkpoints and ``results.json`` (inverse: ``Task(**d)``)."""
+        return {
+            "name": self.name,
+            "gym_id": self.gym_id,
+            "gym_kwargs": dict(self.gym_kwargs),
+            "ref_min_score": self.ref_min_score,
+            "ref_max_score": self.ref_max_score,
+            "termination": self.termination,
+        }
 
 
-def register_family(family: EnvFamily) -> EnvFamily:
-    """Adds ``family`` to the registry; registering a name twice is an error."""
-    if family.name in _FAMILIES:
-        raise ValueError(f"environment family {family.name!r} is already registered")
-    if not math.isfinite(family.ref_max_score - family.ref_min_score):
-        raise ValueError(f"family {family.name!r} needs finite score constants")
-    _FAMILIES[family.name] = family
-    return family
+_FAMILIES: dict[str, Task] = {}
 
 
-def families() -> dict[str, EnvFamily]:
-    """All registered families by name."""
+def register_family(task: Task) -> Task:
+    """Adds a known task, found by its ``name`` in dataset names (``ant-medium-v2``)."""
+    if task.name in _FAMILIES:
+        raise ValueError(f"task family {task.name!r} is already registered")
+    get_termination(task.termination)
+    _FAMILIES[task.name] = task
+    return task
+
+
+def families() -> dict[str, Task]:
+    """All known task families by name."""
     return dict(_FAMILIES)
 
 
-def get_family(name: str) -> EnvFamily:
-    """The family called ``name`` (``"hopper"``), with a helpful error otherwise."""
+def get_family(name: str) -> Task:
+    """The known task called ``name`` (``"hopper"``), with a helpful error otherwise."""
     try:
         return _FAMILIES[name]
     except KeyError:
         raise KeyError(
-            f"unknown environment family {name!r}; registered families are "
-            f"{sorted(_FAMILIES)}. Register a new one with "
-            "cbop_torchrl.registry.register_family(EnvFamily(...)), giving its "
-            "termination function (or never_terminates) explicitly."
+            f"unknown task family {name!r}; known families are {sorted(_FAMILIES)}. For "
+            "another gymnasium task pass task.gym_id=<id> and task.termination=<name or none> "
+            "on the command line (see the README's dataset section)."
         ) from None
 
 
+def family_of_gym_id(gym_id: str) -> Task | None:
+    """The known family evaluated on exactly ``gym_id`` (``Hopper-v4``), or None."""
+    for task in _FAMILIES.values():
+        if task.gym_id == gym_id:
+            return task
+    return None
+
+
 def d4rl_ids() -> list[str]:
-    """The D4RL MuJoCo v2 dataset ids of every registered family."""
+    """The D4RL MuJoCo v2 dataset ids of every known family."""
     return [f"{name}-{kind}-v2" for name in _FAMILIES for kind in D4RL_KINDS]
 
 
-def parse_d4rl_id(dataset_id: str) -> tuple[EnvFamily, str] | None:
+def parse_d4rl_id(dataset_id: str) -> tuple[Task, str] | None:
     """Splits ``"hopper-medium-replay-v2"`` into its family and kind, or returns None."""
     if not dataset_id.endswith("-v2"):
         return None
@@ -124,21 +225,18 @@ def parse_d4rl_id(dataset_id: str) -> tuple[EnvFamily, str] | None:
     return None
 
 
-def family_from_gym_id(gym_id: str) -> EnvFamily:
-    """The family evaluated on ``gym_id`` (``"Hopper-v4"``)."""
-    for family in _FAMILIES.values():
-        if family.gym_id == gym_id:
-            return family
-    raise KeyError(
-        f"no registered family is evaluated on {gym_id!r}; known: "
-        f"{sorted(f.gym_id for f in _FAMILIES.values())}"
-    )
-
-
-register_family(EnvFamily("hopper", "Hopper-v4", 11, 3, -20.272305, 3234.3, hopper_termination))
-register_family(
-    EnvFamily("walker2d", "Walker2d-v4", 17, 6, 1.629008, 4592.3, walker2d_termination)
-)
-register_family(
-    EnvFamily("halfcheetah", "HalfCheetah-v4", 17, 6, -280.178953, 12135.0, never_terminates)
-)
+# D4RL's MuJoCo locomotion families. Score constants: D4RL's REF_MIN_SCORE (random
+# policy) and REF_MAX_SCORE (expert policy). D4RL's ant data has 111-dim observations:
+# the 27 positions and velocities, then 84 contact forces, which gymnasium's Ant-v4
+# appends with use_contact_forces=True (Ant-v4's own default is 27).
+for _name, _termination in (
+    ("hopper", hopper_termination),
+    ("walker2d", walker2d_termination),
+    ("halfcheetah", never_terminates),
+    ("ant", ant_termination),
+):
+    register_termination(_name, _termination)
+register_family(Task("hopper", "Hopper-v4", {}, -20.272305, 3234.3, "hopper"))
+register_family(Task("walker2d", "Walker2d-v4", {}, 1.629008, 4592.3, "walker2d"))
+register_family(Task("halfcheetah", "HalfCheetah-v4", {}, -280.178953, 12135.0, "halfcheetah"))
+register_family(Task("ant", "Ant-v4", {"use_contact_forces": True}, -325.6, 3879.7, "ant"))

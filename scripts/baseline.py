@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from cbop_torchrl.baselines import AlgoConfig, BaselineConfigError, run_baseline
 from cbop_torchrl.config import ConfigError, load_config, run_name
 from cbop_torchrl.data import DatasetError, load_dataset_with_info
-from cbop_torchrl.envs.evaluate import filter_env_warnings
+from cbop_torchrl.envs import describe_score, filter_env_warnings
 from cbop_torchrl.trainers.checkpoint import CheckpointError, NonFiniteLossError
 
 OmegaConf.register_new_resolver("cbop_run_name", run_name, replace=True)
@@ -60,8 +60,7 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     print(
         f"[baseline] {results['algo']} on {results['dataset']} (seed {results['seed']}): "
-        f"normalized score {results['normalized_score_mean']:.1f} +- "
-        f"{results['normalized_score_std']:.1f} after {results['gradient_steps']} gradient "
+        f"{describe_score(results)} after {results['gradient_steps']} gradient "
         f"steps; {results['wall_time_s']:.0f} s\n[baseline] results: {run_dir / 'results.json'}"
     )
 

@@ -55,6 +55,7 @@ import yaml  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from torchrl.objectives import SACLoss  # noqa: E402
 
+from cbop_torchrl.envs import read_env_specs  # noqa: E402
 from cbop_torchrl.modules.actor_critic import (  # noqa: E402
     action_spec,
     make_actor,
@@ -170,11 +171,17 @@ def flop_counts(size: Size, obs_dim: int, act_dim: int) -> dict[str, int]:
 
 
 # --------------------------------------------------------------------------- models
+def env_sizes(family: str) -> tuple[int, int]:
+    """Observation and action sizes of a known family's environment (from its TorchRL specs)."""
+    specs = read_env_specs(get_family(family))
+    return specs.observation_shape[-1], specs.action_shape[-1]
+
+
 def build_models(size: Size, device: torch.device, seed: int = 0):
     """Actor, M Q-networks, a dynamics model (K elites) and a batch of transitions."""
     torch.manual_seed(seed)
     family = get_family(size.family)
-    obs_dim, act_dim = family.obs_dim, family.action_dim
+    obs_dim, act_dim = env_sizes(size.family)
     actor = make_actor(obs_dim, act_dim, size.hidden, device=device)
     qnets = make_qvalue_ensemble(size.members, obs_dim, act_dim, size.hidden, device=device)
     ensemble = GaussianEnsemble(obs_dim, act_dim, size.dyn_members, size.dyn_hidden).to(device)
@@ -197,7 +204,7 @@ def build_models(size: Size, device: torch.device, seed: int = 0):
         dim=-1,
     )
     ensemble.set_normalizer(inputs, targets)
-    dynamics = DynamicsModel(ensemble, family, elites=range(size.particles)).to(device)
+    dynamics = DynamicsModel(ensemble, family.termination, elites=range(size.particles)).to(device)
     with torch.no_grad():  # Q values of a realistic scale (~100 +- 10), which bf16 must resolve
         for qnet in qnets:
             out_layer = [m for m in qnet.module if isinstance(m, torch.nn.Linear)][-1]
@@ -341,7 +348,7 @@ def bench_size(
     size: Size, device: torch.device, rounds: int, matmul_n: int, compile_q: bool
 ) -> dict:
     """All timings of one size; the matmul peak is re-measured in the same interleaved rounds."""
-    family = get_family(size.family)
+    obs_dim, act_dim = env_sizes(size.family)
     actor, qnets, dynamics, batch = build_models(size, device)
     common = dict(gamma=0.99, horizon=size.horizon, psi=1.0, seed=0, compile=compile_q)
     est_fp32 = CBOPValueEstimator(
@@ -366,20 +373,18 @@ def bench_size(
             actor,
             qnets,
             dynamics,
-            action_spec=action_spec(family.action_dim, device),
+            action_spec=action_spec(act_dim, device),
             horizon=size.horizon,
             seed=0,
             compile=compile_q,
         ).to(device)
-        sac_actor = make_actor(family.obs_dim, family.action_dim, size.hidden, device=device)
-        sac_qnets = make_qvalue_ensemble(
-            size.members, family.obs_dim, family.action_dim, size.hidden, device=device
-        )
+        sac_actor = make_actor(obs_dim, act_dim, size.hidden, device=device)
+        sac_qnets = make_qvalue_ensemble(size.members, obs_dim, act_dim, size.hidden, device=device)
         sac_loss = SACLoss(
             sac_actor,
             sac_qnets,
             num_qvalue_nets=size.members,
-            action_spec=action_spec(family.action_dim, device),
+            action_spec=action_spec(act_dim, device),
         ).to(device)
     cbop_step = gradient_step(cbop_loss, torch.optim.Adam(cbop_loss.parameters(), lr=3e-4))
     sac_step = gradient_step(sac_loss, torch.optim.Adam(sac_loss.parameters(), lr=3e-4))
@@ -409,7 +414,7 @@ def bench_size(
         "fp32": matmul_flops / seconds.pop("matmul_fp32") / 1e9,
         "bf16": matmul_flops / seconds.pop("matmul_bf16") / 1e9,
     }
-    flops = flop_counts(size, family.obs_dim, family.action_dim)
+    flops = flop_counts(size, obs_dim, act_dim)
     flops_of = {
         "reference_target": flops["target"],
         "target_fp32": flops["target"],
@@ -444,8 +449,7 @@ def bench_dynamics_training(device: torch.device, size: Size, steps: int) -> dic
     # The trainer's inner loop (private helper): the same forward/NLL/backward/Adam step.
     from cbop_torchrl.trainers.dynamics import DynamicsConfig, _train_epoch
 
-    family = get_family(size.family)
-    obs_dim, act_dim = family.obs_dim, family.action_dim
+    obs_dim, act_dim = env_sizes(size.family)
     config = DynamicsConfig(
         num_members=size.dyn_members,
         num_elites=size.particles,
@@ -485,10 +489,10 @@ def bench_dynamics_training(device: torch.device, size: Size, steps: int) -> dic
 
 def bench_evaluation(num_envs: int, max_steps: int, hidden: tuple[int, ...]) -> dict:
     """Env steps/s of the vectorized evaluator vs one environment at a time."""
-    from cbop_torchrl.envs.evaluate import evaluate_policy, make_eval_env
+    from cbop_torchrl.envs import evaluate_policy, make_eval_env
 
     family = get_family("hopper")
-    actor = make_actor(family.obs_dim, family.action_dim, hidden)
+    actor = make_actor(*env_sizes("hopper"), hidden)
     env = make_eval_env(family, num_envs)
     start = time.perf_counter()
     result = evaluate_policy(actor, family, env, max_steps=max_steps)

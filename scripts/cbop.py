@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cbop_torchrl.config import ConfigError, default_preset_args, load_config, run_name
 from cbop_torchrl.data import DatasetError, load_dataset_with_info
-from cbop_torchrl.envs.evaluate import filter_env_warnings
+from cbop_torchrl.envs import describe_score, filter_env_warnings
 from cbop_torchrl.trainers.checkpoint import CheckpointError, NonFiniteLossError
 from cbop_torchrl.trainers.offline import run_pipeline
 
@@ -46,9 +46,7 @@ def format_summary(results: dict, run_dir: Path) -> str:
             f"{results['expected_horizon_end']:.2f}"
         )
     return (
-        f"[cbop] {results['dataset']} (seed {results['seed']}): normalized score "
-        f"{results['normalized_score_mean']:.1f} +- {results['normalized_score_std']:.1f} "
-        f"(return {results['return_mean']:.1f}, {results['episodes']} episodes) after "
+        f"[cbop] {results['dataset']} (seed {results['seed']}): {describe_score(results)} after "
         f"{results['gradient_steps']} gradient steps{horizon}; "
         f"{results['wall_time_s']:.0f} s\n[cbop] results: {run_dir / 'results.json'}"
     )

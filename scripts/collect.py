@@ -21,7 +21,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from cbop_torchrl.data.collect_env import filter_env_warnings
 from cbop_torchrl.data.collect_sac import SACConfig
 from cbop_torchrl.data.generate import GenerationRequest, generate_datasets
-from cbop_torchrl.registry import D4RL_KINDS, get_family
+from cbop_torchrl.envs.task import TaskError, collection_task
+from cbop_torchrl.registry import D4RL_KINDS
 from cbop_torchrl.utils import cache_dir
 
 
@@ -37,7 +38,7 @@ def build_request(cfg: DictConfig, command: str) -> GenerationRequest:
     sac = OmegaConf.to_container(cfg.sac)
     sac["hidden_sizes"] = tuple(sac["hidden_sizes"])
     return GenerationRequest(
-        family=get_family(cfg.env),
+        family=collection_task(str(cfg.env), OmegaConf.to_container(cfg.task, resolve=True)),
         kinds=parse_kinds(cfg.kind),
         seed=int(cfg.seed),
         sac=SACConfig(**sac),
@@ -63,7 +64,7 @@ def main(cfg: DictConfig) -> None:
     try:
         request = build_request(cfg, command)
         paths = generate_datasets(request)
-    except (ValueError, KeyError) as error:
+    except (TaskError, ValueError, KeyError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"collect.py: {message}", file=sys.stderr)
         sys.exit(2)

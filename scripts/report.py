@@ -31,7 +31,7 @@ from pathlib import Path
 
 from cbop_torchrl.config import ConfigError
 from cbop_torchrl.data import DatasetError
-from cbop_torchrl.envs.evaluate import filter_env_warnings
+from cbop_torchrl.envs import filter_env_warnings
 from cbop_torchrl.evaluation.report import ReportError, load_summaries, write_report
 from cbop_torchrl.trainers.checkpoint import CheckpointError
 

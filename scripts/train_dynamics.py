@@ -30,6 +30,7 @@ def train(cfg: DictConfig) -> dict:
     import torch
 
     from cbop_torchrl.data import load_dataset_with_info
+    from cbop_torchrl.envs import check_data_fits_env, read_env_specs, resolve_task
     from cbop_torchrl.modules.dynamics import save_dynamics
     from cbop_torchrl.trainers.dynamics import DynamicsConfig, load_or_train_dynamics
     from cbop_torchrl.utils import atomic_json_dump, resolve_device
@@ -38,7 +39,9 @@ def train(cfg: DictConfig) -> dict:
         torch.set_num_threads(int(cfg.threads))
     config = DynamicsConfig.from_dict(OmegaConf.to_container(cfg.dynamics, resolve=True))
     device = resolve_device(cfg.device)
-    dataset, info = load_dataset_with_info(str(cfg.env), cfg.family)
+    dataset, info = load_dataset_with_info(str(cfg.env))
+    task = resolve_task(OmegaConf.to_container(cfg.task, resolve=True), info)
+    check_data_fits_env(info, read_env_specs(task), task)
     dataset = dataset.to(device)
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -50,8 +53,9 @@ def train(cfg: DictConfig) -> dict:
             handle.write(json.dumps(record) + "\n")
 
     model, metrics = load_or_train_dynamics(
-        dataset, info, config, progress=cfg.progress, log_fn=log_epoch, use_cache=cfg.use_cache
-    )
+        dataset, info, config, progress=cfg.progress, log_fn=log_epoch, use_cache=cfg.use_cache,
+        termination=task.termination,
+    )  # fmt: skip
     metrics.update(dataset=info.name, device=str(device))
     save_dynamics(model, output_dir / "dynamics.pt", metadata={"dataset": info.name})
     atomic_json_dump(metrics, output_dir / "dynamics_metrics.json")

@@ -13,7 +13,15 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from cbop_torchrl.registry import get_family
+SIZES = {
+    "hopper": (11, 3),
+    "walker2d": (17, 6),
+    "halfcheetah": (17, 6),
+    "ant": (111, 8),  # D4RL's layout: 27 positions/velocities + 84 contact forces
+    "swimmer": (8, 2),  # gymnasium's Swimmer-v4, a task the registry does not know
+}
+"""Observation and action sizes of the environments the test files imitate (the data's
+sizes are what the package reads; these only shape the synthetic arrays)."""
 
 
 def write_d4rl_hdf5(
@@ -33,7 +41,7 @@ def write_d4rl_hdf5(
 
     Args:
         path: file to write (parents are created).
-        family: registered family giving the default observation/action sizes.
+        family: a name in :data:`SIZES` giving the default observation/action sizes.
         episode_lengths: rows per episode, in file order.
         terminal_episodes: indices of episodes whose last row has ``terminals = 1``
             (its next observation is a fallen hopper/walker: height 0.3).
@@ -45,9 +53,8 @@ def write_d4rl_hdf5(
         drop_keys: top-level keys to leave out (to write a broken file).
         edit: arrays replacing the generated ones before writing (same key names).
     """
-    spec = get_family(family)
-    obs_dim = obs_dim or spec.obs_dim
-    action_dim = action_dim or spec.action_dim
+    obs_dim = obs_dim or SIZES[family][0]
+    action_dim = action_dim or SIZES[family][1]
     rng = np.random.default_rng(seed)
     columns: dict[str, list[np.ndarray]] = {
         key: []

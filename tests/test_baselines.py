@@ -20,9 +20,8 @@ from cbop_torchrl.baselines import (
     run_baseline,
 )
 from cbop_torchrl.config import RunConfig, load_config
-from cbop_torchrl.data import load_dataset_with_info
+from cbop_torchrl.data import DatasetInfo, load_dataset_with_info
 from cbop_torchrl.evaluation.analysis import analyze_baseline_run
-from cbop_torchrl.registry import get_family
 from cbop_torchrl.trainers.checkpoint import CheckpointError, load_checkpoint, load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,10 +76,10 @@ def test_every_algorithm_trains_and_writes_results(sweep: Path) -> None:
         assert config["algo"]["name"] == algo
         state = load_checkpoint(run / "checkpoint.pt")
         assert state["step"] == 40
-        actor, family, meta = load_policy(run / "policy.pt")
-        assert family.name == "hopper" and meta["algo"] == algo
-        action = actor(_obs_td(family.obs_dim)).get("action")
-        assert action.shape == (4, family.action_dim) and action.abs().max() <= 1.0
+        actor, task, meta = load_policy(run / "policy.pt")
+        assert task.name == "hopper" and meta["algo"] == algo
+        action = actor(_obs_td(meta["obs_dim"])).get("action")
+        assert action.shape == (4, meta["action_dim"]) and action.abs().max() <= 1.0
         assert list((run / "logs").rglob("eval/normalized_score.csv"))
 
 
@@ -149,7 +148,8 @@ def test_optimizer_groups_partition_the_trainable_parameters(algo: str) -> None:
     config.agent.hidden_sizes = [8]
     for name in ("actor_lr", "critic_lr", "alpha_lr"):
         setattr(config.agent, name, 1e-3)
-    parts = build_baseline(AlgoConfig(name=algo), config, get_family("hopper"), torch.device("cpu"))
+    sizes = DatasetInfo("hopper-x", "fp", 10, "hdf5", obs_dim=11, action_dim=3)
+    parts = build_baseline(AlgoConfig(name=algo), config, sizes, torch.device("cpu"))
     grouped = [id(p) for _, params, _, _ in parts.groups for p in params]
     assert len(grouped) == len(set(grouped))  # no parameter in two groups
     trainable = {id(p) for p in parts.loss.parameters() if p.requires_grad}

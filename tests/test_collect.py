@@ -220,13 +220,14 @@ def test_bad_requests_get_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="multiple of sac.frames_per_batch"):
         SACConfig(total_steps=1_234).validate()
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "collect.py"), "env=ant", "progress=false"],
+        [sys.executable, str(REPO / "scripts" / "collect.py"), "env=swimmer", "progress=false"],
         capture_output=True,
         text=True,
         env={"CBOP_TORCHRL_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 2
-    assert "unknown environment family 'ant'" in result.stderr
+    assert "env=swimmer is not a known family" in result.stderr
+    assert "task.gym_id=Swimmer-v4" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -50,6 +50,9 @@ def test_paper_table_covers_every_d4rl_id() -> None:
     for dataset_id in d4rl_ids():
         family, kind = parse_d4rl_id(dataset_id)
         settings = paper_settings(family, kind)
+        if family.name == "ant":  # D4RL's ant is not in the paper: psi must be given
+            assert "estimator.psi" not in settings
+            continue
         assert settings["estimator.psi"] == PAPER_PSI[family.name][kind]
         assert settings["agent.num_qvalue_nets"] == (50 if family.name == "hopper" else 20)
         assert settings["estimator.horizon"] == 10

@@ -13,6 +13,7 @@ from cbop_torchrl.data import (
     DatasetError,
     dataset_info,
     load_dataset,
+    load_dataset_with_info,
     make_replay_buffer,
 )
 
@@ -71,8 +72,8 @@ def test_second_load_reuses_the_cache_without_opening_the_file(tmp_path, monkeyp
     second = load_dataset(path)
     assert (first == second).all()
     assert dataset_info(path) == info
-    assert info.name == "data" and info.family.name == "hopper" and info.source_kind == "hdf5"
-    assert info.num_transitions == 15
+    assert info.name == "data" and info.family == "hopper" and info.source_kind == "hdf5"
+    assert info.num_transitions == 15 and (info.obs_dim, info.action_dim) == (11, 3)
 
 
 def test_fingerprint_follows_content_not_location(tmp_path):
@@ -94,22 +95,37 @@ def test_fingerprint_follows_content_not_location(tmp_path):
 )
 def test_family_from_metadata_name_or_argument(tmp_path, file_name, metadata, family, expected):
     path = write_d4rl_hdf5(tmp_path / file_name, family="walker2d", metadata=metadata)
-    assert dataset_info(path, family=family).family.name == expected
+    assert dataset_info(path, family=family).family == expected
 
 
-def test_family_from_unique_sizes_and_v5_env_ids(tmp_path):
-    hopper = write_d4rl_hdf5(tmp_path / "run.hdf5", family="hopper")
-    assert dataset_info(hopper).family.name == "hopper"
+def test_v5_env_ids_name_their_family_with_a_warning(tmp_path):
     v5 = write_d4rl_hdf5(tmp_path / "v5.hdf5", metadata={"env_id": "Hopper-v5"})
     with pytest.warns(UserWarning, match="evaluated on 'Hopper-v4'"):
-        assert dataset_info(v5).family.name == "hopper"
+        info = dataset_info(v5)
+    assert info.family == "hopper" and info.env_id == "Hopper-v5"
 
 
-def test_ambiguous_sizes_ask_for_family(tmp_path):
-    path = write_d4rl_hdf5(tmp_path / "run.hdf5", family="walker2d")
-    with pytest.raises(DatasetError, match="family=") as err:
-        load_dataset(path)
-    assert "17/6" in str(err.value) and "halfcheetah" in str(err.value)
+def test_sizes_come_from_the_data_and_never_decide_the_family(tmp_path):
+    """A file of no known family loads: its sizes are read, the task is named elsewhere."""
+    hopper_sized = write_d4rl_hdf5(tmp_path / "run.hdf5", family="hopper")
+    info = dataset_info(hopper_sized)
+    assert info.family is None and info.env_id is None
+    assert (info.obs_dim, info.action_dim) == (11, 3)
+    swimmer = write_d4rl_hdf5(
+        tmp_path / "my-robot.hdf5", family="swimmer", metadata={"env_id": "Swimmer-v4"}
+    )
+    data, info = load_dataset_with_info(swimmer)
+    assert info.family is None and info.env_id == "Swimmer-v4"
+    assert (
+        (info.obs_dim, info.action_dim)
+        == (8, 2)
+        == (
+            data["observation"].shape[-1],
+            data["action"].shape[-1],
+        )
+    )
+    with pytest.raises(DatasetError, match="not a known task family .*task.gym_id"):
+        dataset_info(swimmer, family="swimmer")
 
 
 @pytest.mark.parametrize(
@@ -120,8 +136,11 @@ def test_ambiguous_sizes_ask_for_family(tmp_path):
             {"edit": {"rewards": np.ones(14, np.float32)}},
             r"rewards has 14 rows .*first bad row: 14",
         ),
-        ({"obs_dim": 12, "metadata": {"family": "hopper"}}, r"observations has shape \[15, 12\]"),
-        ({"action_dim": 4, "metadata": {"family": "hopper"}}, r"actions has shape \[15, 4\]"),
+        (
+            {"edit": {"next_observations": np.zeros((15, 12), np.float32)}},
+            r"observations are \[N, 11\] but next_observations are \[N, 12\]",
+        ),
+        ({"edit": {"actions": np.zeros(15, np.float32)}}, r"actions has shape \[15\]"),
         ({"edit": {"terminals": np.full(15, 2)}}, r"terminals must hold booleans .* row 0"),
     ],
 )

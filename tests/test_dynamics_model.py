@@ -101,7 +101,7 @@ def test_sample_noise_matches_predicted_std():
     torch.testing.assert_close(empirical, std[:, 0, OBS], rtol=0.08, atol=0.0)
 
 
-def test_termination_comes_from_the_family_registry():
+def test_termination_comes_from_the_registry_by_name():
     model = make_model()
     assert model.termination_fn is get_family("hopper").termination_fn
     td = model(batch(3, 64))
@@ -111,10 +111,11 @@ def test_termination_comes_from_the_family_registry():
     assert terminated.any() and not terminated.all()
 
 
-def test_unknown_family_is_an_error_not_a_guess():
+def test_unknown_termination_is_an_error_not_a_guess():
     ensemble = GaussianEnsemble(OBS, ACT, num_members=2, hidden_sizes=(8,))
-    with pytest.raises(KeyError, match="unknown environment family 'ant'"):
-        DynamicsModel(ensemble, "ant")
+    with pytest.raises(KeyError, match="unknown termination function 'swimmer'"):
+        DynamicsModel(ensemble, "swimmer")
+    assert not DynamicsModel(ensemble, "none")(batch(2, 8))["next", "terminated"].any()
     with pytest.raises(ValueError, match="elite indices"):
         DynamicsModel(ensemble, "hopper", elites=[0, 2])
     with pytest.raises(ValueError, match="mode"):
@@ -141,7 +142,8 @@ def test_save_load_round_trip_gives_identical_predictions(tmp_path):
     assert checkpoint["elites"] == [3, 0, 4]
     loaded = load_dynamics(path)
     assert loaded.elite_indices.tolist() == [3, 0, 4]
-    assert loaded.family.name == "hopper"
+    assert loaded.termination == "hopper"
+    assert load_dynamics(path, termination="none").termination == "none"
     assert load_dynamics_metadata(path) == {"note": "x"}
     for name in ("input_mean", "input_std", "target_mean", "target_std"):
         assert torch.equal(getattr(loaded.ensemble, name), getattr(model.ensemble, name))

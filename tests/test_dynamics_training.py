@@ -12,7 +12,6 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from cbop_torchrl.registry import get_family
 from cbop_torchrl.trainers.dynamics import (
     DynamicsConfig,
     load_or_train_dynamics,
@@ -20,7 +19,7 @@ from cbop_torchrl.trainers.dynamics import (
     train_dynamics,
 )
 
-OBS, ACT = 11, 3  # hopper sizes; the family only matters for termination
+OBS, ACT = 11, 3  # hopper sizes; the task only matters for termination
 NOISE_STD = torch.linspace(0.1, 0.3, OBS + 1)  # per target dim: 11 delta dims, then reward
 REPO = Path(__file__).resolve().parents[1]
 
@@ -126,7 +125,7 @@ def test_timeout_rows_are_excluded():
     data["dynamics_mask"][::3] = False
     data["next", "observation"][::3] = 1e6  # garbage a timeout row could hold
     config = DynamicsConfig(num_members=2, num_elites=1, max_epochs=1, **SMALL)
-    model, metrics = train_dynamics(data, get_family("hopper"), config, progress=False)
+    model, metrics = train_dynamics(data, "hopper", config, progress=False)
     assert metrics["num_train"] + metrics["num_holdout"] == 400
     assert model.ensemble.target_std.max() < 10
 
@@ -141,18 +140,18 @@ def test_bad_config_and_data_are_rejected():
     data, _ = linear_gaussian(50, seed=0)
     with pytest.raises(KeyError, match="dynamics_mask"):
         train_dynamics(data.exclude("dynamics_mask"), "hopper", DynamicsConfig())
-    with pytest.raises(ValueError, match="family 'walker2d' expects 17/6"):
-        train_dynamics(data, "walker2d", DynamicsConfig())
 
 
 def test_cache_reuses_a_trained_ensemble(tmp_path, monkeypatch):
     monkeypatch.setenv("CBOP_TORCHRL_CACHE", str(tmp_path))
     data, _ = linear_gaussian(500, seed=3)
-    info = SimpleNamespace(name="lin", family=get_family("hopper"), fingerprint="lin-500")
+    info = SimpleNamespace(name="lin", fingerprint="lin-500")
     config = DynamicsConfig(num_members=2, num_elites=1, max_epochs=2, **SMALL)
-    model, metrics = load_or_train_dynamics(data, info, config, progress=False)
+    model, metrics = load_or_train_dynamics(data, info, config, False, termination="hopper")
     assert metrics["cached"] is False
-    again, cached = load_or_train_dynamics(data, info, config, progress=False)
+    # the termination is applied at load time: another task's run reuses the same ensemble
+    again, cached = load_or_train_dynamics(data, info, config, False, termination="none")
+    assert again.termination == "none" and model.termination == "hopper"
     assert cached["cached"] is True and cached["cache_path"] == metrics["cache_path"]
     assert Path(metrics["cache_path"]).is_relative_to(tmp_path)
     probe = data[:20].clone()
@@ -160,7 +159,7 @@ def test_cache_reuses_a_trained_ensemble(tmp_path, monkeypatch):
     b = again(probe.clone().unsqueeze(0), mode="mean")["next", "observation"]
     assert torch.equal(a, b)
     other = DynamicsConfig(num_members=2, num_elites=1, max_epochs=2, seed=1, **SMALL)
-    _, fresh = load_or_train_dynamics(data, info, other, progress=False)
+    _, fresh = load_or_train_dynamics(data, info, other, False, termination="hopper")
     assert fresh["cached"] is False and fresh["cache_path"] != metrics["cache_path"]
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from cbop_torchrl.envs.evaluate import episode_returns, evaluate_policy, make_eval_env
+from cbop_torchrl.envs import describe_score, episode_returns, evaluate_policy, make_eval_env
 from cbop_torchrl.modules.actor_critic import make_actor
-from cbop_torchrl.registry import get_family
+from cbop_torchrl.registry import Task, get_family
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
 from cbop_torchrl.trainers.offline import GuardedOptimizationStepper
 
@@ -24,7 +24,7 @@ def test_episode_returns_stop_at_the_first_done() -> None:
 def test_deterministic_evaluation_is_reproducible_and_leaves_the_rng_alone() -> None:
     family = get_family("hopper")
     torch.manual_seed(0)
-    actor = make_actor(family.obs_dim, family.action_dim, (16,))
+    actor = make_actor(11, 3, (16,))
     env = make_eval_env(family, num_envs=3)
     try:
         rng_before = torch.get_rng_state()
@@ -43,6 +43,22 @@ def test_deterministic_evaluation_is_reproducible_and_leaves_the_rng_alone() -> 
     assert summary["normalized_score_mean"] == pytest.approx(
         sum(first.normalized_scores) / 3, rel=1e-6
     )
+
+
+def test_a_task_without_reference_scores_reports_the_raw_return_only() -> None:
+    swimmer = Task("Swimmer-v4", "Swimmer-v4")  # no entry in the registry, no ref scores
+    torch.manual_seed(0)
+    actor = make_actor(8, 2, (16,))
+    env = make_eval_env(swimmer, num_envs=2)
+    try:
+        result = evaluate_policy(actor, swimmer, env, max_steps=20, seed=0)
+    finally:
+        env.close()
+    summary = result.summary()
+    assert summary["normalized_score_mean"] is None and summary["normalized_scores"] is None
+    assert len(summary["returns"]) == 2 and all(n == 20 for n in result.lengths)
+    assert summary["return_mean"] == pytest.approx(sum(result.returns) / 2)
+    assert "no normalized score" in describe_score(summary)
 
 
 class _FakeCheckpoint:

@@ -44,6 +44,7 @@ _spec.loader.exec_module(_module)
 select_psi = _module.main
 
 HOPPER = get_family("hopper")
+OBS, ACT = 11, 3  # hopper's observation and action sizes
 HIDDEN = [16, 16]
 
 
@@ -58,12 +59,12 @@ def restore_torch_threads():
 def constant_actor(value: float, hidden: list[int] = HIDDEN):
     """A hopper actor whose deterministic action is ``value`` in every dimension."""
     torch.manual_seed(0)
-    actor = make_actor(HOPPER.obs_dim, HOPPER.action_dim, tuple(hidden))
+    actor = make_actor(OBS, ACT, tuple(hidden))
     last = [module for module in actor.modules() if isinstance(module, nn.Linear)][-1]
     with torch.no_grad():
         last.weight.zero_()
         last.bias.zero_()
-        last.bias[: HOPPER.action_dim] = math.atanh(value)
+        last.bias[:ACT] = math.atanh(value)
     return actor
 
 
@@ -75,19 +76,19 @@ def test_episode_starts_are_the_rows_after_done() -> None:
 
 def test_policy_fqe_data_uses_the_policys_next_action() -> None:
     actor = constant_actor(0.5)
-    observation = torch.randn(5, HOPPER.obs_dim)
+    observation = torch.randn(5, OBS)
     actions = deterministic_actions(actor, observation)
-    assert torch.allclose(actions, torch.full((5, HOPPER.action_dim), 0.5), atol=1e-5)
+    assert torch.allclose(actions, torch.full((5, ACT), 0.5), atol=1e-5)
 
-    actor = make_actor(HOPPER.obs_dim, HOPPER.action_dim, tuple(HIDDEN))
+    actor = make_actor(OBS, ACT, tuple(HIDDEN))
     data = TensorDict(
         {
-            "observation": torch.randn(5, HOPPER.obs_dim),
-            "action": torch.rand(5, HOPPER.action_dim),
-            ("next", "observation"): torch.randn(5, HOPPER.obs_dim),
+            "observation": torch.randn(5, OBS),
+            "action": torch.rand(5, ACT),
+            ("next", "observation"): torch.randn(5, OBS),
             ("next", "reward"): torch.ones(5, 1),
             ("next", "terminated"): torch.zeros(5, 1, dtype=torch.bool),
-            ("next", "action"): torch.zeros(5, HOPPER.action_dim),  # the dataset's: ignored
+            ("next", "action"): torch.zeros(5, ACT),  # the dataset's: ignored
         },
         batch_size=[5],
     )
@@ -103,20 +104,20 @@ def test_fqe_recovers_a_known_value(tmp_path: Path) -> None:
     n = 256
     data = TensorDict(
         {
-            "observation": torch.randn(n, HOPPER.obs_dim),
-            "action": torch.rand(n, HOPPER.action_dim) * 2 - 1,
-            ("next", "observation"): torch.randn(n, HOPPER.obs_dim),
+            "observation": torch.randn(n, OBS),
+            "action": torch.rand(n, ACT) * 2 - 1,
+            ("next", "observation"): torch.randn(n, OBS),
             ("next", "reward"): torch.ones(n, 1),
             ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool),
             ("next", "done"): torch.zeros(n, 1, dtype=torch.bool),
         },
         batch_size=[n],
     )
-    actor = make_actor(HOPPER.obs_dim, HOPPER.action_dim, tuple(HIDDEN))
+    actor = make_actor(OBS, ACT, tuple(HIDDEN))
     config = SelectionFQEConfig(
         steps=250, batch_size=64, lr=3e-3, hidden_sizes=[32, 32], gamma=0.5, tau=0.05
     )
-    dims = (HOPPER.obs_dim, HOPPER.action_dim)
+    dims = (OBS, ACT)
     loss = fit_policy_fqe(data, actor, *dims, config, seed=0, work_dir=tmp_path)
     value = initial_state_value(loss, actor, data.get("observation")[:32])
     assert abs(value - 2.0) < 0.2, value
@@ -183,7 +184,7 @@ def write_run(run_dir: Path, dataset: Path, psi: float, action: float, online: f
         "eval": {"episodes": 1},
     }
     atomic_json_dump(config, run_dir / "config.json")
-    meta = policy_metadata(HOPPER, HIDDEN, dataset.stem, 40)
+    meta = policy_metadata(HOPPER, OBS, ACT, HIDDEN, dataset.stem, 40)
     save_policy(run_dir / "policy.pt", constant_actor(action), meta)
     atomic_json_dump({"normalized_score_mean": online}, run_dir / "results.json")
 

@@ -130,7 +130,8 @@ def test_paper_grid_sweep_is_the_papers_grid_at_paper_settings() -> None:
     assert cfg.preset == "paper"
     jobs = sweep_jobs(cfg.hydra.sweeper.params)
     assert len(jobs) == 18 * 5 * 4
-    assert {job["env"] for job in jobs} == set(d4rl_ids())
+    paper_ids = {i for i in d4rl_ids() if not i.startswith("ant-")}  # the paper has no ant
+    assert {job["env"] for job in jobs} == paper_ids
     assert {job["seed"] for job in jobs} == {"0", "1", "2", "3", "4"}
     assert {float(job["estimator.psi"]) for job in jobs} == {0.5, 2.0, 3.0, 5.0}
     assert len({tuple(sorted(job.items())) for job in jobs}) == len(jobs)

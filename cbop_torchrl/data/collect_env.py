@@ -25,7 +25,7 @@ import torch
 from torchrl.data import Unbounded
 from torchrl.envs import DoubleToFloat, GymWrapper, TransformedEnv, default_info_dict_reader
 
-from cbop_torchrl.registry import EnvFamily
+from cbop_torchrl.registry import Task
 
 
 def filter_env_warnings() -> None:
@@ -113,12 +113,26 @@ class RecordStateWrapper(gym.Wrapper):
         return base._get_obs()
 
 
-def make_collect_env(family: EnvFamily, max_episode_steps: int | None = None) -> TransformedEnv:
-    """A TorchRL env for ``family.gym_id`` that also reports ``qpos``/``qvel``.
+def default_episode_cap(task: Task) -> int:
+    """The episode cap gymnasium registers for ``task.gym_id`` (1000 for MuJoCo locomotion)."""
+    return int(gym.spec(task.gym_id).max_episode_steps or 1000)
+
+
+def env_sizes(task: Task) -> tuple[int, int]:
+    """Observation and action sizes of ``task``'s environment, from its spaces."""
+    env = gym.make(task.gym_id, **task.gym_kwargs)
+    try:
+        return int(env.observation_space.shape[-1]), int(env.action_space.shape[-1])
+    finally:
+        env.close()
+
+
+def make_collect_env(task: Task, max_episode_steps: int | None = None) -> TransformedEnv:
+    """A TorchRL env for ``task.gym_id`` that also reports ``qpos``/``qvel``.
 
     Args:
-        family: the environment family (its ``gym_id`` is used).
-        max_episode_steps: the episode cap; ``None`` keeps the family's (1000).
+        task: gives the gymnasium id and its keyword arguments.
+        max_episode_steps: the episode cap; ``None`` keeps gymnasium's (1000).
 
     Returns:
         A ``TransformedEnv`` with float32 ``observation [obs_dim]``, ``action
@@ -128,8 +142,8 @@ def make_collect_env(family: EnvFamily, max_episode_steps: int | None = None) ->
         ``env.base_env._env``.
     """
     filter_env_warnings()
-    cap = max_episode_steps or family.max_episode_steps
-    gym_env = RecordStateWrapper(gym.make(family.gym_id, max_episode_steps=cap))
+    cap = max_episode_steps or default_episode_cap(task)
+    gym_env = RecordStateWrapper(gym.make(task.gym_id, max_episode_steps=cap, **task.gym_kwargs))
     base = gym_env.unwrapped
     env = GymWrapper(gym_env)
     env.set_info_dict_reader(

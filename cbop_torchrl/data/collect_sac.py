@@ -33,9 +33,14 @@ from torchrl.modules import ProbabilisticActor
 from torchrl.objectives import SACLoss, SoftUpdate
 from tqdm import tqdm
 
-from cbop_torchrl.data.collect_env import make_collect_env, state_wrapper
+from cbop_torchrl.data.collect_env import (
+    default_episode_cap,
+    env_sizes,
+    make_collect_env,
+    state_wrapper,
+)
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
-from cbop_torchrl.registry import EnvFamily
+from cbop_torchrl.registry import Task
 from cbop_torchrl.utils import atomic_torch_save, config_hash, seed_everything
 
 # Keys of a collected transition kept in the buffer (and in the datasets).
@@ -95,7 +100,7 @@ class SACConfig:
             )
 
 
-def run_dir_for(root: Path, family: EnvFamily, seed: int, config: SACConfig) -> Path:
+def run_dir_for(root: Path, family: Task, seed: int, config: SACConfig) -> Path:
     """The directory of the SAC run identified by family, seed and settings.
 
     ``total_steps`` is not part of the key: a run's first T steps do not depend
@@ -135,7 +140,7 @@ def _from_flat_dict(data: dict[str, torch.Tensor]) -> TensorDict:
 
 
 def evaluate_policy(
-    actor: ProbabilisticActor, family: EnvFamily, episodes: int, seed: int, max_steps: int | None
+    actor: ProbabilisticActor, family: Task, episodes: int, seed: int, max_steps: int | None
 ) -> list[float]:
     """Returns of ``episodes`` deterministic (tanh of the mean) episodes.
 
@@ -144,7 +149,7 @@ def evaluate_policy(
     """
     env = make_collect_env(family, max_steps)
     env.set_seed(seed)
-    cap = max_steps or family.max_episode_steps
+    cap = max_steps or default_episode_cap(family)
     returns = []
     with (
         torch.random.fork_rng(),
@@ -168,7 +173,7 @@ class SACRun:
         config: SAC settings.
     """
 
-    def __init__(self, run_dir: Path, family: EnvFamily, seed: int, config: SACConfig):
+    def __init__(self, run_dir: Path, family: Task, seed: int, config: SACConfig):
         config.validate()
         self.run_dir, self.family, self.seed, self.config = Path(run_dir), family, seed, config
         self.state_path = self.run_dir / "train_state.pt"
@@ -205,7 +210,7 @@ class SACRun:
 
     def make_actor(self) -> ProbabilisticActor:
         cfg = self.config
-        return make_actor(self.family.obs_dim, self.family.action_dim, cfg.hidden_sizes)
+        return make_actor(*env_sizes(self.family), cfg.hidden_sizes)
 
     def load_policy(self, step: int) -> ProbabilisticActor:
         """The actor saved at environment step ``step``."""
@@ -250,12 +255,13 @@ class SACRun:
         seed_everything(self.seed)
 
         actor = self.make_actor()
-        qvalues = make_qvalue_ensemble(2, family.obs_dim, family.action_dim, cfg.hidden_sizes)
+        obs_dim, action_dim = env_sizes(family)
+        qvalues = make_qvalue_ensemble(2, obs_dim, action_dim, cfg.hidden_sizes)
         loss = SACLoss(
             actor,
             qvalues,
             num_qvalue_nets=2,
-            action_spec=action_spec(family.action_dim),
+            action_spec=action_spec(action_dim),
             loss_function=cfg.loss_function,
         )
         loss.make_value_estimator(gamma=cfg.gamma)

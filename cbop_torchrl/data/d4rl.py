@@ -70,9 +70,15 @@ def load_d4rl(dataset_id: str, *, torchrl_root: str | Path | None = None):
     root = torchrl_d4rl_root(torchrl_root)
     raw_file = cache_dir("d4rl") / raw_file_name(dataset_id)
     if not (root / dataset_id).exists() and raw_file.is_file():
-        data, summary = load_hdf5(raw_file, family)
+        data, summary = load_hdf5(raw_file)
         info = DatasetInfo(
-            dataset_id, family, summary["fingerprint"], summary["num_transitions"], "d4rl"
+            name=dataset_id,
+            fingerprint=summary["fingerprint"],
+            num_transitions=summary["num_transitions"],
+            source_kind="d4rl",
+            obs_dim=summary["obs_dim"],
+            action_dim=summary["action_dim"],
+            family=family.name,
         )
         return data, info
 
@@ -104,7 +110,13 @@ def load_d4rl(dataset_id: str, *, torchrl_root: str | Path | None = None):
         [dataset_id, FORMAT_VERSION, complete, int(data.shape[0])]
     )  # D4RL files never change: the id (and how we read it) identifies the data
     info = DatasetInfo(
-        dataset_id, family, f"{dataset_id}-{fingerprint}", int(data.shape[0]), "d4rl"
+        name=dataset_id,
+        fingerprint=f"{dataset_id}-{fingerprint}",
+        num_transitions=int(data.shape[0]),
+        source_kind="d4rl",
+        obs_dim=int(data["observation"].shape[-1]),
+        action_dim=int(data["action"].shape[-1]),
+        family=family.name,
     )
     return data, info
 

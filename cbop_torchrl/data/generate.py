@@ -54,7 +54,7 @@ from tqdm import tqdm
 from cbop_torchrl.data.collect_env import make_collect_env
 from cbop_torchrl.data.collect_sac import TRANSITION_KEYS, SACConfig, SACRun, run_dir_for
 from cbop_torchrl.data.hdf5 import REQUIRED_KEYS
-from cbop_torchrl.registry import D4RL_KINDS, EnvFamily
+from cbop_torchrl.registry import D4RL_KINDS, Task
 from cbop_torchrl.utils import atomic_json_dump, atomic_write, config_hash, seed_everything
 
 GENERATOR_VERSION = "1"
@@ -68,7 +68,7 @@ _ROLLOUT_SEED_OFFSET = {"random": 1_000, "medium": 2_000, "expert": 3_000}
 Arrays = dict[str, np.ndarray]
 
 
-def dataset_file_name(family: EnvFamily, kind: str, tag: str | None = None) -> str:
+def dataset_file_name(family: Task, kind: str, tag: str | None = None) -> str:
     """``hopper-medium-replay-gen.hdf5`` or, with a tag, ``hopper-demo-medium-replay-gen.hdf5``."""
     middle = f"{tag}-" if tag else ""
     return f"{family.name}-{middle}{kind}-gen.hdf5"
@@ -140,7 +140,8 @@ def write_d4rl_hdf5(
             for key, value in arrays.items():
                 handle.create_dataset(key, data=value, **options)
             for key, value in metadata.items():
-                handle[f"metadata/{key}"] = value
+                if value is not None:  # e.g. no normalized score for a task without ref scores
+                    handle[f"metadata/{key}"] = value
 
     atomic_write(path, write)
 
@@ -159,7 +160,7 @@ def read_d4rl_hdf5(path: Path) -> tuple[Arrays, dict[str, Any]]:
 
 
 def collect_rollouts(
-    family: EnvFamily,
+    family: Task,
     policy: ProbabilisticActor | None,
     num_transitions: int,
     seed: int,
@@ -212,7 +213,7 @@ def select_checkpoints(
     evaluations: Sequence[dict[str, Any]],
     medium_fraction: float,
     medium_reference: str = "best",
-    family: EnvFamily | None = None,
+    family: Task | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The medium and the expert checkpoint of a run.
 
@@ -226,8 +227,11 @@ def select_checkpoints(
         raise ValueError("the SAC run has no evaluated checkpoint")
     expert = max(evaluations, key=lambda e: (e["return"], -e["step"]))
     if medium_reference == "d4rl":
-        if family is None:
-            raise ValueError("medium_reference='d4rl' needs the environment family")
+        if family is None or not family.has_reference_scores:
+            raise ValueError(
+                "medium_reference='d4rl' needs the task's expert score (task.ref_max_score, "
+                "with task.ref_min_score); pass them or use medium_reference=best"
+            )
         target = medium_fraction * family.ref_max_score
     else:
         target = medium_fraction * expert["return"]
@@ -239,7 +243,7 @@ def select_checkpoints(
 class GenerationRequest:
     """Everything that determines a set of generated files."""
 
-    family: EnvFamily
+    family: Task
     kinds: Sequence[str]
     seed: int = 0
     sac: SACConfig = dataclasses.field(default_factory=SACConfig)
@@ -294,11 +298,16 @@ class GenerationRequest:
         )
 
 
-def _policy_fields(family: EnvFamily, evaluation: dict[str, Any]) -> dict[str, Any]:
+def _optional_float(value: float | None) -> float | None:
+    """``value`` as a plain float, None kept (a task without reference scores)."""
+    return None if value is None else float(value)
+
+
+def _policy_fields(family: Task, evaluation: dict[str, Any]) -> dict[str, Any]:
     return {
         "policy_step": int(evaluation["step"]),
         "policy_return": float(evaluation["return"]),
-        "policy_normalized_score": float(family.normalized_score(evaluation["return"])),
+        "policy_normalized_score": _optional_float(family.normalized_score(evaluation["return"])),
     }
 
 
@@ -410,7 +419,9 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
             "transitions": len(arrays["rewards"]),
             "episodes": len(returns),
             "episode_return_mean": float(returns.mean()),
-            "episode_normalized_score_mean": float(family.normalized_score(returns.mean())),
+            "episode_normalized_score_mean": _optional_float(
+                family.normalized_score(float(returns.mean()))
+            ),
             "medium_fraction": request.medium_fraction,
             "medium_reference": request.medium_reference,
             "rollout_exploration": request.rollout_exploration,

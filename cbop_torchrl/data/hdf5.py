@@ -1,4 +1,4 @@
-"""D4RL-format HDF5 files: family detection, validation, conversion and its cache.
+"""D4RL-format HDF5 files: validation, conversion, its cache, and which task the data names.
 
 A D4RL-format file holds flat arrays ``observations [N, obs]``, ``next_observations
 [N, obs]``, ``actions [N, act]``, ``rewards [N]``, ``terminals [N]``, ``timeouts [N]``
@@ -27,10 +27,10 @@ from tensordict import TensorDict
 
 from cbop_torchrl.data.errors import DatasetError
 from cbop_torchrl.data.transitions import build_transitions
-from cbop_torchrl.registry import EnvFamily, families, family_from_gym_id, get_family
+from cbop_torchrl.registry import families, family_of_gym_id
 from cbop_torchrl.utils import atomic_json_dump, cache_dir, config_hash
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bump when the conversion changes so old caches are not reused."""
 
 REQUIRED_KEYS = (
@@ -49,39 +49,36 @@ ENV_ID_KEYS = ("env_id", "gym_id", "env")
 # ----------------------------------------------------------------------------- family
 
 
-def family_from_env_id(env_id: str) -> EnvFamily:
-    """The family of a gymnasium id: ``Hopper-v4`` exactly, or ``Hopper-v5`` by name.
+def family_from_env_id(env_id: str) -> str | None:
+    """The known family of a gymnasium id: ``Hopper-v4`` exactly, ``Hopper-v5`` by name, or None.
 
-    A version other than the registered one is accepted with a warning, because
-    evaluation always happens on the registered gym id.
+    A version other than the family's is accepted with a warning, because the
+    family's gym id is what evaluation uses unless ``task.gym_id`` says otherwise.
     """
-    try:
-        return family_from_gym_id(env_id)
-    except KeyError:
-        pass
+    family = family_of_gym_id(env_id)
+    if family is not None:
+        return family.name
     base = re.sub(r"-v\d+$", "", env_id.split("/")[-1]).lower()
     family = families().get(base)
     if family is None:
-        raise DatasetError(
-            f"the dataset was recorded on environment {env_id!r}, which matches no registered "
-            f"family ({sorted(families())}); pass family=<name> to load it as one of them, "
-            "or register the family with cbop_torchrl.registry.register_family."
-        )
+        return None
     warnings.warn(
         f"dataset recorded on {env_id!r}; it is loaded as family {family.name!r} and policies "
-        f"are evaluated on {family.gym_id!r}, not on {env_id!r}.",
+        f"are evaluated on {family.gym_id!r} unless task.gym_id={env_id} (with "
+        "task.termination=...) is passed.",
         stacklevel=3,
     )
+    return family.name
+
+
+def check_family_name(family: str) -> str:
+    """``family`` if it is a known task family, else a :class:`DatasetError` saying which are."""
+    if family not in families():
+        raise DatasetError(
+            f"family={family!r} is not a known task family ({sorted(families())}); leave it "
+            "out and name the environment with task.gym_id=<gymnasium id> instead."
+        )
     return family
-
-
-def _resolve_family(family: str | EnvFamily) -> EnvFamily:
-    if isinstance(family, EnvFamily):
-        return family
-    try:
-        return get_family(family)
-    except KeyError as err:
-        raise DatasetError(str(err.args[0])) from None
 
 
 def _metadata_text(handle: h5py.File, name: str) -> str | None:
@@ -102,37 +99,24 @@ def _metadata_text(handle: h5py.File, name: str) -> str | None:
     return None if value is None else str(value)
 
 
-def detect_family(handle: h5py.File, path: Path) -> EnvFamily:
-    """Family of an open D4RL-format file, from metadata, file name, or sizes (in that order)."""
-    family_name = _metadata_text(handle, "family")
-    if family_name:
-        return _resolve_family(family_name)
-    for key in ENV_ID_KEYS:
-        env_id = _metadata_text(handle, key)
-        if env_id:
-            return family_from_env_id(env_id)
-    prefix = path.name.split("-")[0].split("_")[0].lower()
-    if prefix in families():
-        return families()[prefix]
-    try:
-        obs_dim = handle["observations"].shape[-1]
-        act_dim = handle["actions"].shape[-1]
-    except KeyError:
-        obs_dim = act_dim = None
-    matches = [f for f in families().values() if (f.obs_dim, f.action_dim) == (obs_dim, act_dim)]
-    if len(matches) == 1:
-        return matches[0]
-    sizes = (
-        f"observation/action sizes {obs_dim}/{act_dim} fit {sorted(f.name for f in matches)}"
-        if obs_dim is not None
-        else "it lacks observations/actions"
-    )
-    raise DatasetError(
-        f"cannot tell which environment family {str(path)!r} belongs to: it has no "
-        f"metadata/family or metadata/env_id, its name does not start with a registered "
-        f"family ({sorted(families())}), and {sizes}. Pass family=<name>, e.g. "
-        f"load_dataset({str(path)!r}, family='walker2d')."
-    )
+def detect_family(handle: h5py.File, path: Path) -> tuple[str | None, str | None]:
+    """The known family and the recorded gymnasium id of an open D4RL-format file.
+
+    The family comes from ``metadata/family``, the recorded gym id
+    (``metadata/env_id``, ``gym_id`` or ``env``) or the file name's first word,
+    in that order; either may be None (the ``task.*`` settings then decide).
+    Sizes never decide: they are read from the arrays.
+    """
+    env_id = next((text for key in ENV_ID_KEYS if (text := _metadata_text(handle, key))), None)
+    family = _metadata_text(handle, "family")
+    if family is not None and family not in families():
+        family = None  # a family this project does not know: the task settings decide
+    if family is None and env_id is not None:
+        family = family_from_env_id(env_id)
+    if family is None:
+        prefix = path.name.split("-")[0].split("_")[0].lower()
+        family = prefix if prefix in families() else None
+    return family, env_id
 
 
 # ------------------------------------------------------------------------- validation
@@ -142,8 +126,8 @@ def _first_bad_row(bad: np.ndarray) -> int:
     return int(np.flatnonzero(bad.reshape(bad.shape[0], -1).any(-1))[0])
 
 
-def _read_and_validate(handle: h5py.File, path: Path, family: EnvFamily) -> dict[str, np.ndarray]:
-    """All required arrays of ``handle``, checked for keys, shapes, sizes and values."""
+def _read_and_validate(handle: h5py.File, path: Path) -> dict[str, np.ndarray]:
+    """All required arrays of ``handle``, checked for keys, shapes, row counts and values."""
     where = f"D4RL-format file {str(path)!r}"
     missing = [key for key in REQUIRED_KEYS if key not in handle]
     if missing:
@@ -154,20 +138,19 @@ def _read_and_validate(handle: h5py.File, path: Path, family: EnvFamily) -> dict
         )
     arrays = {key: handle[key][()] for key in REQUIRED_KEYS}
 
-    expected_width = {
-        "observations": family.obs_dim,
-        "next_observations": family.obs_dim,
-        "actions": family.action_dim,
-    }
-    for key, width in expected_width.items():
+    for key in ("observations", "next_observations", "actions"):
         shape = arrays[key].shape
-        if len(shape) != 2 or shape[1] != width:
+        if len(shape) != 2 or shape[1] == 0:
             raise DatasetError(
-                f"{where}: {key} has shape {list(shape)} but family {family.name!r} needs "
-                f"[N, {width}] (observation size {family.obs_dim}, action size "
-                f"{family.action_dim}). Pass the right family=..., or check that the file "
-                "was recorded on that environment."
+                f"{where}: {key} has shape {list(shape)}; it needs one non-empty row per "
+                "transition, [N, size]."
             )
+    obs_width, next_width = arrays["observations"].shape[1], arrays["next_observations"].shape[1]
+    if obs_width != next_width:
+        raise DatasetError(
+            f"{where}: observations are [N, {obs_width}] but next_observations are "
+            f"[N, {next_width}]; both must have the environment's observation size."
+        )
     for key in ("rewards", "terminals", "timeouts"):
         array = arrays[key]
         if array.ndim == 2 and array.shape[1] == 1:
@@ -236,10 +219,10 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def hdf5_fingerprint(path: Path, family: EnvFamily) -> str:
-    """``<file stem>-<hash of content, family and conversion version>``."""
+def hdf5_fingerprint(path: Path) -> str:
+    """``<file stem>-<hash of content and conversion version>``."""
     content = file_sha256(path)
-    return f"{path.stem}-{config_hash([content, family.name, FORMAT_VERSION])}"
+    return f"{path.stem}-{config_hash([content, FORMAT_VERSION])}"
 
 
 # ---------------------------------------------------------------------------- cache
@@ -257,11 +240,16 @@ def cached_info(fingerprint: str) -> dict | None:
     return json.loads(info_path.read_text())
 
 
-def convert_hdf5(path: Path, family: EnvFamily | None) -> tuple[TensorDict, EnvFamily]:
-    """Reads and validates ``path`` (no cache involved); returns the dataset and its family."""
+def convert_hdf5(path: Path) -> tuple[TensorDict, str | None, str | None]:
+    """Reads and validates ``path`` (no cache involved).
+
+    Returns:
+        The dataset, the known family it was recognised as (or None) and the
+        gymnasium id its metadata records (or None).
+    """
     with _open_hdf5(path) as handle:
-        family = family if family is not None else detect_family(handle, path)
-        arrays = _read_and_validate(handle, path, family)
+        family, env_id = detect_family(handle, path)
+        arrays = _read_and_validate(handle, path)
     tensors = {key: torch.from_numpy(np.asarray(value)) for key, value in arrays.items()}
     data = build_transitions(
         observation=tensors["observations"],
@@ -271,31 +259,28 @@ def convert_hdf5(path: Path, family: EnvFamily | None) -> tuple[TensorDict, EnvF
         terminated=tensors["terminals"],
         truncated=tensors["timeouts"],
     )
-    return data, family
+    return data, family, env_id
 
 
-def load_hdf5(
-    path: Path, family: str | EnvFamily | None = None, with_data: bool = True
-) -> tuple[TensorDict | None, dict]:
+def load_hdf5(path: Path, with_data: bool = True) -> tuple[TensorDict | None, dict]:
     """The dataset of a D4RL-format file, converted on first use and cached afterwards.
 
     Args:
         path: the file.
-        family: its environment family; detected from the file when None.
         with_data: False skips reading the cached data when only the summary is needed.
 
     Returns:
         The dataset TensorDict (in memory, batch ``[N]``; None when ``with_data`` is
         False and the file was converted before) and the cache's summary dict
-        (``fingerprint``, ``family``, ``num_transitions``, ``source``).
+        (``fingerprint``, ``family``, ``env_id``, ``obs_dim``, ``action_dim``,
+        ``num_transitions``, ``source``).
     """
     path = Path(path)
     if not path.is_file():
         raise DatasetError(
             f"no file at {str(path)!r}; pass the path of an existing D4RL-format HDF5 file."
         )
-    family = _resolve_family(family) if family is not None else peek_family(path)
-    fingerprint = hdf5_fingerprint(path, family)
+    fingerprint = hdf5_fingerprint(path)
     entry = _cache_entry(fingerprint)
     info = cached_info(fingerprint)
     if info is not None and not with_data:
@@ -303,10 +288,13 @@ def load_hdf5(
     if info is not None:
         return TensorDict.load_memmap(entry / "data").to_tensordict(), info
 
-    data, family = convert_hdf5(path, family)
+    data, family, env_id = convert_hdf5(path)
     info = {
         "fingerprint": fingerprint,
-        "family": family.name,
+        "family": family,
+        "env_id": env_id,
+        "obs_dim": int(data["observation"].shape[-1]),
+        "action_dim": int(data["action"].shape[-1]),
         "num_transitions": int(data.shape[0]),
         "source": str(path.resolve()),
         "format_version": FORMAT_VERSION,
@@ -325,14 +313,3 @@ def load_hdf5(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return data, info
-
-
-def peek_family(path: Path) -> EnvFamily:
-    """The detected family of a file, memoized per content and name (no reopening later)."""
-    memo = cache_dir("datasets", "_family") / f"{config_hash([file_sha256(path), path.name])}.txt"
-    if memo.exists():
-        return _resolve_family(memo.read_text().strip())
-    with _open_hdf5(path) as handle:
-        family = detect_family(handle, path)
-    memo.write_text(family.name + "\n")
-    return family

@@ -10,24 +10,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbop_torchrl.registry import EnvFamily
-
 
 @dataclass(frozen=True)
 class DatasetInfo:
     """What a run needs to know about its dataset without holding the data.
 
+    Sizes come from the data's tensors; which environment the data belongs to
+    is resolved from ``family``/``env_id`` and the ``task.*`` settings by
+    :func:`cbop_torchrl.envs.task.resolve_task`.
+
     Attributes:
         name: clean id for logs and run names (``hopper-medium-replay-v2``,
             the file stem of an HDF5 file, the Minari id).
-        family: the environment family the data was recorded on.
         fingerprint: stable string identifying the data, for cache keys.
         num_transitions: rows in the dataset TensorDict.
         source_kind: ``"d4rl"``, ``"hdf5"``, ``"minari"`` or ``"demo"``.
+        obs_dim: width of ``observation`` (and ``("next", "observation")``).
+        action_dim: width of ``action``.
+        family: the known task family the data was recognised as (from a D4RL id,
+            ``metadata/family``, the recorded gym id or the file name), or None.
+        env_id: the gymnasium id recorded in the data's metadata, or None.
+        source: the source string as given (``env=...``), for messages.
     """
 
     name: str
-    family: EnvFamily
     fingerprint: str
     num_transitions: int
     source_kind: str
+    obs_dim: int
+    action_dim: int
+    family: str | None = None
+    env_id: str | None = None
+    source: str = ""

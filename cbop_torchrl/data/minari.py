@@ -8,7 +8,7 @@ observation, so next observations are real everywhere.
 
 Minari's MuJoCo sets are recorded on ``*-v5`` environments and are not D4RL data:
 the family comes from the dataset's env spec (``Hopper-v5`` -> ``hopper``), with a
-warning that evaluation uses the family's registered gym id.
+warning that evaluation uses the family's gym id unless ``task.gym_id`` says otherwise.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from tensordict import TensorDict
 from torchrl.data.datasets import MinariExperienceReplay
 
 from cbop_torchrl.data.errors import DatasetError
-from cbop_torchrl.data.hdf5 import FORMAT_VERSION, _resolve_family, family_from_env_id
+from cbop_torchrl.data.hdf5 import FORMAT_VERSION, family_from_env_id
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.data.transitions import build_transitions
-from cbop_torchrl.registry import EnvFamily
 from cbop_torchrl.utils import config_hash
 
 
@@ -94,35 +93,32 @@ def load_minari(
     stored = buffer.storage.get(slice(None))
     where = f"Minari dataset {dataset_id!r} (TorchRL cache {str(root / dataset_id)!r})"
     env_spec = (buffer.metadata or {}).get("env_spec") or {}
-    if family is not None:
-        resolved: EnvFamily = _resolve_family(family)
-    elif env_spec.get("id"):
-        resolved = family_from_env_id(env_spec["id"])
-    else:
-        raise DatasetError(f"{where} records no environment id; pass family=<name>.")
-    data = _to_dataset(stored, resolved, where)
+    env_id = env_spec.get("id")
+    if family is None and env_id:
+        family = family_from_env_id(env_id)
+    data = _to_dataset(stored, where)
     content = [float(data[key].double().sum()) for key in ("observation", ("next", "reward"))]
     fingerprint = config_hash([dataset_id, FORMAT_VERSION, int(data.shape[0]), content])
     name = dataset_id.replace("/", "-")
     info = DatasetInfo(
-        dataset_id, resolved, f"minari-{name}-{fingerprint}", int(data.shape[0]), "minari"
+        name=dataset_id,
+        fingerprint=f"minari-{name}-{fingerprint}",
+        num_transitions=int(data.shape[0]),
+        source_kind="minari",
+        obs_dim=int(data["observation"].shape[-1]),
+        action_dim=int(data["action"].shape[-1]),
+        family=family,
+        env_id=env_id,
     )
     return data, info
 
 
-def _to_dataset(stored: TensorDict, family: EnvFamily, where: str) -> TensorDict:
+def _to_dataset(stored: TensorDict, where: str) -> TensorDict:
     observation = stored.get("observation")
     if not isinstance(observation, torch.Tensor):
         raise DatasetError(
             f"{where} has structured (dict) observations; only flat vector observations "
-            f"of size {family.obs_dim} ({family.name}) are supported."
-        )
-    sizes = (observation.shape[-1], stored["action"].shape[-1])
-    if sizes != (family.obs_dim, family.action_dim):
-        raise DatasetError(
-            f"{where}: observation/action sizes are {sizes[0]}/{sizes[1]} but family "
-            f"{family.name!r} needs {family.obs_dim}/{family.action_dim}; pass the right "
-            "family=<name>."
+            "are supported."
         )
     if observation.numel() and not observation.any():
         raise DatasetError(

@@ -14,14 +14,15 @@ Whatever the source, the result is the TensorDict described in
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from tensordict import TensorDict
 
 from cbop_torchrl.data.errors import DatasetError
-from cbop_torchrl.data.hdf5 import load_hdf5
+from cbop_torchrl.data.hdf5 import check_family_name, load_hdf5
 from cbop_torchrl.data.info import DatasetInfo
-from cbop_torchrl.registry import EnvFamily, d4rl_ids, get_family, parse_d4rl_id
+from cbop_torchrl.registry import d4rl_ids, parse_d4rl_id
 
 DEMO_DATASET_PATH = (
     Path(__file__).resolve().parents[1] / "assets" / "hopper-demo-medium-replay-gen.hdf5"
@@ -47,8 +48,9 @@ def load_dataset(
 
     Args:
         source: D4RL id, path to a D4RL-format HDF5 file, ``minari:<id>`` or ``demo``.
-        family: environment family name; needed only when it cannot be told from the
-            file (metadata, file name, or unique observation/action sizes).
+        family: a known task family name (``hopper``) to record the data as, when
+            neither its name nor its metadata says so; other environments are named
+            with ``task.*`` settings instead (:mod:`cbop_torchrl.envs.task`).
         torchrl_root: root of TorchRL's dataset caches (default ``~/.cache/torchrl``);
             D4RL data lives in ``<root>/d4rl/<id>``, Minari data in ``<root>/minari/<id>``.
 
@@ -92,6 +94,8 @@ def _dispatch(
     with_data: bool,
 ) -> tuple[TensorDict | None, DatasetInfo]:
     text = str(source)
+    if family is not None:
+        check_family_name(family)
     if text == "demo":
         if not DEMO_DATASET_PATH.is_file():
             raise DatasetError(
@@ -104,7 +108,8 @@ def _dispatch(
     if text.startswith(MINARI_PREFIX):
         from cbop_torchrl.data.minari import load_minari
 
-        return load_minari(text[len(MINARI_PREFIX) :], family, torchrl_root=torchrl_root)
+        data, info = load_minari(text[len(MINARI_PREFIX) :], family, torchrl_root=torchrl_root)
+        return data, dataclasses.replace(info, source=text)
     parsed = parse_d4rl_id(text)
     if parsed is not None:
         from cbop_torchrl.data.d4rl import load_d4rl
@@ -114,8 +119,8 @@ def _dispatch(
                 f"{text!r} is a {parsed[0].name} dataset but family={family!r} was passed; "
                 "drop the family argument for D4RL ids."
             )
-
-        return load_d4rl(text, torchrl_root=torchrl_root)
+        data, info = load_d4rl(text, torchrl_root=torchrl_root)
+        return data, dataclasses.replace(info, source=text)
     path = Path(text).expanduser()
     if path.is_file() or path.suffix in (".hdf5", ".h5"):
         return _from_hdf5(path, family, "hdf5", with_data)
@@ -128,14 +133,18 @@ def _dispatch(
 
 
 def _from_hdf5(
-    path: Path, family: str | EnvFamily | None, kind: str, with_data: bool
+    path: Path, family: str | None, kind: str, with_data: bool
 ) -> tuple[TensorDict | None, DatasetInfo]:
-    data, summary = load_hdf5(path, family, with_data=with_data)
+    data, summary = load_hdf5(path, with_data=with_data)
     info = DatasetInfo(
         name=path.stem,
-        family=get_family(summary["family"]),
         fingerprint=summary["fingerprint"],
         num_transitions=summary["num_transitions"],
         source_kind=kind,
+        obs_dim=summary["obs_dim"],
+        action_dim=summary["action_dim"],
+        family=family or summary["family"],
+        env_id=summary["env_id"],
+        source=str(path) if kind != "demo" else "demo",
     )
     return data, info

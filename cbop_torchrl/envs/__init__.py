@@ -1,22 +1,43 @@
-"""Evaluation environments and the deterministic policy evaluator.
+"""Tasks, their gymnasium environments and the deterministic policy evaluator.
 
-Below the trainers (they evaluate during training) and above the data layer;
-the analysis, selection and report code in :mod:`cbop_torchrl.evaluation`
-sits above the trainers and uses them.
+Above the data layer (a task is resolved for a dataset and checked against
+it) and below the trainers (they evaluate during training); the analysis,
+selection and report code in :mod:`cbop_torchrl.evaluation` sits above the
+trainers and uses them.
 """
 
 from cbop_torchrl.envs.evaluate import (
+    NO_NORMALIZED_SCORE,
     EvalResult,
+    describe_score,
     episode_returns,
     evaluate_policy,
-    filter_env_warnings,
-    make_eval_env,
 )
+from cbop_torchrl.envs.gym import (
+    EnvSpecs,
+    check_data_fits_env,
+    check_sizes_fit_env,
+    filter_env_warnings,
+    make_env,
+    make_eval_env,
+    read_env_specs,
+)
+from cbop_torchrl.envs.task import TaskConfig, TaskError, resolve_task
 
 __all__ = [
+    "NO_NORMALIZED_SCORE",
+    "EnvSpecs",
     "EvalResult",
+    "TaskConfig",
+    "TaskError",
+    "check_data_fits_env",
+    "check_sizes_fit_env",
+    "describe_score",
     "episode_returns",
     "evaluate_policy",
     "filter_env_warnings",
+    "make_env",
     "make_eval_env",
+    "read_env_specs",
+    "resolve_task",
 ]

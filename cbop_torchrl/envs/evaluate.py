@@ -10,68 +10,44 @@ episode has ended; finished environments are not stepped again.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import asdict, dataclass
-from functools import partial
 
 import torch
 from tensordict.nn import TensorDictModuleBase
-from torchrl.envs import DoubleToFloat, EnvBase, GymEnv, ParallelEnv, SerialEnv, TransformedEnv
+from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from cbop_torchrl.registry import EnvFamily
+from cbop_torchrl.registry import Task
 
-
-def filter_env_warnings() -> None:
-    """Silences gymnasium's "-v4 is out of date" and MuJoCo's compiler deprecation notices.
-
-    Evaluation deliberately uses ``*-v4`` (DESIGN.md section 2), so both are noise.
-    """
-    warnings.filterwarnings("ignore", message=r".*is out of date\. You should consider upgrading")
-    warnings.filterwarnings(
-        "ignore", message=r".*deprecated.*compiler", category=DeprecationWarning
-    )
-
-
-def _make_gym_env(gym_id: str) -> EnvBase:
-    filter_env_warnings()
-    # MuJoCo observations are float64; the networks and the datasets are float32.
-    return TransformedEnv(GymEnv(gym_id, device="cpu"), DoubleToFloat())
-
-
-def make_eval_env(family: EnvFamily, num_envs: int, backend: str = "serial") -> EnvBase:
-    """A batch of ``num_envs`` environments of ``family`` (batch size ``[num_envs]``).
-
-    Args:
-        family: gives the gymnasium id (``Hopper-v4``, ...).
-        num_envs: episodes evaluated at once.
-        backend: ``"serial"`` (``SerialEnv``: no worker processes, best on a
-            couple of cores) or ``"parallel"`` (``ParallelEnv``: one process per
-            environment; the entry script needs ``if __name__ == "__main__":``).
-    """
-    filter_env_warnings()
-    make = partial(_make_gym_env, family.gym_id)
-    if backend == "serial":
-        return SerialEnv(num_envs, make)
-    if backend == "parallel":
-        return ParallelEnv(num_envs, make, mp_start_method="spawn")
-    raise ValueError(f"evaluation backend must be 'serial' or 'parallel'; got {backend!r}")
+NO_NORMALIZED_SCORE = (
+    "no normalized score: the task has no reference scores (pass task.ref_min_score and "
+    "task.ref_max_score, the returns that normalize to 0 and 100)"
+)
+"""What ``results.json`` says instead of a normalized score for a task without constants."""
 
 
 @dataclass
 class EvalResult:
-    """Per-episode outcome of one evaluation."""
+    """Per-episode outcome of one evaluation.
+
+    ``normalized_scores`` is None when the task has no reference scores; the
+    normalized statistics are then None too (never a made-up normalization).
+    """
 
     returns: list[float]
-    normalized_scores: list[float]
+    normalized_scores: list[float] | None
     lengths: list[int]
 
     @property
-    def normalized_score_mean(self) -> float:
+    def normalized_score_mean(self) -> float | None:
+        if self.normalized_scores is None:
+            return None
         return float(torch.tensor(self.normalized_scores).mean())
 
     @property
-    def normalized_score_std(self) -> float:
+    def normalized_score_std(self) -> float | None:
+        if self.normalized_scores is None:
+            return None
         return float(torch.tensor(self.normalized_scores).std(unbiased=False))
 
     @property
@@ -110,7 +86,7 @@ def episode_returns(reward: torch.Tensor, done: torch.Tensor) -> tuple[torch.Ten
 
 def evaluate_policy(
     actor: TensorDictModuleBase,
-    family: EnvFamily,
+    task: Task,
     env: EnvBase,
     max_steps: int = 1000,
     seed: int = 0,
@@ -123,8 +99,8 @@ def evaluate_policy(
     Args:
         actor: the policy; called under ``ExplorationType.DETERMINISTIC``
             (the tanh of the Gaussian mean). It may live on another device.
-        family: gives D4RL's normalized score.
-        env: from :func:`make_eval_env`; its batch size is the episode count.
+        task: gives the normalized score (None without reference scores).
+        env: from :func:`cbop_torchrl.envs.gym.make_eval_env`; its batch size is the episode count.
         max_steps: episode cap (the environments' own limit is 1000).
         seed: environment seed (episode i uses ``seed + i``).
     """
@@ -141,11 +117,29 @@ def evaluate_policy(
     returns, lengths = episode_returns(
         rollout.get(("next", "reward")), rollout.get(("next", "done"))
     )
-    scores = [family.normalized_score(float(r)) for r in returns]
-    if not all(math.isfinite(s) for s in scores):
+    if not all(math.isfinite(float(r)) for r in returns):
         raise FloatingPointError(f"evaluation produced non-finite returns: {returns.tolist()}")
+    scores = [task.normalized_score(float(r)) for r in returns]
     return EvalResult(
         returns=[float(r) for r in returns],
-        normalized_scores=scores,
+        normalized_scores=None if not task.has_reference_scores else scores,
         lengths=[int(n) for n in lengths],
+    )
+
+
+def describe_score(summary: dict) -> str:
+    """``normalized score 12.3 +- 0.4 (return 410.2, 10 episodes)`` for logs and scripts.
+
+    ``summary`` is an :meth:`EvalResult.summary` or a ``results.json`` dict. Without a
+    normalized score (a task without ``task.ref_*``) the raw return is described instead.
+    """
+    episodes = f"{summary['episodes']} episodes"
+    if summary.get("normalized_score_mean") is None:
+        return (
+            f"return {summary['return_mean']:.1f} +- {summary['return_std']:.1f} ({episodes}; "
+            "no normalized score: pass task.ref_min_score and task.ref_max_score for one)"
+        )
+    return (
+        f"normalized score {summary['normalized_score_mean']:.1f} +- "
+        f"{summary['normalized_score_std']:.1f} (return {summary['return_mean']:.1f}, {episodes})"
     )

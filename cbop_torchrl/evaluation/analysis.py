@@ -30,7 +30,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from cbop_torchrl.config import RunConfig, load_config
 from cbop_torchrl.data import load_dataset_with_info
+from cbop_torchrl.envs import resolve_task
 from cbop_torchrl.objectives.posterior import gaussian_posterior
+from cbop_torchrl.registry import Task
 from cbop_torchrl.trainers.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
 from cbop_torchrl.trainers.offline import build_cbop_loss
@@ -61,7 +63,10 @@ def load_cbop_loss(run_dir: Path) -> tuple[Any, RunConfig, Any, Any]:
     """
     config, data, info = load_run_config(run_dir)
     state = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
-    dynamics, _ = load_or_train_dynamics(data, info, config.dynamics, progress=False)
+    task = resolve_task(config.task, info)
+    dynamics, _ = load_or_train_dynamics(
+        data, info, config.dynamics, progress=False, termination=task.termination
+    )
     loss, _ = build_cbop_loss(config, info, dynamics, torch.device("cpu"))
     loss.load_state_dict(state["trainer"]["loss_module"])
     # Only read here: no target updates, so TorchRL's "no target updater" notice is noise.
@@ -103,11 +108,11 @@ def ensemble_q(
 
 
 def rollout_from_observations(
-    actor: Any, family: Any, start_obs: torch.Tensor, gamma: float, max_steps: int = 1000
+    actor: Any, task: Task, start_obs: torch.Tensor, gamma: float, max_steps: int = 1000
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Discounted Monte-Carlo returns of the deterministic ``actor`` from dataset states.
 
-    Each of the ``E`` environments (gymnasium ``family.gym_id``) is reset and
+    Each of the ``E`` environments (gymnasium ``task.gym_id``) is reset and
     then put in the MuJoCo state the observation describes (the locomotion
     observations are ``qpos[1:]`` and ``qvel``; the x position does not change
     the dynamics, and the observed velocities are clipped to +-10, so this is
@@ -123,7 +128,7 @@ def rollout_from_observations(
     from torchrl.envs.utils import ExplorationType, set_exploration_type
 
     count = start_obs.shape[0]
-    envs = [gymnasium.make(family.gym_id) for _ in range(count)]
+    envs = [gymnasium.make(task.gym_id, **task.gym_kwargs) for _ in range(count)]
     obs = []
     for index, env in enumerate(envs):
         env.reset(seed=index)
@@ -159,7 +164,7 @@ def rollout_from_observations(
 @torch.no_grad()
 def monte_carlo_conservatism(
     loss: Any,
-    family: Any,
+    task: Task,
     start_obs: torch.Tensor,
     gamma: float,
     max_steps: int = 1000,
@@ -179,7 +184,7 @@ def monte_carlo_conservatism(
         with set_exploration_type(ExplorationType.DETERMINISTIC):
             td = TensorDict({"observation": start_obs}, batch_size=start_obs.shape[:1])
             action = actor(td).get("action")
-        mc_return, lengths = rollout_from_observations(actor, family, start_obs, gamma, max_steps)
+        mc_return, lengths = rollout_from_observations(actor, task, start_obs, gamma, max_steps)
     q = ensemble_q(loss.qvalue_network, loss.qvalue_network_params, start_obs, action)  # [M, E]
     difference = q.mean(0) - mc_return
     return {
@@ -212,13 +217,17 @@ def analyze_baseline_run(run_dir: str | Path, mc_states: int = 5, seed: int = 0)
     if algo.name == "bc":
         return None
     config, data, info = load_run_config(run_dir)
-    parts = build_baseline(algo, config, info.family, torch.device("cpu"))
+    parts = build_baseline(algo, config, info, torch.device("cpu"))
     state = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
     parts.loss.load_state_dict(state["trainer"]["loss_module"])
     start = _start_states(data, mc_states, seed)
     return {
         "conservatism": monte_carlo_conservatism(
-            parts.loss, info.family, start, config.agent.gamma, config.eval.max_steps
+            parts.loss,
+            resolve_task(config.task, info),
+            start,
+            config.agent.gamma,
+            config.eval.max_steps,
         )
     }
 
@@ -269,7 +278,7 @@ def analyze_cbop_run(
         },
         "conservatism": monte_carlo_conservatism(
             loss,
-            info.family,
+            resolve_task(config.task, info),
             _start_states(data, mc_states, seed),
             config.agent.gamma,
             config.eval.max_steps,

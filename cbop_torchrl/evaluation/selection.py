@@ -476,14 +476,14 @@ def score_runs(
             data, info = load_dataset_with_info(env)
             datasets[env] = (data.to(device), info)
         data, info = datasets[env]
-        actor, family, meta = load_policy(policy_file(run_dir), device)
+        actor, _, meta = load_policy(policy_file(run_dir), device)
         fqe_config = fqe_config_for_run(config, **fqe_overrides)
         seed = int(config.get("seed", 0))
         value = evaluate_policy_offline(
             data,
             actor,
-            family.obs_dim,
-            family.action_dim,
+            meta["obs_dim"],
+            meta["action_dim"],
             fqe_config,
             seed,
             Path(run_dir) / "selection_fqe",

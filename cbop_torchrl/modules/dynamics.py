@@ -8,8 +8,8 @@ bounds (``max`` init 0.5, ``min`` init -10, one pair per member and output).
 
 :class:`DynamicsModel` wraps it as a TensorDict module for model rollouts:
 it reads ``observation``/``action`` and writes ``("next", "observation")``,
-``("next", "reward")`` and ``("next", "terminated")`` using the environment
-family's termination function from :mod:`cbop_torchrl.registry`.
+``("next", "reward")`` and ``("next", "terminated")`` using a termination
+function registered in :mod:`cbop_torchrl.registry`, named by the run's task.
 
 :func:`save_dynamics`/:func:`load_dynamics` store a model with its
 normalization statistics and elite indices in a checkpoint that loads with
@@ -28,7 +28,7 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
 from cbop_torchrl.modules.ensemble import EnsembleMLP
-from cbop_torchrl.registry import EnvFamily, get_family
+from cbop_torchrl.registry import get_termination
 from cbop_torchrl.utils import atomic_torch_save
 
 MAX_LOGVAR_INIT = 0.5
@@ -184,17 +184,13 @@ class GaussianEnsemble(nn.Module):
         }
 
 
-def _resolve_family(family: EnvFamily | str) -> EnvFamily:
-    return family if isinstance(family, EnvFamily) else get_family(family)
-
-
 class DynamicsModel(TensorDictModuleBase):
     """The elites of a :class:`GaussianEnsemble` as a TensorDict module for model rollouts.
 
     Reads ``observation`` ``[*batch, O]`` and ``action`` ``[*batch, A]``; writes
     ``("next", "observation")`` ``[*batch, O]``, ``("next", "reward")`` ``[*batch, 1]``
     (both float32, also under ``torch.autocast``) and ``("next", "terminated")``
-    bool ``[*batch, 1]`` from the family's termination function.
+    bool ``[*batch, 1]`` from the task's termination function.
 
     Two propagation schemes, chosen explicitly by ``per_member``:
 
@@ -211,8 +207,8 @@ class DynamicsModel(TensorDictModuleBase):
 
     Args:
         ensemble: the trained network, normalization statistics included.
-        family: the environment family (or its registered name); its
-            ``termination_fn`` decides ``("next", "terminated")``.
+        termination: name of a registered termination function (``hopper``,
+            ``none``, ...); it decides ``("next", "terminated")``.
         elites: indices of the elite members, in particle order.
         mode: ``"sample"`` or ``"mean"``.
         per_member: propagation scheme (see above).
@@ -226,7 +222,7 @@ class DynamicsModel(TensorDictModuleBase):
     def __init__(
         self,
         ensemble: GaussianEnsemble,
-        family: EnvFamily | str,
+        termination: str,
         elites: Sequence[int] | torch.Tensor | None = None,
         mode: str = "sample",
         per_member: bool = True,
@@ -234,8 +230,8 @@ class DynamicsModel(TensorDictModuleBase):
     ) -> None:
         super().__init__()
         self.ensemble = ensemble
-        self.family = _resolve_family(family)
-        self.termination_fn = self.family.termination_fn
+        self.termination = termination
+        self.termination_fn = get_termination(termination)
         self.mode = self._check_mode(mode)
         self.per_member = per_member
         self.generator = generator
@@ -332,7 +328,7 @@ class DynamicsModel(TensorDictModuleBase):
 
 
 def save_dynamics(model: DynamicsModel, path: str | Path, metadata: dict | None = None) -> Path:
-    """Atomically writes ``model`` (weights, normalization, elites, family) to ``path``.
+    """Atomically writes ``model`` (weights, normalization, elites, termination) to ``path``.
 
     ``metadata`` (plain Python values only) is stored alongside, e.g. the
     training config. Load with :func:`load_dynamics`.
@@ -340,7 +336,7 @@ def save_dynamics(model: DynamicsModel, path: str | Path, metadata: dict | None 
     checkpoint = {
         "format": CHECKPOINT_FORMAT,
         "architecture": model.ensemble.architecture(),
-        "family": model.family.name,
+        "termination": model.termination,
         "elites": model.elite_indices.tolist(),
         "state_dict": {k: v.detach().cpu() for k, v in model.ensemble.state_dict().items()},
         "metadata": metadata or {},
@@ -353,11 +349,13 @@ def load_dynamics(
     device: torch.device | str | None = None,
     mode: str = "sample",
     per_member: bool = True,
+    termination: str | None = None,
 ) -> DynamicsModel:
     """Rebuilds the :class:`DynamicsModel` saved by :func:`save_dynamics`.
 
-    Loads with ``weights_only=True``. The family must be registered in
-    :mod:`cbop_torchrl.registry` (its termination function is not pickled).
+    Loads with ``weights_only=True``. The termination function (the stored one,
+    or ``termination`` when given) must be registered in
+    :mod:`cbop_torchrl.registry`; it is stored by name, not pickled.
     """
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
@@ -367,8 +365,11 @@ def load_dynamics(
         )
     ensemble = GaussianEnsemble(**checkpoint["architecture"])
     ensemble.load_state_dict(checkpoint["state_dict"])
+    if termination is None:
+        # Files written before tasks existed name the family; its termination has that name.
+        termination = checkpoint.get("termination", checkpoint.get("family"))
     model = DynamicsModel(
-        ensemble, checkpoint["family"], checkpoint["elites"], mode=mode, per_member=per_member
+        ensemble, termination, checkpoint["elites"], mode=mode, per_member=per_member
     )
     return model.to(device) if device is not None else model
 

@@ -6,7 +6,7 @@ it and a checkpoint file cannot run code:
 
 - ``format``, ``step``, ``total_steps``: where the run stands;
 - ``training_config`` and its hash: resuming with other settings is refused;
-- ``policy``: what :func:`load_policy` needs to rebuild the actor (family,
+- ``policy``: what :func:`load_policy` needs to rebuild the actor (task,
   sizes, dataset name) and ``actor``, the actor's weights;
 - ``trainer``: TorchRL ``Trainer.state_dict()``: the loss module (actor,
   Q-ensemble, target Q-ensemble, log-alpha), the optimizer, the step
@@ -28,7 +28,7 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.trainers import Trainer, TrainerHookBase
 
 from cbop_torchrl.modules.actor_critic import make_actor, make_deterministic_actor
-from cbop_torchrl.registry import EnvFamily, get_family
+from cbop_torchrl.registry import Task, get_family
 from cbop_torchrl.utils import atomic_torch_save, config_hash
 
 CHECKPOINT_FORMAT = "cbop-torchrl/1"
@@ -69,13 +69,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def policy_metadata(
-    family: EnvFamily, hidden_sizes: list[int], dataset: str, step: int
+    task: Task, obs_dim: int, action_dim: int, hidden_sizes: list[int], dataset: str, step: int
 ) -> dict[str, Any]:
-    """What :func:`load_policy` needs besides the weights."""
+    """What :func:`load_policy` needs besides the weights (sizes come from the data)."""
     return {
-        "family": family.name,
-        "obs_dim": family.obs_dim,
-        "action_dim": family.action_dim,
+        "family": task.name,
+        "task": task.to_dict(),
+        "obs_dim": int(obs_dim),
+        "action_dim": int(action_dim),
         "hidden_sizes": list(hidden_sizes),
         "dataset": dataset,
         "step": int(step),
@@ -90,8 +91,8 @@ def save_policy(path: str | Path, actor: TensorDictModuleBase, metadata: dict[st
 
 def load_policy(
     path: str | Path, device: torch.device | str = "cpu"
-) -> tuple[TensorDictModuleBase, EnvFamily, dict[str, Any]]:
-    """The actor stored in a ``checkpoint.pt`` or ``policy.pt``, its family and metadata.
+) -> tuple[TensorDictModuleBase, Task, dict[str, Any]]:
+    """The actor stored in a ``checkpoint.pt`` or ``policy.pt``, its task and metadata.
 
     CBOP's and the stochastic baselines' actors are TanhNormal policies
     (:func:`make_actor`); TD3+BC's records ``actor_kind="deterministic"`` in
@@ -99,11 +100,12 @@ def load_policy(
     """
     state = load_checkpoint(path)
     meta = state["policy"]
-    family = get_family(meta["family"])
+    # Policies saved before tasks were recorded name a known family only.
+    task = Task(**meta["task"]) if "task" in meta else get_family(meta["family"])
     build = make_deterministic_actor if meta.get("actor_kind") == "deterministic" else make_actor
     actor = build(meta["obs_dim"], meta["action_dim"], tuple(meta["hidden_sizes"]))
     actor.load_state_dict(state["actor"])
-    return actor.to(device), family, meta
+    return actor.to(device), task, meta
 
 
 class CheckpointHook(TrainerHookBase):

@@ -41,7 +41,6 @@ from cbop_torchrl.modules.dynamics import (
     load_dynamics,
     save_dynamics,
 )
-from cbop_torchrl.registry import EnvFamily, get_family
 from cbop_torchrl.utils import atomic_json_dump, cache_dir, config_hash
 
 EVAL_CHUNK = 2048  # holdout rows per evaluation call (bounds activation memory)
@@ -268,7 +267,7 @@ def _update_snapshots(
 
 def train_dynamics(
     dataset_td: TensorDictBase,
-    family: EnvFamily | str,
+    termination: str,
     config: DynamicsConfig | None = None,
     progress: bool = True,
     log_fn: Callable[[dict[str, Any]], None] | None = None,
@@ -279,7 +278,7 @@ def train_dynamics(
 
     Args:
         dataset_td: dataset TensorDict ``[N]`` (see ``cbop_torchrl.data.load_dataset``).
-        family: environment family (or its registered name) for the termination fn.
+        termination: registered termination function name of the model's rollouts.
         config: settings (paper defaults if None).
         progress: show a tqdm bar over epochs.
         log_fn: called after every epoch with a dict of scalars: ``epoch``,
@@ -294,17 +293,11 @@ def train_dynamics(
         ``num_train``, ``num_holdout``.
     """
     config = config or DynamicsConfig()
-    family = family if isinstance(family, EnvFamily) else get_family(family)
     start_time = time.perf_counter()
     rows = dynamics_rows(dataset_td)
     device = rows.obs.device
     num_rows, obs_dim = rows.obs.shape
     action_dim = rows.action.shape[1]
-    if obs_dim != family.obs_dim or action_dim != family.action_dim:
-        raise ValueError(
-            f"dataset has obs/action sizes {obs_dim}/{action_dim} but family "
-            f"{family.name!r} expects {family.obs_dim}/{family.action_dim}"
-        )
 
     # Split, bootstrap and initialisation come from CPU generators, so a seed
     # gives the same ensemble on every device.
@@ -368,7 +361,7 @@ def train_dynamics(
     ensemble.load_state_dict(best_params, strict=False)  # each member's best snapshot
     mse, nll = holdout_losses(ensemble, hold_x, hold_y)
     elites = mse.argsort()[: config.num_elites]
-    model = DynamicsModel(ensemble, family, elites.cpu().tolist())
+    model = DynamicsModel(ensemble, termination, elites.cpu().tolist())
     metrics = holdout_metrics(model, holdout)
     metrics.update(
         elites=elites.tolist(),
@@ -384,10 +377,11 @@ def train_dynamics(
 
 
 def dynamics_cache_key(info: Any, config: DynamicsConfig) -> str:
-    """Cache key of a trained ensemble: dataset fingerprint, family and the full config."""
-    return config_hash(
-        {"dataset": info.fingerprint, "family": info.family.name, "config": config.to_dict()}
-    )
+    """Cache key of a trained ensemble: dataset fingerprint and the full config.
+
+    The termination function is applied at load time, so it is not part of the key.
+    """
+    return config_hash({"dataset": info.fingerprint, "config": config.to_dict()})
 
 
 def load_or_train_dynamics(
@@ -397,20 +391,22 @@ def load_or_train_dynamics(
     progress: bool = True,
     log_fn: Callable[[dict[str, Any]], None] | None = None,
     use_cache: bool = True,
+    *,
+    termination: str,
 ) -> tuple[DynamicsModel, dict[str, Any]]:
     """A trained ensemble for ``dataset_td``, from the cache when one exists.
 
     The cache entry ``cache_dir("dynamics", key)`` (``model.pt`` +
-    ``metrics.json``) is keyed by ``info.fingerprint``, ``info.family`` and
-    every field of ``config``. The returned metrics carry ``cached`` (bool)
-    and ``cache_path``.
+    ``metrics.json``) is keyed by ``info.fingerprint`` and every field of
+    ``config``. The returned metrics carry ``cached`` (bool) and ``cache_path``.
 
     Args:
         dataset_td: the dataset TensorDict; training runs on its device.
-        info: its ``DatasetInfo`` (``.name``, ``.family``, ``.fingerprint``).
+        info: its ``DatasetInfo`` (``.name``, ``.fingerprint``).
         config: dynamics settings (paper defaults if None).
         progress, log_fn: see :func:`train_dynamics`.
         use_cache: False always trains (and then refreshes the cache entry).
+        termination: the task's registered termination function name (``task.termination``).
     """
     config = config or DynamicsConfig()
     directory = cache_dir("dynamics", dynamics_cache_key(info, config))
@@ -418,13 +414,13 @@ def load_or_train_dynamics(
     device = dataset_td.get("observation").device
     if use_cache and model_path.exists() and metrics_path.exists():
         try:
-            model = load_dynamics(model_path, device=device)
+            model = load_dynamics(model_path, device=device, termination=termination)
             metrics = json.loads(metrics_path.read_text())
             metrics.update(cached=True, cache_path=str(model_path))
             return model, metrics
         except Exception as error:  # a corrupt entry is retrained, not fatal
             warnings.warn(f"ignoring unreadable dynamics cache {model_path}: {error}", stacklevel=2)
-    model, metrics = train_dynamics(dataset_td, info.family, config, progress, log_fn)
+    model, metrics = train_dynamics(dataset_td, termination, config, progress, log_fn)
     save_dynamics(model, model_path, metadata={"dataset": info.name, "config": config.to_dict()})
     metrics.update(dataset=info.name, config=config.to_dict())
     atomic_json_dump(metrics, metrics_path)

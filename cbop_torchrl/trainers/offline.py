@@ -44,10 +44,19 @@ from torchrl.trainers import OptimizationStepper, TargetNetUpdaterHook, Trainer,
 
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo, make_replay_buffer
-from cbop_torchrl.envs.evaluate import evaluate_policy, make_eval_env
+from cbop_torchrl.envs import (
+    NO_NORMALIZED_SCORE,
+    EnvSpecs,
+    check_data_fits_env,
+    evaluate_policy,
+    make_eval_env,
+    read_env_specs,
+    resolve_task,
+)
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.objectives.pretrain import ensemble_q
+from cbop_torchrl.registry import Task
 from cbop_torchrl.trainers.checkpoint import (
     CHECKPOINT_NAME,
     POLICY_NAME,
@@ -178,21 +187,22 @@ class GuardedOptimizationStepper(OptimizationStepper):
 class EvaluationHook(TrainerHookBase):
     """Evaluates the deterministic policy every ``interval`` gradient steps (``post_steps``).
 
-    Logs ``eval/normalized_score`` (mean), ``eval/normalized_score_std`` and
-    ``eval/return`` and keeps the history (checkpointed) for ``results.json``.
+    Logs ``eval/return`` and, when the task has reference scores,
+    ``eval/normalized_score`` (mean) and ``eval/normalized_score_std``; keeps
+    the history (checkpointed) for ``results.json``.
     The final evaluation after the last step is done by the pipeline itself.
     """
 
     def __init__(
         self,
         actor: Any,
-        info: DatasetInfo,
+        task: Task,
         env: EnvBase,
         config: RunConfig,
         logger: Logger | None,
         total_steps: int,
     ) -> None:
-        self.actor, self.info, self.env, self.logger = actor, info, env, logger
+        self.actor, self.task, self.env, self.logger = actor, task, env, logger
         self.interval = config.eval.interval
         self.max_steps = config.eval.max_steps
         self.seed = config.seed
@@ -206,7 +216,7 @@ class EvaluationHook(TrainerHookBase):
             self.evaluate(step)
 
     def evaluate(self, step: int) -> dict[str, Any]:
-        result = evaluate_policy(self.actor, self.info.family, self.env, self.max_steps, self.seed)
+        result = evaluate_policy(self.actor, self.task, self.env, self.max_steps, self.seed)
         summary = result.summary()
         record = {
             "step": step,
@@ -215,15 +225,12 @@ class EvaluationHook(TrainerHookBase):
             "return_mean": summary["return_mean"],
         }
         self.history.append(record)
-        log_scalars(
-            self.logger,
-            {
-                "eval/normalized_score": record["normalized_score_mean"],
-                "eval/normalized_score_std": record["normalized_score_std"],
-                "eval/return": record["return_mean"],
-            },
-            step,
-        )
+        scalars = {
+            "eval/normalized_score": record["normalized_score_mean"],
+            "eval/normalized_score_std": record["normalized_score_std"],
+            "eval/return": record["return_mean"],
+        }
+        log_scalars(self.logger, {k: v for k, v in scalars.items() if v is not None}, step)
         return summary
 
     def state_dict(self) -> dict[str, Any]:
@@ -324,18 +331,18 @@ def build_cbop_loss(
     config: RunConfig, info: DatasetInfo, dynamics: Any, device: torch.device
 ) -> tuple[CBOPLoss, Any]:
     """The CBOP loss (actor, M Q-networks, the estimator on ``dynamics``) and its actor."""
-    family = info.family
+    obs_dim, action_dim = info.obs_dim, info.action_dim
     hidden = tuple(config.agent.hidden_sizes)
-    actor = make_actor(family.obs_dim, family.action_dim, hidden, device=device)
+    actor = make_actor(obs_dim, action_dim, hidden, device=device)
     qnets = make_qvalue_ensemble(
-        config.agent.num_qvalue_nets, family.obs_dim, family.action_dim, hidden, device=device
+        config.agent.num_qvalue_nets, obs_dim, action_dim, hidden, device=device
     )
     estimator = config.estimator
     loss = CBOPLoss(
         actor,
         qnets,
         dynamics,
-        action_spec=action_spec(family.action_dim, device),
+        action_spec=action_spec(action_dim, device),
         gamma=config.agent.gamma,
         horizon=estimator.horizon,
         psi=estimator.psi,
@@ -374,6 +381,7 @@ def make_optimizer(loss: CBOPLoss, config: RunConfig) -> torch.optim.Optimizer:
 
 def common_results(
     info: DatasetInfo,
+    task: Task,
     config: RunConfig,
     final: dict[str, Any],
     *,
@@ -385,17 +393,23 @@ def common_results(
     """The ``results.json`` fields every training script writes (CBOP and the baselines).
 
     ``grad_steps_per_s`` counts the steps of this session over its training
-    time, periodic evaluation included.
+    time, periodic evaluation included. Without reference scores
+    (``task.ref_*``) the normalized score is None and ``normalized_score_note``
+    says why; the raw return is always there.
     """
     steps_run = total_steps - start_step
     return {
         "dataset": info.name,
-        "env_family": info.family.name,
-        "gym_id": info.family.gym_id,
+        "env_family": task.name,
+        "gym_id": task.gym_id,
+        "task": task.to_dict(),
+        "obs_dim": info.obs_dim,
+        "action_dim": info.action_dim,
         "seed": config.seed,
         "preset": config.preset,
         "normalized_score_mean": final["normalized_score_mean"],
         "normalized_score_std": final["normalized_score_std"],
+        **({} if task.has_reference_scores else {"normalized_score_note": NO_NORMALIZED_SCORE}),
         "return_mean": final["return_mean"],
         "return_std": final["return_std"],
         "episodes": final["episodes"],
@@ -451,13 +465,17 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
 
 @dataclass
 class OfflineRun:
-    """What the stages of one run share: config, data info, device, logger, clock, resume state.
+    """What the stages of one run share: config, data, task, device, logger, clock, resume state.
 
     Used by the CBOP pipeline and by the baselines (:func:`cbop_torchrl.baselines.run_baseline`).
+    ``task`` is resolved from ``config.task`` and the dataset, and ``specs`` read from its
+    environment; the data's sizes must match them (checked when the run opens).
     """
 
     config: RunConfig
     info: DatasetInfo
+    task: Task
+    specs: EnvSpecs
     run_dir: Path
     device: torch.device
     training_config: dict[str, Any]
@@ -470,8 +488,16 @@ class OfflineRun:
     def open(
         cls, config: RunConfig, info: DatasetInfo, run_dir: Path, training_config: dict[str, Any]
     ) -> OfflineRun:
-        """Creates ``run_dir``, picks the device and reads the checkpoint to resume, if any."""
+        """Resolves the task and checks the data against its environment's specs, then creates
+        ``run_dir``, picks the device and reads the checkpoint to resume, if any.
+
+        Raises:
+            TaskError: the task cannot be resolved, or the data's sizes do not fit its env.
+        """
         start_time = time.perf_counter()
+        task = resolve_task(config.task, info)
+        specs = read_env_specs(task)
+        check_data_fits_env(info, specs, task)
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         device = resolve_device(config.device)
@@ -479,8 +505,8 @@ class OfflineRun:
             torch.set_num_threads(config.threads)
         resume_state = _resume_state(config, run_dir / CHECKPOINT_NAME, training_config)
         return cls(
-            config, info, run_dir, device, training_config, resume_state, start_time,
-            StageClock(config.progress),
+            config, info, task, specs, run_dir, device, training_config, resume_state,
+            start_time, StageClock(config.progress),
         )  # fmt: skip
 
     @property
@@ -519,6 +545,13 @@ class OfflineRun:
             resume_step=self.resume_step,
         )
 
+    def policy_metadata(self, step: int) -> dict[str, Any]:
+        """What :func:`~cbop_torchrl.trainers.checkpoint.load_policy` needs at ``step``."""
+        info = self.info
+        return policy_metadata(
+            self.task, info.obs_dim, info.action_dim, self.hidden_sizes, info.name, step
+        )
+
     def wall_time(self) -> float:
         """Seconds spent on this run over all its sessions."""
         prior = float(self.resume_state.get("wall_time_s", 0.0)) if self.resume_state else 0.0
@@ -535,7 +568,11 @@ class OfflineRun:
         """Writes ``results.json`` atomically and logs the final score."""
         atomic_json_dump(results, self.results_path)
         total_steps = self.config.train.total_steps
-        self.log({"final/normalized_score": results["normalized_score_mean"]}, total_steps)
+        final = {
+            "final/normalized_score": results["normalized_score_mean"],
+            "final/return": results["return_mean"],
+        }
+        self.log({k: v for k, v in final.items() if v is not None}, total_steps)
         if self.config.logger.backend == "wandb" and hasattr(self.logger, "experiment"):
             self.logger.experiment.finish()
         return results
@@ -546,27 +583,27 @@ def dynamics_stage(run: OfflineRun, data: TensorDictBase) -> tuple[Any, dict[str
     run.clock.start("dynamics", f"{run.config.dynamics.num_members} members")
     dynamics, metrics = load_or_train_dynamics(
         data, run.info, run.config.dynamics, progress=run.config.progress,
-        log_fn=run.log_dynamics_epoch,
+        log_fn=run.log_dynamics_epoch, termination=run.task.termination,
     )  # fmt: skip
     return dynamics.to(run.device), metrics
 
 
 def behaviour_cloning_stage(run: OfflineRun, data: TensorDictBase) -> tuple[dict, bool]:
     """The BC actor's parameters (cached, resumable) and whether they came from the cache."""
-    config, family = run.config, run.info.family
+    config, info = run.config, run.info
     run.clock.start("bc", f"{config.bc.steps} steps")
     return load_or_train_bc(
-        data, run.info.fingerprint, family.obs_dim, family.action_dim, run.hidden_sizes,
+        data, info.fingerprint, info.obs_dim, info.action_dim, run.hidden_sizes,
         config.bc, config.seed, config.progress, run.log,
     )  # fmt: skip
 
 
 def fitted_q_evaluation_stage(run: OfflineRun, data: TensorDictBase) -> tuple[dict, bool]:
     """The Q-ensemble's parameters after FQE of the behaviour policy (cached, resumable)."""
-    config, family = run.config, run.info.family
+    config, info = run.config, run.info
     run.clock.start("fqe", f"{config.fqe.steps} steps, M={config.agent.num_qvalue_nets}")
     return load_or_train_fqe(
-        data, run.info.fingerprint, family.obs_dim, family.action_dim, run.hidden_sizes,
+        data, info.fingerprint, info.obs_dim, info.action_dim, run.hidden_sizes,
         config.agent.num_qvalue_nets, config.agent.gamma, config.fqe,
         config.seed, config.progress, run.log,
     )  # fmt: skip
@@ -634,7 +671,7 @@ def build_offline_training(
     metrics.register(trainer)
     for hook in extra_hooks:
         hook.register(trainer)
-    evaluation = EvaluationHook(actor, run.info, eval_env, config, run.logger, total_steps)
+    evaluation = EvaluationHook(actor, run.task, eval_env, config, run.logger, total_steps)
     evaluation.register(trainer)
     checkpoint.register(trainer)
     trainer.register_module("rng", GlobalRNGState())
@@ -676,10 +713,10 @@ def cbop_stage(
     buffer = make_replay_buffer(data.select(*CBOP_KEYS), config.train.batch_size, device=run.device)
     generator = torch.Generator(device=run.device).manual_seed(config.seed + CBOP_SEED_OFFSET)
     buffer.set_rng(generator)
-    eval_env = make_eval_env(run.info.family, config.eval.episodes, config.eval.backend)
+    eval_env = make_eval_env(run.task, config.eval.episodes, config.eval.backend)
     diagnostics = (
         [LearningDiagnostics(
-            loss, data, run.info.family.gym_id, config.agent.gamma, config.eval.interval,
+            loss, data, run.task.gym_id, config.agent.gamma, config.eval.interval,
             config.train.total_steps, run.logger, max_steps=config.eval.max_steps,
             seed=config.seed,
         )]
@@ -717,7 +754,7 @@ def cbop_checkpoint_payload(run: OfflineRun, actor: Any, step: int) -> dict[str,
     return {
         "training_config": run.training_config,
         "training_config_hash": training_config_hash(run.training_config),
-        "policy": policy_metadata(run.info.family, run.hidden_sizes, run.info.name, step),
+        "policy": run.policy_metadata(step),
         "actor": actor.state_dict(),
         "wall_time_s": run.wall_time(),
     }
@@ -739,11 +776,12 @@ def write_cbop_results(
     config, training = run.config, cbop.training
     total_steps = config.train.total_steps
     policy_path = run.run_dir / POLICY_NAME
-    metadata = policy_metadata(run.info.family, run.hidden_sizes, run.info.name, total_steps)
+    metadata = run.policy_metadata(total_steps)
     save_policy(policy_path, training.actor, metadata)
     results = {
         **common_results(
             run.info,
+            run.task,
             config,
             final,
             total_steps=total_steps,

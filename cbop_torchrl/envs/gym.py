@@ -1,0 +1,162 @@
+"""Gymnasium environments as TorchRL envs, and the check that a dataset fits one.
+
+The sizes a run trains with come from the dataset's tensors; the environment's
+TorchRL specs (``observation_spec``, ``action_spec``) must agree with them,
+and give the action bounds.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from functools import partial
+
+from torchrl.data import Bounded
+from torchrl.envs import DoubleToFloat, EnvBase, GymEnv, ParallelEnv, SerialEnv, TransformedEnv
+
+from cbop_torchrl.data.info import DatasetInfo
+from cbop_torchrl.envs.task import TaskError
+from cbop_torchrl.registry import Task
+
+
+def filter_env_warnings() -> None:
+    """Silences gymnasium's "-v4 is out of date" and MuJoCo's compiler deprecation notices.
+
+    Evaluation deliberately uses ``*-v4`` (DESIGN.md section 2), so both are noise.
+    """
+    warnings.filterwarnings("ignore", message=r".*is out of date\. You should consider upgrading")
+    warnings.filterwarnings(
+        "ignore", message=r".*deprecated.*compiler", category=DeprecationWarning
+    )
+
+
+def make_env(task: Task) -> EnvBase:
+    """One TorchRL ``GymEnv`` of ``task`` (float32 observations), on the CPU.
+
+    Raises:
+        TaskError: gymnasium has no such id, or rejects the keyword arguments.
+    """
+    filter_env_warnings()
+    try:
+        env = GymEnv(task.gym_id, device="cpu", **task.gym_kwargs)
+    except Exception as error:  # gymnasium raises NameNotFound, TypeError, DependencyNotInstalled
+        raise TaskError(
+            f"gymnasium cannot make task.gym_id={task.gym_id} with task.gym_kwargs="
+            f"{dict(task.gym_kwargs)} ({type(error).__name__}: {error}). Pass the id of an "
+            "installed gymnasium environment (e.g. Hopper-v4, Swimmer-v4) and only keyword "
+            "arguments its constructor accepts."
+        ) from None
+    # MuJoCo observations are float64; the networks and the datasets are float32.
+    return TransformedEnv(env, DoubleToFloat())
+
+
+def make_eval_env(task: Task, num_envs: int, backend: str = "serial") -> EnvBase:
+    """A batch of ``num_envs`` environments of ``task`` (batch size ``[num_envs]``).
+
+    Args:
+        task: gives the gymnasium id and its keyword arguments.
+        num_envs: episodes evaluated at once.
+        backend: ``"serial"`` (``SerialEnv``: no worker processes, best on a
+            couple of cores) or ``"parallel"`` (``ParallelEnv``: one process per
+            environment; the entry script needs ``if __name__ == "__main__":``).
+    """
+    filter_env_warnings()
+    make = partial(make_env, task)
+    if backend == "serial":
+        return SerialEnv(num_envs, make)
+    if backend == "parallel":
+        return ParallelEnv(num_envs, make, mp_start_method="spawn")
+    raise ValueError(f"evaluation backend must be 'serial' or 'parallel'; got {backend!r}")
+
+
+@dataclass(frozen=True)
+class EnvSpecs:
+    """What a run reads from the environment's TorchRL specs.
+
+    Attributes:
+        observation_shape: ``observation_spec["observation"].shape`` (``(11,)``).
+        action_shape: ``action_spec.shape`` (``(3,)``).
+        action_low, action_high: the action box, one bound per dimension.
+    """
+
+    observation_shape: tuple[int, ...]
+    action_shape: tuple[int, ...]
+    action_low: tuple[float, ...]
+    action_high: tuple[float, ...]
+
+
+def read_env_specs(task: Task) -> EnvSpecs:
+    """The specs of one environment of ``task`` (made and closed here).
+
+    Raises:
+        TaskError: the environment has no flat ``observation`` or no bounded,
+            continuous action space (the agent's tanh policy needs a box).
+    """
+    env = make_env(task)
+    try:
+        observation = env.observation_spec.get("observation", None)
+        action = env.action_spec
+        if observation is None or not observation.dtype.is_floating_point:
+            raise TaskError(
+                f"{task.gym_id} has no flat continuous 'observation' (its observation_spec "
+                f"keys are {list(env.observation_spec.keys())}); only vector-observation "
+                "MuJoCo-style tasks are supported."
+            )
+        if not isinstance(action, Bounded) or not action.dtype.is_floating_point:
+            raise TaskError(
+                f"{task.gym_id}'s action_spec is {type(action).__name__} ({action.dtype}); "
+                "the agent's tanh policy needs a bounded continuous (box) action space."
+            )
+        return EnvSpecs(
+            observation_shape=tuple(observation.shape),
+            action_shape=tuple(action.shape),
+            action_low=tuple(float(v) for v in action.space.low.reshape(-1)),
+            action_high=tuple(float(v) for v in action.space.high.reshape(-1)),
+        )
+    finally:
+        env.close()
+
+
+def check_data_fits_env(info: DatasetInfo, specs: EnvSpecs, task: Task) -> None:
+    """Raises a :class:`TaskError` naming both shapes when ``info``'s data does not fit ``task``.
+
+    Checked: observation and action sizes, and the action box (the agent acts
+    in ``[-1, 1]`` per dimension, the range of D4RL's MuJoCo tasks).
+    """
+    check_sizes_fit_env(
+        f"the dataset {info.name!r}", info.obs_dim, info.action_dim, specs, task, rows="N, "
+    )
+
+
+def check_sizes_fit_env(
+    what: str, obs_dim: int, action_dim: int, specs: EnvSpecs, task: Task, rows: str = ""
+) -> None:
+    """Raises a :class:`TaskError` when ``obs_dim``/``action_dim`` (of the data or a
+    policy, named by ``what``) do not match ``task``'s specs or its actions are not in [-1, 1].
+    """
+    env_shapes = (list(specs.observation_shape), list(specs.action_shape))
+    if ([obs_dim], [action_dim]) != env_shapes:
+        hint = ""
+        if task.gym_id.startswith("Ant-"):
+            hint = (
+                " Gymnasium's Ant-v4 has 27 observations, or 111 with contact forces "
+                "(task.gym_kwargs={use_contact_forces:true}, D4RL's layout)."
+            )
+        raise TaskError(
+            f"{what} does not fit task.gym_id={task.gym_id} (gym_kwargs "
+            f"{dict(task.gym_kwargs)}): it has observations of shape [{rows}{obs_dim}] and "
+            f"actions of shape [{rows}{action_dim}], but the environment's observation_spec "
+            f"has shape {env_shapes[0]} and its action_spec shape {env_shapes[1]}. Pass the "
+            "task the data was recorded on (task.gym_id=<id>, task.gym_kwargs={...}), or "
+            f"check that the file holds data of {task.gym_id}.{hint}"
+        )
+    unit_box = all(low == -1.0 for low in specs.action_low) and all(
+        high == 1.0 for high in specs.action_high
+    )
+    if not unit_box:
+        raise TaskError(
+            f"task.gym_id={task.gym_id} has the action box low={list(specs.action_low)}, "
+            f"high={list(specs.action_high)}; the agent's tanh policy acts in [-1, 1] per "
+            "dimension (D4RL's MuJoCo tasks), so tasks with other action bounds are not "
+            "supported yet."
+        )

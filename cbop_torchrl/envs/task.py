@@ -1,0 +1,208 @@
+"""The ``task`` config group and its resolution: which environment a dataset belongs to.
+
+A dataset of a known family (D4RL's MuJoCo locomotion tasks, recognised from
+the dataset's name or metadata) needs no settings. For any other gymnasium
+task, the command line says what the data cannot:
+
+    python scripts/cbop.py env=/data/swimmer.hdf5 task.gym_id=Swimmer-v4 \
+        task.termination=none estimator.psi=1.0
+
+``task.ref_min_score``/``task.ref_max_score`` turn returns into normalized
+scores; without them results report the raw return only.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cbop_torchrl.data.errors import DatasetError
+from cbop_torchrl.data.info import DatasetInfo
+from cbop_torchrl.registry import (
+    NO_TERMINATION,
+    Task,
+    families,
+    family_of_gym_id,
+    get_family,
+    termination_names,
+)
+
+
+class TaskError(DatasetError):
+    """The task cannot be resolved, or the data does not fit its environment.
+
+    A :class:`~cbop_torchrl.data.DatasetError`, so every entry script reports it
+    in one paragraph and exits with code 2.
+    """
+
+
+@dataclass
+class TaskConfig:
+    """The ``task`` config group; a null means "from the dataset's known family".
+
+    Attributes:
+        gym_id: gymnasium id to evaluate on (``Swimmer-v4``).
+        gym_kwargs: keyword arguments of ``gymnasium.make``, merged over the family's.
+        ref_min_score, ref_max_score: returns normalized to 0 and 100 (both or neither).
+        termination: a registered termination function name, or ``none``.
+    """
+
+    gym_id: str | None = None
+    gym_kwargs: dict[str, Any] = field(default_factory=dict)
+    ref_min_score: float | None = None
+    ref_max_score: float | None = None
+    termination: str | None = None
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any] | None) -> TaskConfig:
+        values = dict(values or {})
+        values["gym_kwargs"] = dict(values.get("gym_kwargs") or {})
+        return cls(**values)
+
+
+def example_command(info: DatasetInfo, gym_id: str = "<gymnasium id>") -> str:
+    """A complete command that trains on ``info``'s data once its task is named."""
+    return (
+        f"python scripts/cbop.py env={info.source} task.gym_id={gym_id} "
+        "task.termination=none estimator.psi=1.0"
+    )
+
+
+def resolve_task(config: TaskConfig | Mapping[str, Any] | None, info: DatasetInfo) -> Task:
+    """The :class:`Task` of a dataset: the command line's ``task.*`` over the known family's.
+
+    The gymnasium id comes from ``task.gym_id``, else the dataset's known family,
+    else the gymnasium id recorded in the data's metadata. A known family (found
+    by that gym id or the dataset's name) supplies the gym kwargs, score constants
+    and termination function that the command line leaves out.
+
+    Raises:
+        TaskError: no gymnasium id, no termination function for an unknown task,
+            an unknown termination name, or only one of the two reference scores.
+    """
+    if not isinstance(config, TaskConfig):
+        config = TaskConfig.from_dict(config)
+    gym_id = config.gym_id
+    if gym_id is None and info.family is None:
+        gym_id = info.env_id
+    if gym_id is not None:
+        base = family_of_gym_id(gym_id)
+    else:
+        base = get_family(info.family) if info.family is not None else None
+    if gym_id is None and base is None:
+        raise TaskError(
+            f"cannot tell which environment the dataset {info.name!r} was recorded on: its "
+            f"name starts with no known family ({', '.join(sorted(families()))}) and it "
+            "records no gymnasium id (metadata/env_id). Name the task on the command line, "
+            f"e.g. `{example_command(info, 'Swimmer-v4')}`."
+        )
+    gym_id = gym_id or base.gym_id
+
+    termination = config.termination or (base.termination if base is not None else None)
+    if termination is None:
+        raise TaskError(
+            f"task.gym_id={gym_id} is not a known task, so no termination function is known "
+            "for its model rollouts. Pass task.termination=none (rollouts never terminate) "
+            f"or one of the registered functions ({', '.join(termination_names())}), e.g. "
+            f"`{example_command(info, gym_id)}`."
+        )
+    if termination not in termination_names():
+        raise TaskError(
+            f"task.termination={termination!r} is not a registered termination function; "
+            f"use one of {', '.join(termination_names())} (none: rollouts never terminate) "
+            "or register one with cbop_torchrl.registry.register_termination(name, fn)."
+        )
+
+    refs = (config.ref_min_score, config.ref_max_score)
+    if (refs[0] is None) != (refs[1] is None):
+        raise TaskError(
+            f"task.ref_min_score={refs[0]} and task.ref_max_score={refs[1]}: give both (the "
+            "returns that normalize to 0 and 100) or neither (results then report the raw "
+            "return only)."
+        )
+    if refs[0] is None and base is not None:
+        refs = (base.ref_min_score, base.ref_max_score)
+    if refs[0] is not None and not float(refs[1]) != float(refs[0]):
+        raise TaskError(
+            f"task.ref_min_score and task.ref_max_score are both {refs[0]}; they must differ."
+        )
+
+    if termination == NO_TERMINATION:
+        warnings.warn(
+            f"task.termination=none: model rollouts on {gym_id} never terminate, so the "
+            "dynamics model may imagine states past the end of an episode.",
+            stacklevel=2,
+        )
+    return Task(
+        name=base.name if base is not None else gym_id,
+        gym_id=gym_id,
+        gym_kwargs={**(base.gym_kwargs if base is not None else {}), **config.gym_kwargs},
+        ref_min_score=None if refs[0] is None else float(refs[0]),
+        ref_max_score=None if refs[1] is None else float(refs[1]),
+        termination=termination,
+    )
+
+
+def override_task(task: Task, config: TaskConfig | Mapping[str, Any] | None) -> Task:
+    """``task`` (e.g. the one a policy was trained on) with the ``task.*`` values that are set.
+
+    Used where the task is already known, as in ``scripts/evaluate.py``: a given
+    ``task.gym_id`` evaluates elsewhere, given ``task.ref_*`` scores normalize.
+    """
+    if not isinstance(config, TaskConfig):
+        config = TaskConfig.from_dict(config)
+    refs = (config.ref_min_score, config.ref_max_score)
+    if (refs[0] is None) != (refs[1] is None):
+        raise TaskError(
+            f"task.ref_min_score={refs[0]} and task.ref_max_score={refs[1]}: give both or neither."
+        )
+    if refs[0] is None:
+        refs = (task.ref_min_score, task.ref_max_score)
+    termination = config.termination or task.termination
+    if termination not in termination_names():
+        raise TaskError(
+            f"task.termination={termination!r} is not a registered termination function; "
+            f"use one of {', '.join(termination_names())}."
+        )
+    try:
+        return Task(
+            name=task.name if config.gym_id in (None, task.gym_id) else config.gym_id,
+            gym_id=config.gym_id or task.gym_id,
+            gym_kwargs={**task.gym_kwargs, **config.gym_kwargs},
+            ref_min_score=refs[0],
+            ref_max_score=refs[1],
+            termination=termination,
+        )
+    except ValueError as error:
+        raise TaskError(str(error)) from None
+
+
+def collection_task(name: str, config: TaskConfig | Mapping[str, Any] | None) -> Task:
+    """The task ``scripts/collect.py env=<name>`` generates data on.
+
+    A known family (``hopper``) with any ``task.*`` values replaced; any other
+    ``name`` needs ``task.gym_id`` (the files are then called ``<name>-<kind>-gen.hdf5``).
+    """
+    if not isinstance(config, TaskConfig):
+        config = TaskConfig.from_dict(config)
+    if name in families():
+        return override_task(get_family(name), config)
+    if config.gym_id is None:
+        raise TaskError(
+            f"env={name} is not a known family ({', '.join(sorted(families()))}); to generate "
+            f"data on another gymnasium task, name it: `python scripts/collect.py env={name} "
+            "task.gym_id=Swimmer-v4 kind=random`."
+        )
+    try:
+        return Task(
+            name=name,
+            gym_id=config.gym_id,
+            gym_kwargs=config.gym_kwargs,
+            ref_min_score=config.ref_min_score,
+            ref_max_score=config.ref_max_score,
+            termination=config.termination or NO_TERMINATION,
+        )
+    except ValueError as error:
+        raise TaskError(str(error)) from None
