@@ -3,6 +3,7 @@
     python scripts/select_psi.py sweeps/paper_grid
     python scripts/select_psi.py multirun --steps 20000 --device cuda
     python scripts/select_psi.py multirun --json selection.json
+    python scripts/select_psi.py multirun task.ref_min_score=0 task.ref_max_score=360
 
 For every run under the sweep directory the trained policy is evaluated
 offline (paper appendix C): a fresh Q-ensemble is fitted to the policy's
@@ -11,21 +12,28 @@ value on the run's dataset (FQE), and the policy scores
 dataset, the settings that differ between runs (e.g. ``estimator.psi``) are
 ranked by their score averaged over seeds. When the runs were evaluated
 online (``results.json``), the online ranking and Spearman's rho between the
-two rankings are printed too. Fits are cached in each run directory, so a
-second call is fast and an interrupted one resumes.
+two rankings are printed too: D4RL-normalized scores, or the raw return for
+a task without reference scores (``task.ref_min_score``/``task.ref_max_score``
+given here normalize it). The other ``task.*`` keys are accepted like in every
+entry script, but offline selection never runs the environment. Fits are
+cached in each run directory, so a second call is fast and an interrupted
+one resumes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import warnings
 from pathlib import Path
 
 import torch
+import yaml
 
 from cbop_torchrl.data import DatasetError
+from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.evaluation.selection import DatasetRanking, rank_runs, score_runs
 from cbop_torchrl.sweeps import SweepError, find_runs
 from cbop_torchrl.trainers.checkpoint import CheckpointError
@@ -54,7 +62,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the rankings here")
     parser.add_argument("--no-progress", action="store_true", help="no FQE progress bars")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "task", nargs="*", metavar="task.KEY=VALUE",
+        help="task.* values as in scripts/cbop.py (task.ref_min_score=0 task.ref_max_score=360)",
+    )  # fmt: skip
+    return parser.parse_intermixed_args(argv)
+
+
+def parse_task_overrides(items: list[str]) -> TaskConfig:
+    """``["task.ref_min_score=0", ...]`` -> a validated :class:`TaskConfig` (values as YAML)."""
+    valid = {f.name for f in dataclasses.fields(TaskConfig)}
+    values = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        name = key.removeprefix("task.")
+        if not sep or not key.startswith("task.") or name not in valid:
+            raise SweepError(
+                f"{item!r} is not a task setting; pass task.KEY=VALUE with KEY one of "
+                f"{', '.join(sorted(valid))} (e.g. task.ref_min_score=0 task.ref_max_score=360)"
+            )
+        values[name] = yaml.safe_load(text)
+    config = TaskConfig.from_dict(values)
+    refs = (config.ref_min_score, config.ref_max_score)
+    if (refs[0] is None) != (refs[1] is None) or (refs[0] is not None and refs[0] == refs[1]):
+        raise SweepError(
+            f"task.ref_min_score={refs[0]} and task.ref_max_score={refs[1]}: give both, "
+            "different (the returns that normalize to 0 and 100), or neither"
+        )
+    return config
 
 
 def format_ranking(ranking: DatasetRanking) -> str:
@@ -147,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as error:
             raise SweepError(str(error)) from None
         progress = not args.no_progress
+        task = parse_task_overrides(args.task)
 
         def announce(index: int, run_dir: Path) -> None:
             if progress:
@@ -160,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps,
             batch_size=args.batch_size,
             num_qvalue_nets=args.qvalue_nets,
+            task=task,
         )
     except (SweepError, DatasetError, CheckpointError, FloatingPointError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -262,3 +262,29 @@ def test_evaluate_and_collect_task_overrides() -> None:
     assert (swimmer.name, swimmer.gym_id, swimmer.termination) == ("swimmer", "Swimmer-v4", "none")
     with pytest.raises(TaskError, match="task.gym_id=Swimmer-v4 kind=random"):
         collection_task("swimmer", None)
+
+
+def test_the_report_refuses_a_run_without_normalized_score(cbop_run: Path) -> None:
+    from cbop_torchrl.evaluation.report import ReportError, summarize_run
+
+    with pytest.raises(ReportError, match="no normalized score .*task.ref_min_score"):
+        summarize_run(cbop_run, analysis=False)
+
+
+def test_select_psi_ranks_by_return_and_takes_task_reference_scores(
+    workspace: dict, cbop_run: Path
+) -> None:
+    import shutil
+
+    sweep = workspace["root"] / "sweep"
+    shutil.copytree(cbop_run, sweep / "psi1", ignore=shutil.ignore_patterns("selection_fqe"))
+    common = ("select_psi.py", str(sweep), "--steps", "10", "--no-progress", "--threads", "1")
+    ret = json.loads((cbop_run / "results.json").read_text())["return_mean"]
+    done = run(workspace, *common)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{ret:.1f}" in done.stdout  # no reference scores: the online score is the return
+    done = run(workspace, *common, "task.ref_min_score=-10", "task.ref_max_score=10")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{100 * (ret + 10) / 20:.1f}" in done.stdout
+    bad = run(workspace, *common, "task.ref_min_score=3")
+    assert bad.returncode == 2 and "give both" in bad.stderr

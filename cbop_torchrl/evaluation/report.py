@@ -129,6 +129,13 @@ def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
     results = _read_json(run_dir / "results.json")
     config_path = run_dir / "config.json"
     config = _read_json(config_path) if config_path.is_file() else {}
+    if results.get("normalized_score_mean") is None:
+        raise ReportError(
+            f"{str(run_dir)!r} has no normalized score (its task {results.get('gym_id')} has "
+            "no reference scores) and the report compares normalized scores across runs. "
+            "Leave it out of the report, or train it with task.ref_min_score=<return of a "
+            "random policy> task.ref_max_score=<return of an expert> on the command line."
+        )
     history = sorted(results.get("eval_history", []), key=lambda r: r["step"])
     curve = [[int(r["step"]), float(r["normalized_score_mean"])] for r in history]
     final = float(results["normalized_score_mean"])

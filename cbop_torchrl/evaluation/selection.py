@@ -38,6 +38,7 @@ from torchrl.objectives import SoftUpdate
 
 from cbop_torchrl.config import PretrainConfig
 from cbop_torchrl.data import load_dataset_with_info, make_replay_buffer
+from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.modules.actor_critic import make_qvalue_ensemble
 from cbop_torchrl.objectives.pretrain import ROW_KEY, FittedQEvaluationLoss, bootstrap_counts
 from cbop_torchrl.sweeps import SweepError, policy_file, read_run
@@ -318,7 +319,7 @@ class RunScore:
     seed: int
     settings: dict[str, Any]  # flatten_settings(config.json)
     fqe_value: float
-    online_score: float | None  # results.json normalized_score_mean; None: not evaluated
+    online_score: float | None  # see online_score(); None: not evaluated
     policy_step: int
 
 
@@ -432,11 +433,32 @@ def _weights_digest(actor: TensorDictModuleBase) -> str:
     return digest.hexdigest()[:16]
 
 
+def online_score(
+    results: dict[str, Any] | None, task: TaskConfig | Mapping[str, Any] | None = None
+) -> float | None:
+    """A run's online score from its ``results.json`` (None: not evaluated).
+
+    The D4RL-normalized score when ``task.ref_min_score``/``ref_max_score`` are
+    given or the run's task had them, else the raw return: a task without
+    reference scores still ranks (the ranking and Spearman's rho only use order).
+    """
+    if results is None:
+        return None
+    task = task if isinstance(task, TaskConfig) else TaskConfig.from_dict(task)
+    if task.ref_min_score is not None and task.ref_max_score is not None:
+        span = float(task.ref_max_score) - float(task.ref_min_score)
+        return 100.0 * (float(results["return_mean"]) - float(task.ref_min_score)) / span
+    if results.get("normalized_score_mean") is not None:
+        return results["normalized_score_mean"]
+    return results.get("return_mean")
+
+
 def score_runs(
     run_dirs: list[Path],
     device: torch.device | str = "cpu",
     progress: bool = False,
     on_run: Callable[[int, Path], None] | None = None,
+    task: TaskConfig | Mapping[str, Any] | None = None,
     **fqe_overrides: Any,
 ) -> list[RunScore]:
     """FQE score (and online score, when evaluated) of every run in ``run_dirs``.
@@ -452,6 +474,9 @@ def score_runs(
         device: where FQE trains.
         progress: FQE progress bars.
         on_run: called with (index, run_dir) before each run (for messages).
+        task: ``task.*`` values; only the reference scores matter here (see
+            :func:`online_score`), the others are validated but offline
+            selection never runs the environment.
         fqe_overrides: :class:`SelectionFQEConfig` fields overriding each run's
             defaults (:func:`fqe_config_for_run`), e.g. ``steps=2000``.
 
@@ -498,7 +523,7 @@ def score_runs(
                 seed=seed,
                 settings=flatten_settings(config),
                 fqe_value=value,
-                online_score=None if results is None else results.get("normalized_score_mean"),
+                online_score=online_score(results, task),
                 policy_step=int(meta.get("step", 0)),
             )
         )
@@ -507,6 +532,7 @@ def score_runs(
 
 __all__ = [
     "Candidate",
+    "online_score",
     "DatasetRanking",
     "RunScore",
     "flatten_settings",
