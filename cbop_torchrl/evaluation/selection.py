@@ -475,7 +475,7 @@ def score_runs(
         progress: FQE progress bars.
         on_run: called with (index, run_dir) before each run (for messages).
         task: ``task.*`` values; only the reference scores matter here (see
-            :func:`online_score`), the others are validated but offline
+            :func:`online_score`); the others are accepted, but offline
             selection never runs the environment.
         fqe_overrides: :class:`SelectionFQEConfig` fields overriding each run's
             defaults (:func:`fqe_config_for_run`), e.g. ``steps=2000``.
