@@ -136,6 +136,7 @@ class FQEConfig(PretrainConfig):
 
     target_tau: float = 0.005
     rounds: int | None = None  # None: soft target updates; n: n rounds of hard-target FQE
+    eta: float = 0.0  # beyond the paper (opt-in): EDAC's gradient-diversity weight during FQE
 
     # FQE as the paper's Algorithm 2 (Le et al. 2019): ``rounds`` rounds of
     # ``steps // rounds`` gradient steps, each regressing on targets from the
@@ -470,6 +471,8 @@ def validate(config: RunConfig) -> list[str]:
         problems.append(
             f"estimator.sampling={estimator.sampling!r} must be one of ('shared', 'independent')"
         )
+    if not isinstance(config.fqe.eta, (int, float)) or not config.fqe.eta >= 0:
+        problems.append(f"fqe.eta={config.fqe.eta!r} must be a number >= 0 (0: the paper's FQE)")
     rounds = config.fqe.rounds
     if rounds is not None and (
         isinstance(rounds, bool)

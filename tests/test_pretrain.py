@@ -16,6 +16,8 @@ from cbop_torchrl.objectives.pretrain import (
     BehaviourCloningLoss,
     FittedQEvaluationLoss,
     bootstrap_counts,
+    gradient_diversity_penalty,
+    member_action_gradients,
 )
 from cbop_torchrl.trainers.pretrain import _sampler, fqe_target_update, run_supervised_stage
 
@@ -161,3 +163,41 @@ def test_fqe_rounds_give_the_few_step_value(tmp_path: Path) -> None:
     with torch.no_grad():
         q = loss.ensemble_q(data, loss.qvalue_network_params)
     assert abs(q.mean().item() - 1.5) < 0.1
+
+
+def test_gradient_diversity_penalty_extremes() -> None:
+    same = torch.tensor([1.0, 2.0]).expand(4, 3, 2)
+    assert torch.allclose(gradient_diversity_penalty(same), torch.full((3,), 4.0))  # M
+    orthogonal = torch.tensor([[1.0, 0.0], [0.0, 1.0]]).unsqueeze(1)  # M = 2, batch 1
+    assert torch.allclose(gradient_diversity_penalty(orthogonal), torch.zeros(1), atol=1e-6)
+
+
+def test_fqe_diversity_term_matches_cbop_loss_and_decorrelates_members(tmp_path: Path) -> None:
+    from cbop_torchrl.modules.actor_critic import action_spec
+    from cbop_torchrl.objectives.loss import CBOPLoss
+
+    torch.manual_seed(0)
+    data = transitions(256)
+    qnets = make_qvalue_ensemble(3, OBS, ACT, (32, 32))
+    loss = FittedQEvaluationLoss(qnets, gamma=0.5, eta=1.0)
+    grad = member_action_gradients(loss.qvalue_network, loss.qvalue_network_params, data)
+    cbop = CBOPLoss(
+        make_actor(OBS, ACT, (8,)), qnets, dynamics=None, action_spec=action_spec(ACT),
+        horizon=0, estimator_kwargs={"num_particles": 1},
+    )  # fmt: skip
+    cbop.load_state_dict(loss.state_dict(), strict=False)
+    torch.testing.assert_close(gradient_diversity_penalty(grad), cbop.edac_penalty(data))
+
+    def final_penalty(eta: float) -> float:
+        torch.manual_seed(0)
+        loss = FittedQEvaluationLoss(make_qvalue_ensemble(3, OBS, ACT, (32, 32)), 0.5, eta=eta)
+        config = FQEConfig(steps=300, batch_size=64, lr=3e-3, checkpoint_interval=1000)
+        buffer, generator = _sampler(data, 64, seed=0)
+        run_supervised_stage(
+            "fqe", loss, buffer, generator, config, tmp_path / str(eta), False,
+            after_step=fqe_target_update(loss, config),
+        )  # fmt: skip
+        grad = member_action_gradients(loss.qvalue_network, loss.qvalue_network_params, data)
+        return float(gradient_diversity_penalty(grad).mean())
+
+    assert final_penalty(1.0) < final_penalty(0.0) - 0.3

@@ -12,7 +12,9 @@
   ``s_t`` is at least :data:`MC_TAIL` steps before the time limit).
 - **How far the policy moved.** On a fixed batch of dataset states:
   ``Q(s, a_data)`` against ``Q(s, pi(s))`` (``q_data``, ``q_pi``, and the
-  member std at each, ``q_std_data``, ``q_std_pi``), the behaviour-cloning
+  member std at each, ``q_std_data``, ``q_std_pi``; and at uniformly random
+  actions, ``q_uniform_minus_data``, ``q_std_uniform``: an ensemble whose
+  spread does not grow off the data cannot be pessimistic there), the behaviour-cloning
   log-likelihood of the dataset actions ``log pi(a_data|s)`` (``bc_logprob``)
   and the distance ``||pi(s) - a_data||`` (``action_distance``).
 - **Model error where the policy goes.** The elites' mean one-step
@@ -139,6 +141,8 @@ class LearningDiagnostics(TrainerHookBase):
         obs, data_action = self.batch.get("observation"), self.batch.get("action")
         policy_action = self._actor_call(obs).get("action")
         q_data, q_pi = self._q(obs, data_action), self._q(obs, policy_action)
+        uniform_action = torch.rand_like(data_action) * 2 - 1
+        q_uniform = self._q(obs, uniform_action)
         actor = self.loss.actor_network
         with self.loss.actor_network_params.to_module(actor):
             dist = actor.get_dist(TensorDict({"observation": obs}, batch_size=obs.shape[:1]))
@@ -151,6 +155,8 @@ class LearningDiagnostics(TrainerHookBase):
             "q_pi_minus_data": float((q_pi - q_data).mean()),
             "q_std_data": float(q_data.std(0, unbiased=False).mean()),
             "q_std_pi": float(q_pi.std(0, unbiased=False).mean()),
+            "q_uniform_minus_data": float((q_uniform - q_data).mean()),
+            "q_std_uniform": float(q_uniform.std(0, unbiased=False).mean()),
             "bc_logprob": float(log_prob.mean()),
             "action_distance": float((policy_action - data_action).norm(dim=-1).mean()),
         }

@@ -242,7 +242,7 @@ def load_or_train_fqe(
     qnets = make_qvalue_ensemble(
         num_members, obs_dim, action_dim, tuple(hidden_sizes), device=data.device
     )
-    loss = FittedQEvaluationLoss(qnets, gamma=gamma, bootstrap_weights=counts)
+    loss = FittedQEvaluationLoss(qnets, gamma=gamma, bootstrap_weights=counts, eta=config.eta)
     buffer, generator = _sampler(fqe_data, config.batch_size, seed + FQE_SEED_OFFSET)
     run_supervised_stage(
         "fqe", loss, buffer, generator, config, work_dir, progress, log_fn,
