@@ -7,11 +7,14 @@
     python benchmarks/learning.py --dry-run                       # list what would run
     nohup python benchmarks/learning.py > bench.log 2>&1 &        # over several sittings
 
-Every algorithm runs with the same preset (default ``cpu``): the same
-gradient steps (``train.epochs x train.steps_per_epoch``), batch, network sizes
-and evaluation; CBOP additionally trains its dynamics ensemble, BC actor and
-FQE critic first (DESIGN.md). Runs go seed by seed, algorithms in the given
-order (CBOP first, then BC, then the others).
+Every algorithm runs with the same preset (default ``cpu``), batch, network
+sizes and evaluation (every 1,000 steps, 10 episodes). CBOP trains
+``--epochs x --steps-per-epoch`` gradient steps (default 20,000) after its
+dynamics ensemble, its BC actor and its FQE critic (the preset's ``bc.steps``
+and ``fqe.steps``); each baseline trains as many gradient steps as CBOP's
+whole pipeline, BC + FQE + CBOP, so no algorithm gets fewer updates. A run's
+final score is the mean of its last 3 evaluations. Runs go seed by seed,
+algorithms in the given order (CBOP first, then BC, then the others).
 
 Resumable: a run whose summary exists in ``--results`` is skipped; an
 unfinished run continues from its checkpoint (the run directories live
@@ -79,9 +82,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--epochs",
         type=int,
-        default=5,
-        help="train.epochs of every run (x --steps-per-epoch = the gradient steps of every "
-        "algorithm, pinned here so a later preset change cannot make the runs unequal)",
+        default=20,
+        help="CBOP's train.epochs (x --steps-per-epoch = its gradient steps, pinned here so a "
+        "later preset change cannot make the runs unequal); baselines add BC's and FQE's steps",
     )
     parser.add_argument("--steps-per-epoch", type=int, default=1000)
     parser.add_argument("--no-analysis", action="store_true", help="skip checkpoint analysis")
@@ -90,6 +93,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "overrides", nargs="*", help="extra Hydra overrides for every run (e.g. eval.episodes=5)"
     )
     return parser.parse_args(argv)
+
+
+def pretraining_steps(preset: str, overrides: list[str]) -> int:
+    """CBOP's BC + FQE gradient steps: the preset's, or ``bc.steps=``/``fqe.steps=`` overrides."""
+    from omegaconf import OmegaConf
+
+    values = OmegaConf.load(ROOT / "configs" / "preset" / f"{preset}.yaml")
+    steps = {"bc": int(values.bc.steps), "fqe": int(values.fqe.steps)}
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key in ("bc.steps", "fqe.steps"):
+            steps[key.split(".")[0]] = int(value)
+    return steps["bc"] + steps["fqe"]
+
+
+def variant_steps(variant: str, args: argparse.Namespace) -> int:
+    """Gradient steps of ``variant``: CBOP's own; a baseline's = BC + FQE + CBOP (the pipeline)."""
+    cbop_steps = args.epochs * args.steps_per_epoch
+    if VARIANTS[variant][0] == "cbop.py":
+        return cbop_steps
+    return cbop_steps + pretraining_steps(args.preset, list(args.overrides))
 
 
 def dataset_path(name: str) -> Path:
@@ -170,6 +194,12 @@ def run_command(
     variant: str, data: Path, seed: int, preset: str, run_dir: Path, args: argparse.Namespace
 ) -> list[str]:
     script, overrides = VARIANTS[variant]
+    steps = variant_steps(variant, args)
+    if steps % args.steps_per_epoch:
+        raise SystemExit(
+            f"error: {variant} needs {steps} gradient steps, not a multiple of "
+            f"--steps-per-epoch {args.steps_per_epoch}; choose one that divides it"
+        )
     command = [
         sys.executable,
         str(ROOT / "scripts" / script),
@@ -178,7 +208,7 @@ def run_command(
         f"seed={seed}",
         *overrides,
         f"hydra.run.dir={run_dir}",
-        f"train.epochs={args.epochs}",
+        f"train.epochs={steps // args.steps_per_epoch}",
         f"train.steps_per_epoch={args.steps_per_epoch}",
         f"eval.interval={args.eval_interval}",
         "progress=false",
@@ -211,17 +241,14 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = runs_root / dataset / data_key / args.preset / variant / f"seed{seed}"
         if summary_path.is_file():
             stored = json.loads(summary_path.read_text())
-            why = stale_reason(stored, provenance, args.epochs * args.steps_per_epoch)
+            why = stale_reason(stored, provenance, variant_steps(variant, args))
             if why is None:
                 print(f"[bench] done     {dataset} {variant} seed {seed}: {summary_path}")
                 continue
             print(f"[bench] stale    {summary_path}: {why}")
             if run_dir.exists() and not args.dry_run:  # other settings: start that run over
                 run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
-        if not args.dry_run and run_steps(run_dir) not in (
-            None,
-            args.epochs * args.steps_per_epoch,
-        ):
+        if not args.dry_run and run_steps(run_dir) not in (None, variant_steps(variant, args)):
             print(f"[bench] moving   {run_dir} aside: started with other gradient steps")
             run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
         if args.dry_run:

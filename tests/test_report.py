@@ -24,6 +24,7 @@ from cbop_torchrl.evaluation.analysis import rollout_from_observations, value_va
 from cbop_torchrl.evaluation.report import (
     SUMMARY_FORMAT,
     ReportError,
+    final_window_score,
     goal_check,
     load_summaries,
     markdown_table,
@@ -76,10 +77,11 @@ def test_report_command_writes_tables_and_figures(debug_runs: dict) -> None:
     with open(out / "results.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert [(r["variant"], r["num_seeds"]) for r in rows] == [("cbop", "2")]
-    finals = [
-        json.loads((run / "results.json").read_text())["normalized_score_mean"]
-        for run in debug_runs["runs"]
-    ]
+    finals = []  # per run: the mean of its last 3 evaluations (the final one included)
+    for run in debug_runs["runs"]:
+        history = json.loads((run / "results.json").read_text())["eval_history"]
+        last = [record["normalized_score_mean"] for record in history][-3:]
+        finals.append(sum(last) / len(last))
     assert float(rows[0]["final_mean"]) == pytest.approx(sum(finals) / 2, abs=1e-6)
 
     for name in (
@@ -199,13 +201,19 @@ def test_load_summaries_errors(tmp_path: Path) -> None:
         load_summaries([tmp_path])
 
 
-def test_goal_check_compares_cbop_with_the_best_baseline_and_bc() -> None:
-    summaries = [_summary("cbop", 0, 50.0), _summary("bc", 0, 45.0), _summary("iql", 0, 48.0)]
-    (line,) = goal_check(score_rows(summaries))
-    assert "best baseline iql 48.0: at least as good" in line
-    assert "vs BC +5.0 points (< +10)" in line
+def test_goal_check_compares_cbop_with_baselines_behaviour_and_its_best() -> None:
+    summaries = [_summary("cbop", 0, 50.0), _summary("bc", 0, 45.0), _summary("iql", 0, 44.0)]
+    (line,) = goal_check(score_rows(summaries), {"d": 38.0})
+    assert "best baseline bc 45.0 (+5.0, met >= +5)" in line
+    assert "behaviour policy 38.0 (+12.0, met >= +10)" in line
+    assert "keeps 0.98 of its best 51.0 (met >= 0.8)" in line
     (line,) = goal_check(score_rows([*summaries[1:], _summary("cbop", 0, 40.0)]))
-    assert "WORSE" in line
+    assert "(-5.0, NOT met >= +5)" in line and "behaviour" not in line
+
+
+def test_final_score_is_the_mean_of_the_last_evaluations() -> None:
+    assert final_window_score([[3, 30.0], [1, 10.0], [4, 40.0], [2, 20.0]], 0.0) == 30.0
+    assert final_window_score([], 7.0) == 7.0
 
 
 def test_rollout_from_observations_restarts_the_real_state() -> None:

@@ -55,3 +55,14 @@ def test_plan_order_skip_and_stale(
     assert driver.main(["--dry-run", *args]) == 0
     printed = capsys.readouterr().out
     assert "stale" in printed and printed.count("start ") == 6
+
+
+def test_baselines_get_the_gradient_steps_of_cbops_whole_pipeline(tmp_path: Path) -> None:
+    driver = load_driver()
+    args = driver.parse_args(["--epochs", "20", "bc.steps=3000"])
+    cpu_fqe_steps = 5000  # configs/preset/cpu.yaml
+    assert driver.variant_steps("cbop", args) == 20_000
+    assert driver.variant_steps("cbop-map", args) == 20_000
+    assert driver.variant_steps("iql", args) == 20_000 + 3000 + cpu_fqe_steps
+    command = driver.run_command("iql", tmp_path / "d.hdf5", 0, "cpu", tmp_path / "run", args)
+    assert "train.epochs=28" in command and "train.steps_per_epoch=1000" in command
