@@ -344,8 +344,9 @@ def run_baseline(
     seed_everything(config.seed + BASELINE_SEED_OFFSET)
     parts = build_baseline(algo, config, info, run.device)
     optimizer = torch.optim.Adam([{"params": p, "lr": lr} for _, p, lr, _ in parts.groups])
+    data = run.specs.to_agent_actions(data.to(run.device))
     buffer = make_replay_buffer(
-        _dataset_for(algo.name, data.to(run.device)), config.train.batch_size, device=run.device
+        _dataset_for(algo.name, data), config.train.batch_size, device=run.device
     )
     generator = torch.Generator(device=run.device).manual_seed(config.seed + BASELINE_SEED_OFFSET)
     buffer.set_rng(generator)

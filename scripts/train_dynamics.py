@@ -14,6 +14,7 @@ Writes to ``output_dir`` (the Hydra run directory by default):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import warnings
@@ -41,8 +42,11 @@ def train(cfg: DictConfig) -> dict:
     device = resolve_device(cfg.device)
     dataset, info = load_dataset_with_info(str(cfg.env))
     task = resolve_task(OmegaConf.to_container(cfg.task, resolve=True), info)
-    check_data_fits_env(info, read_env_specs(task), task)
-    dataset = dataset.to(device)
+    specs = read_env_specs(task)
+    check_data_fits_env(info, specs, task)
+    # the dynamics inputs use the agent's [-1, 1] actions, as in scripts/cbop.py (same cache)
+    info = dataclasses.replace(info, fingerprint=info.fingerprint + specs.fingerprint_suffix())
+    dataset = specs.to_agent_actions(dataset.to(device))
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     log_path = output_dir / "dynamics_log.jsonl"

@@ -18,13 +18,16 @@ import gymnasium
 import h5py
 import numpy as np
 import pytest
+import torch
 from d4rl_files import write_d4rl_hdf5
+from torchrl.envs import ActionScaling, Compose
 
-from cbop_torchrl.data import dataset_info
+from cbop_torchrl.data import dataset_info, load_dataset_with_info
 from cbop_torchrl.envs import (
     TaskConfig,
     TaskError,
     check_data_fits_env,
+    make_env,
     read_env_specs,
     resolve_task,
 )
@@ -245,12 +248,53 @@ def test_ant_data_in_d4rl_layout_fits_gymnasium_ant_with_contact_forces(tmp_path
     assert plain.ref_min_score == -325.6 and plain.termination == "ant"
 
 
-def test_other_action_bounds_are_refused_clearly(tmp_path: Path) -> None:
-    path = write_d4rl_hdf5(tmp_path / "pendulum.hdf5", obs_dim=4, action_dim=1)
-    info = dataset_info(path)
+def test_another_action_box_is_rescaled_in_the_env_and_in_the_data(tmp_path: Path) -> None:
+    """InvertedPendulum-v4 acts in [-3, 3]: the agent's [-1, 1] maps onto it both ways."""
+    path = record_gym_episodes(tmp_path / "pendulum.hdf5", "InvertedPendulum-v4", 2, 10)
+    data, info = load_dataset_with_info(path)
     task = resolve_task({"gym_id": "InvertedPendulum-v4", "termination": "none"}, info)
-    with pytest.raises(TaskError, match=r"action box low=\[-3.0\], high=\[3.0\]"):
-        check_data_fits_env(info, read_env_specs(task), task)
+    specs = read_env_specs(task)
+    check_data_fits_env(info, specs, task)
+    assert (specs.action_low, specs.action_high) == ((-3.0,), (3.0,)) and specs.rescales_actions
+    scaled = specs.to_agent_actions(data)
+    assert torch.allclose(scaled["action"], data["action"] / 3)
+    assert torch.allclose(scaled["next", "action"], data["next", "action"] / 3)
+    assert not torch.equal(scaled["action"], data["action"])  # the input is left alone
+    assert specs.fingerprint_suffix() == "-actions[-3,3]"
+
+    env, raw = make_env(task), gymnasium.make("InvertedPendulum-v4")
+    box = env.action_spec.space
+    assert (box.low.tolist(), box.high.tolist()) == ([-1.0], [1.0])
+    start = env.reset()
+    raw.reset(seed=0)
+    simulator = env.base_env._env.unwrapped.data  # put the raw env in the same state
+    raw.unwrapped.set_state(simulator.qpos.copy(), simulator.qvel.copy())
+    agent_step = env.step(start.set("action", torch.tensor([0.5])))
+    raw_next, *_ = raw.step(np.array([1.5]))
+    assert np.allclose(agent_step["next", "observation"].numpy(), raw_next, atol=1e-6)
+    raw.close()
+    hopper = make_env(get_family("hopper"))  # a [-1, 1] box gets no extra transform
+    assert not isinstance(hopper.transform, Compose)  # DoubleToFloat alone, no ActionScaling
+    assert any(isinstance(t, ActionScaling) for t in env.transform)
+    hopper.close()
+    env.close()
+
+
+def test_cbop_and_evaluate_on_a_task_with_another_action_box(workspace: dict) -> None:
+    path = record_gym_episodes(workspace["root"] / "pendulum-tiny.hdf5", "InvertedPendulum-v4")
+    task = ("task.gym_id=InvertedPendulum-v4", "task.termination=none", "estimator.psi=1.0")
+    done = run(
+        workspace, "cbop.py", "preset=debug", f"env={path}", "progress=false",
+        f"hydra.run.dir={workspace['root'] / 'pendulum'}", *task,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((workspace["root"] / "pendulum" / "results.json").read_text())
+    assert results["gym_id"] == "InvertedPendulum-v4" and results["action_dim"] == 1
+    assert all(n > 0 for n in results["episode_returns"])  # +1 per step alive
+    policy = workspace["root"] / "pendulum" / "policy.pt"
+    evaluated = run(workspace, "evaluate.py", f"checkpoint={policy}", "episodes=2")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "on InvertedPendulum-v4" in evaluated.stdout
 
 
 def test_evaluate_and_collect_task_overrides() -> None:

@@ -2,7 +2,11 @@
 
 The sizes a run trains with come from the dataset's tensors; the environment's
 TorchRL specs (``observation_spec``, ``action_spec``) must agree with them,
-and give the action bounds.
+and give the action bounds. The agent's tanh policy acts in ``[-1, 1]`` per
+dimension (D4RL's MuJoCo tasks); for a task with another action box, TorchRL's
+``ActionScaling`` maps the policy's actions onto the box in the environment,
+and :meth:`EnvSpecs.to_agent_actions` maps the dataset's actions into
+``[-1, 1]`` the same way, so training and evaluation agree.
 """
 
 from __future__ import annotations
@@ -11,8 +15,18 @@ import warnings
 from dataclasses import dataclass
 from functools import partial
 
+import torch
+from tensordict import TensorDictBase
 from torchrl.data import Bounded
-from torchrl.envs import DoubleToFloat, EnvBase, GymEnv, ParallelEnv, SerialEnv, TransformedEnv
+from torchrl.envs import (
+    ActionScaling,
+    DoubleToFloat,
+    EnvBase,
+    GymEnv,
+    ParallelEnv,
+    SerialEnv,
+    TransformedEnv,
+)
 
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.envs.task import TaskError
@@ -31,11 +45,26 @@ def filter_env_warnings() -> None:
 
 
 def make_env(task: Task) -> EnvBase:
-    """One TorchRL ``GymEnv`` of ``task`` (float32 observations), on the CPU.
+    """One TorchRL ``GymEnv`` of ``task`` (float32 observations) whose actions are in [-1, 1].
+
+    An action box other than ``[-1, 1]`` is rescaled by TorchRL's ``ActionScaling``.
 
     Raises:
         TaskError: gymnasium has no such id, or rejects the keyword arguments.
     """
+    env = _make_gym_env(task)
+    action = env.action_spec
+    if isinstance(action, Bounded) and not _is_unit_box(action.space.low, action.space.high):
+        env.append_transform(ActionScaling())
+    return env
+
+
+def _is_unit_box(low: torch.Tensor, high: torch.Tensor) -> bool:
+    return bool((low == -1).all() and (high == 1).all())
+
+
+def _make_gym_env(task: Task) -> TransformedEnv:
+    """``task``'s ``GymEnv`` with float32 observations and its own action box."""
     filter_env_warnings()
     try:
         env = GymEnv(task.gym_id, device="cpu", **task.gym_kwargs)
@@ -76,13 +105,44 @@ class EnvSpecs:
     Attributes:
         observation_shape: ``observation_spec["observation"].shape`` (``(11,)``).
         action_shape: ``action_spec.shape`` (``(3,)``).
-        action_low, action_high: the action box, one bound per dimension.
+        action_low, action_high: the environment's own action box, one bound per
+            dimension (before any rescaling to the agent's ``[-1, 1]``).
     """
 
     observation_shape: tuple[int, ...]
     action_shape: tuple[int, ...]
     action_low: tuple[float, ...]
     action_high: tuple[float, ...]
+
+    @property
+    def rescales_actions(self) -> bool:
+        """True when the action box is not ``[-1, 1]`` (the agent's actions are rescaled)."""
+        return not _is_unit_box(torch.tensor(self.action_low), torch.tensor(self.action_high))
+
+    def to_agent_actions(self, data: TensorDictBase) -> TensorDictBase:
+        """``data`` with ``action`` and ``("next", "action")`` mapped into ``[-1, 1]``.
+
+        The forward map of the ``ActionScaling`` that :func:`make_env` puts on
+        the environment, ``(a - loc) / scale``; ``data`` itself is unchanged, and
+        returned as is when the box is already ``[-1, 1]``.
+        """
+        if not self.rescales_actions:
+            return data
+        low, high = torch.tensor(self.action_low), torch.tensor(self.action_high)
+        loc, scale = ((high + low) / 2).to(data.device), ((high - low) / 2).to(data.device)
+        data = data.clone()
+        present = data.keys(include_nested=True)
+        for key in ("action", ("next", "action")):
+            if key in present:
+                ActionScaling(in_keys_inv=[], in_keys=[key], loc=loc, scale=scale)(data)
+        return data
+
+    def fingerprint_suffix(self) -> str:
+        """A cache-key part for data whose actions were rescaled ("" for ``[-1, 1]``)."""
+        if not self.rescales_actions:
+            return ""
+        bounds = ",".join(f"{v:g}" for v in (*self.action_low, *self.action_high))
+        return f"-actions[{bounds}]"
 
 
 def read_env_specs(task: Task) -> EnvSpecs:
@@ -92,7 +152,7 @@ def read_env_specs(task: Task) -> EnvSpecs:
         TaskError: the environment has no flat ``observation`` or no bounded,
             continuous action space (the agent's tanh policy needs a box).
     """
-    env = make_env(task)
+    env = _make_gym_env(task)
     try:
         observation = env.observation_spec.get("observation", None)
         action = env.action_spec
@@ -120,8 +180,7 @@ def read_env_specs(task: Task) -> EnvSpecs:
 def check_data_fits_env(info: DatasetInfo, specs: EnvSpecs, task: Task) -> None:
     """Raises a :class:`TaskError` naming both shapes when ``info``'s data does not fit ``task``.
 
-    Checked: observation and action sizes, and the action box (the agent acts
-    in ``[-1, 1]`` per dimension, the range of D4RL's MuJoCo tasks).
+    Checked: the observation and action sizes.
     """
     check_sizes_fit_env(
         f"the dataset {info.name!r}", info.obs_dim, info.action_dim, specs, task, rows="N, "
@@ -132,8 +191,7 @@ def check_sizes_fit_env(
     what: str, obs_dim: int, action_dim: int, specs: EnvSpecs, task: Task, rows: str = ""
 ) -> None:
     """Raises a :class:`TaskError` when ``obs_dim``/``action_dim`` (of the data or a
-    policy, named by ``what``) do not match ``task``'s specs or its actions are not in [-1, 1].
-    """
+    policy, named by ``what``) do not match ``task``'s specs."""
     env_shapes = (list(specs.observation_shape), list(specs.action_shape))
     if ([obs_dim], [action_dim]) != env_shapes:
         hint = ""
@@ -149,14 +207,4 @@ def check_sizes_fit_env(
             f"has shape {env_shapes[0]} and its action_spec shape {env_shapes[1]}. Pass the "
             "task the data was recorded on (task.gym_id=<id>, task.gym_kwargs={...}), or "
             f"check that the file holds data of {task.gym_id}.{hint}"
-        )
-    unit_box = all(low == -1.0 for low in specs.action_low) and all(
-        high == 1.0 for high in specs.action_high
-    )
-    if not unit_box:
-        raise TaskError(
-            f"task.gym_id={task.gym_id} has the action box low={list(specs.action_low)}, "
-            f"high={list(specs.action_high)}; the agent's tanh policy acts in [-1, 1] per "
-            "dimension (D4RL's MuJoCo tasks), so tasks with other action bounds are not "
-            "supported yet."
         )

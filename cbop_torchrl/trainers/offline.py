@@ -24,6 +24,7 @@ atomically itself and resuming calls ``Trainer.load_state_dict``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -445,7 +446,7 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     if (finished := run.finished_results()) is not None:
         return finished
     run.start(config.to_dict())
-    data = data.to(run.device)
+    data = run.specs.to_agent_actions(data.to(run.device))
     seed_everything(config.seed)
     dynamics, dynamics_metrics = dynamics_stage(run, data)
     bc_state, bc_cached = behaviour_cloning_stage(run, data)
@@ -469,7 +470,9 @@ class OfflineRun:
 
     Used by the CBOP pipeline and by the baselines (:func:`cbop_torchrl.baselines.run_baseline`).
     ``task`` is resolved from ``config.task`` and the dataset, and ``specs`` read from its
-    environment; the data's sizes must match them (checked when the run opens).
+    environment; the data's sizes must match them (checked when the run opens). For a
+    task whose action box is not ``[-1, 1]``, the stages train on
+    ``specs.to_agent_actions(data)`` and ``info.fingerprint`` says so.
     """
 
     config: RunConfig
@@ -498,6 +501,10 @@ class OfflineRun:
         task = resolve_task(config.task, info)
         specs = read_env_specs(task)
         check_data_fits_env(info, specs, task)
+        if specs.rescales_actions:  # the cached stages see actions in [-1, 1]: other data
+            info = dataclasses.replace(
+                info, fingerprint=info.fingerprint + specs.fingerprint_suffix()
+            )
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         device = resolve_device(config.device)
