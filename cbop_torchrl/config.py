@@ -176,7 +176,11 @@ class LoggerConfig:
     """A TorchRL logger (``torchrl.record.loggers``)."""
 
     backend: str = "csv"
-    project: str = "cbop-torchrl"  # wandb project (runs offline, no account needed)
+    project: str = "cbop-torchrl"  # wandb project
+    mode: str = "offline"  # wandb: online | offline (default: no account, no network) | disabled
+    entity: str | None = None  # wandb entity (team or user); None: the account's default
+    group: str | None = None  # wandb group, e.g. one per sweep
+    tags: list[str] = field(default_factory=list)  # wandb tags
 
 
 @dataclass
@@ -501,6 +505,10 @@ def validate(config: RunConfig) -> list[str]:
     if config.logger.backend not in LOGGER_BACKENDS:
         problems.append(
             f"logger.backend={config.logger.backend!r} must be one of {LOGGER_BACKENDS}"
+        )
+    if config.logger.mode not in ("online", "offline", "disabled"):
+        problems.append(
+            f"logger.mode={config.logger.mode!r} must be one of online, offline, disabled"
         )
     if str(config.resume).lower() not in RESUME_CHOICES:
         problems.append(f"resume={config.resume!r} must be one of auto, true, false")

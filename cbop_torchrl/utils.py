@@ -62,6 +62,24 @@ def atomic_torch_save(obj: Any, path: str | Path) -> Path:
     return atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
+def describe_load_error(error: BaseException) -> str:
+    """A one-line reason why ``torch.load(..., weights_only=True)`` failed.
+
+    PyTorch's own message for a file holding other objects than tensors and
+    plain containers suggests ``weights_only=False``, which would run the
+    file's pickled code; this project never loads that way, so that advice is
+    replaced by what the failure means.
+    """
+    text = str(error)
+    if "weights_only" in text or "Weights only load failed" in text:
+        return (
+            "it holds objects other than tensors and plain containers, which "
+            "torch.load(weights_only=True) refuses to unpickle"
+        )
+    first_line = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__
+
+
 def atomic_json_dump(obj: Any, path: str | Path) -> Path:
     """Writes ``obj`` as indented JSON through :func:`atomic_write`."""
 

@@ -198,21 +198,25 @@ def test_metrics_are_flattened_and_written_by_torchrl_loggers(tmp_path: Path) ->
     assert hook.state_dict()["first_window"]["cbop/expected_horizon"] == 0.75
 
 
-def test_resumed_csv_logs_drop_rows_past_the_checkpoint(tmp_path: Path) -> None:
-    from cbop_torchrl.trainers.logging import drop_rows_after, log_scalars, make_logger
+def test_a_new_session_replaces_the_csv_rows_it_logs_again(tmp_path: Path) -> None:
+    from cbop_torchrl.trainers.logging import log_scalars, make_logger
 
     logger = make_logger("csv", tmp_path, "run", "p")
     for step in (10, 20, 30):
-        log_scalars(logger, {"train/loss": step / 10, "bc/loss": step, "eval/score": 1.0}, step)
+        log_scalars(logger, {"train/loss": step / 10, "bc/loss": step}, step)
     scalars = tmp_path / "logs" / "run" / "scalars"
     with open(scalars / "train" / "loss.csv", "a") as handle:
         handle.write("4")  # the partial line of a killed process
+    del logger
 
-    assert drop_rows_after(logger, 20) == 3
-    assert (scalars / "train" / "loss.csv").read_text() == "10,1.0\n20,2.0\n"
-    assert (scalars / "eval" / "score.csv").read_text() == "10,1.0\n20,1.0\n"
-    assert (scalars / "bc" / "loss.csv").read_text().count("\n") == 3  # other axes kept
-    assert drop_rows_after(make_logger("none", tmp_path, "run", "p"), 0) == 0
+    resumed = make_logger("csv", tmp_path, "run", "p")  # resumed from a checkpoint at step 10
+    log_scalars(resumed, {"train/loss": 2.5}, 20)
+    log_scalars(resumed, {"train/loss": 3.5}, 30)
+    assert (scalars / "train" / "loss.csv").read_text() == "10,1.0\n20,2.5\n30,3.5\n"
+    assert (scalars / "bc" / "loss.csv").read_text() == "10,10.0\n20,20.0\n30,30.0\n"
+    restarted = make_logger("csv", tmp_path, "run", "p")  # a stage that starts over at step 10
+    log_scalars(restarted, {"bc/loss": 1.0}, 10)
+    assert (scalars / "bc" / "loss.csv").read_text() == "10,1.0\n"
 
 
 def test_evaluate_script_scores_a_saved_policy(workspace: dict, reference_run: Path) -> None:

@@ -29,7 +29,7 @@ from torchrl.trainers import Trainer, TrainerHookBase
 
 from cbop_torchrl.modules.actor_critic import make_actor, make_deterministic_actor
 from cbop_torchrl.registry import Task, get_family
-from cbop_torchrl.utils import atomic_torch_save, config_hash
+from cbop_torchrl.utils import atomic_torch_save, config_hash, describe_load_error
 
 CHECKPOINT_FORMAT = "cbop-torchrl/1"
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -57,8 +57,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
         raise CheckpointError(
-            f"cannot read checkpoint {str(path)!r} ({type(error).__name__}: {error}); it is "
-            "not a cbop-torchrl checkpoint or it is damaged"
+            f"cannot read checkpoint {str(path)!r} ({describe_load_error(error)}); it is "
+            "not a cbop-torchrl checkpoint or it is damaged. Pass the checkpoint.pt or "
+            "policy.pt of a run directory; to start a damaged run over, run its command "
+            "with resume=false"
         ) from None
     if not isinstance(state, dict) or state.get("format") not in (CHECKPOINT_FORMAT,):
         raise CheckpointError(

@@ -41,7 +41,7 @@ from cbop_torchrl.modules.dynamics import (
     load_dynamics,
     save_dynamics,
 )
-from cbop_torchrl.utils import atomic_json_dump, cache_dir, config_hash
+from cbop_torchrl.utils import atomic_json_dump, cache_dir, config_hash, describe_load_error
 
 EVAL_CHUNK = 2048  # holdout rows per evaluation call (bounds activation memory)
 
@@ -419,7 +419,12 @@ def load_or_train_dynamics(
             metrics.update(cached=True, cache_path=str(model_path))
             return model, metrics
         except Exception as error:  # a corrupt entry is retrained, not fatal
-            warnings.warn(f"ignoring unreadable dynamics cache {model_path}: {error}", stacklevel=2)
+            warnings.warn(
+                f"the dynamics cache file {model_path} cannot be read "
+                f"({describe_load_error(error)}); the dynamics model is trained again and "
+                "replaces it",
+                stacklevel=2,
+            )
     model, metrics = train_dynamics(dataset_td, termination, config, progress, log_fn)
     save_dynamics(model, model_path, metadata={"dataset": info.name, "config": config.to_dict()})
     metrics.update(dataset=info.name, config=config.to_dict())

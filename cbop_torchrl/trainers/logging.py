@@ -1,91 +1,148 @@
 """Logging through TorchRL's loggers, and the trainer hook that feeds them.
 
 ``csv`` (default) writes ``<run_dir>/logs/<name>/scalars/<metric>.csv``;
-``tensorboard`` writes event files under ``<run_dir>/logs``; ``wandb`` runs
-in offline mode (no account, no network) under ``<run_dir>/logs/wandb``, to
-be uploaded later with ``wandb sync`` if wanted.
+``tensorboard`` writes event files under ``<run_dir>/logs`` (and the run's
+hparams with its final score at the end); ``wandb`` logs under
+``<run_dir>/logs/wandb``, offline by default (``logger.mode=offline``: no
+account, no network; ``wandb sync`` uploads it later), with the resolved
+config as the run's config and one run id per run directory.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.record.loggers import Logger
+from torchrl.record.loggers import CSVLogger, Logger, get_logger
 from torchrl.trainers import Trainer, TrainerHookBase
 
 from cbop_torchrl.utils import atomic_write
 
+#: wandb modes accepted by ``logger.mode`` (wandb.init's ``mode``).
+WANDB_MODES = ("online", "offline", "disabled")
+WANDB_ID_FILE = "wandb_run_id"
+
 
 def make_logger(
-    backend: str, run_dir: Path, exp_name: str, project: str, resume_step: int | None = None
+    backend: str,
+    run_dir: Path,
+    exp_name: str,
+    project: str = "cbop-torchrl",
+    *,
+    mode: str = "offline",
+    entity: str | None = None,
+    group: str | None = None,
+    tags: Sequence[str] = (),
+    run_config: Mapping[str, Any] | None = None,
 ) -> Logger | None:
     """A TorchRL logger writing under ``run_dir/logs`` (None for ``backend="none"``).
 
-    ``resume_step``: the run continues from a checkpoint at that step, so CSV
-    rows logged past it are dropped first (:func:`drop_rows_after`).
+    Args:
+        backend: ``csv``, ``tensorboard``, ``wandb`` or ``none``.
+        run_dir: the run directory; logs go to ``run_dir/logs``.
+        exp_name: the experiment's name (the CSV/TensorBoard sub-directory, the wandb run name).
+        project, entity, group, tags: the wandb run's place (wandb only).
+        mode: wandb's ``online``, ``offline`` (default: no account, no network; upload
+            later with ``wandb sync``) or ``disabled``.
+        run_config: the resolved run configuration, logged as the run's config
+            (wandb's run config, TensorBoard's hparams with the final score at
+            :func:`log_final_hparams`).
+
+    The CSV logger is :class:`ResumableCSVLogger`: a resumed or restarted run
+    replaces the rows it logs again instead of appending a second copy. A wandb
+    run keeps one id per run directory (stored in ``logs/wandb_run_id``) and is
+    opened with ``resume="allow"``, so a resumed run continues the same wandb run.
     """
     log_dir = Path(run_dir) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     if backend == "none":
         return None
     if backend == "csv":
-        from torchrl.record.loggers import CSVLogger
-
-        logger = CSVLogger(exp_name, log_dir=str(log_dir))
-        if resume_step is not None:
-            drop_rows_after(logger, resume_step)
-        return logger
+        # get_logger("csv") builds a plain CSVLogger, which appends to the files of an
+        # earlier session; the subclass keeps every step once (see its docstring).
+        return ResumableCSVLogger(exp_name, log_dir=str(log_dir))
     if backend == "tensorboard":
-        from torchrl.record.loggers import TensorboardLogger
-
-        return TensorboardLogger(exp_name, log_dir=str(log_dir))
+        return get_logger("tensorboard", str(log_dir), exp_name)
     if backend == "wandb":
-        from torchrl.record.loggers import WandbLogger
-
+        if mode not in WANDB_MODES:
+            raise ValueError(f"logger.mode={mode!r} must be one of {WANDB_MODES}")
         os.environ.setdefault("WANDB_SILENT", "true")
-        return WandbLogger(
-            exp_name, offline=True, save_dir=str(log_dir), project=project, log_env_packages=False
-        )
+        wandb_kwargs = {
+            "id": wandb_run_id(log_dir),
+            "resume": "allow",
+            "project": project,
+            "entity": entity,
+            "group": group,
+            "tags": list(tags) or None,
+            "mode": mode,
+            "config": dict(run_config) if run_config is not None else None,
+            "log_env_packages": False,
+        }
+        logger = get_logger("wandb", str(log_dir), exp_name, wandb_kwargs=wandb_kwargs)
+        return logger
     raise ValueError(f"unknown logger backend {backend!r}; use csv, tensorboard, wandb or none")
 
 
-#: Log prefixes on the training-step axis: what a resumed run logs again.
-RESUMED_PREFIXES = ("train/", "eval/", "final/")
+def wandb_run_id(log_dir: Path) -> str:
+    """The wandb run id of this run directory: read from ``log_dir/wandb_run_id``, else new.
 
-
-def drop_rows_after(
-    logger: Logger | None, step: int, prefixes: tuple[str, ...] = RESUMED_PREFIXES
-) -> int:
-    """Removes CSV rows past ``step`` from the ``prefixes`` logs; returns how many.
-
-    A run killed after its last checkpoint logged rows it will log again when
-    resumed from that checkpoint; without this the CSV files would hold those
-    steps twice. Files are rewritten atomically. Other backends keep their
-    own history (TensorBoard shows the later point; wandb offline runs are new
-    runs), so only the CSV logger is touched.
+    The same id on every session of a run makes wandb continue one run
+    (``resume="allow"``) instead of opening a new one per restart.
     """
-    from torchrl.record.loggers import CSVLogger
+    path = Path(log_dir) / WANDB_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = uuid.uuid4().hex[:12]  # wandb ids: letters and digits
+    atomic_write(path, lambda tmp: tmp.write_text(run_id + "\n"))
+    return run_id
 
-    if not isinstance(logger, CSVLogger):
+
+class ResumableCSVLogger(CSVLogger):
+    """TorchRL's CSV logger that never holds a step twice across sessions.
+
+    The first row a session writes to a metric's file at step ``s`` first
+    removes that file's rows at steps ``>= s`` (and a line cut short by a
+    kill). Every stage logs its metrics at increasing steps on a fixed
+    schedule, so whatever a killed session logged past the point the new
+    session restarts from (a CBOP checkpoint, a BC/FQE partial checkpoint, the
+    first epoch of a retrained dynamics model, the final evaluation) is exactly
+    what the new session writes again: after any sequence of kills and resumes
+    each step is in each file once. Files are rewritten atomically.
+    """
+
+    def __init__(self, exp_name: str, log_dir: str | None = None) -> None:
+        super().__init__(exp_name, log_dir=log_dir)
+        self._written: set[str] = set()
+
+    def log_scalar(self, name: str, value: float, step: int | None = None) -> None:
+        if name not in self._written:
+            self._written.add(name)
+            if step is not None:
+                path = Path(self.experiment.log_dir) / "scalars" / f"{name}.csv"
+                drop_rows_from(path, step)
+        super().log_scalar(name, value, step=step)
+
+
+def drop_rows_from(path: Path, step: float) -> int:
+    """Removes the rows of a ``step,value`` CSV file at steps ``>= step``; returns how many.
+
+    A line without its newline (a write cut short by a kill) goes too.
+    """
+    if not path.is_file():
         return 0
-    scalars = Path(logger.experiment.log_dir) / "scalars"
-    dropped = 0
-    for prefix in prefixes:
-        for path in sorted((scalars / prefix).rglob("*.csv")):
-            lines = path.read_text().splitlines(keepends=True)
-            kept = [line for line in lines if _row_step(line) <= step]  # drops a partial line
-            if len(kept) != len(lines):
-                dropped += len(lines) - len(kept)
-                text = "".join(kept)
-                atomic_write(path, lambda tmp, text=text: tmp.write_text(text))
-    return dropped
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if _row_step(line) < step]
+    if len(kept) != len(lines):
+        text = "".join(kept)
+        atomic_write(path, lambda tmp: tmp.write_text(text))
+    return len(lines) - len(kept)
 
 
 def _row_step(line: str) -> float:
@@ -96,6 +153,45 @@ def _row_step(line: str) -> float:
         return float(line.split(",", 1)[0])
     except ValueError:
         return float("inf")
+
+
+def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{"a/b": value}`` with TensorBoard-friendly values.
+
+    Numbers, strings and booleans stay; None and lists become strings.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, f"{name}/"))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+def log_final(
+    logger: Logger | None, run_config: Mapping[str, Any], final: Mapping[str, float], step: int
+) -> None:
+    """Logs the final scores at ``step`` and closes the logger.
+
+    TensorBoard also gets the run's hparams with the final scores as their
+    metrics (TorchRL's ``TensorboardLogger.log_hparams`` writes hparams with no
+    metrics, so ``add_hparams`` is called on its writer directly); wandb gets
+    them in the run summary.
+    """
+    if logger is None:
+        return
+    log_scalars(logger, final, step)
+    from torchrl.record.loggers import TensorboardLogger, WandbLogger
+
+    if isinstance(logger, TensorboardLogger):
+        logger.experiment.add_hparams(flatten_config(run_config), dict(final), run_name="hparams")
+    elif isinstance(logger, WandbLogger):
+        logger.experiment.summary.update(dict(final))
+    logger.shutdown()
 
 
 def log_scalars(logger: Logger | None, values: Mapping[str, float], step: int) -> None:

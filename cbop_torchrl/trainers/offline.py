@@ -74,10 +74,12 @@ from cbop_torchrl.trainers.diagnostics import LearningDiagnostics
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
 from cbop_torchrl.trainers.logging import (
     MetricsHook,
+    log_final,
     log_scalars,
     make_logger,
 )
 from cbop_torchrl.trainers.pretrain import load_or_train_bc, load_or_train_fqe
+from cbop_torchrl.trainers.rundir import RunLock, clear_previous_run
 from cbop_torchrl.utils import atomic_json_dump, resolve_device, seed_everything
 
 CBOP_SEED_OFFSET = 3
@@ -485,7 +487,9 @@ class OfflineRun:
     resume_state: dict[str, Any] | None
     start_time: float
     clock: StageClock
+    lock: RunLock | None = None
     logger: Logger | None = None
+    run_config: dict[str, Any] | None = None
 
     @classmethod
     def open(
@@ -510,10 +514,18 @@ class OfflineRun:
         device = resolve_device(config.device)
         if config.threads is not None:
             torch.set_num_threads(config.threads)
+        lock = RunLock(run_dir)  # a second copy of the command stops here (RunLockedError)
+        if lock.previous_holder:
+            print(f"[cbop] took over the lock of a run that died ({lock.previous_holder})")
+        if str(config.resume).lower() == "false" and (removed := clear_previous_run(run_dir)):
+            print(
+                f"[cbop] resume=false: removed the previous run's {', '.join(removed)} "
+                f"from {run_dir}", flush=True,
+            )  # fmt: skip
         resume_state = _resume_state(config, run_dir / CHECKPOINT_NAME, training_config)
         return cls(
             config, info, task, specs, run_dir, device, training_config, resume_state,
-            start_time, StageClock(config.progress),
+            start_time, StageClock(config.progress), lock,
         )  # fmt: skip
 
     @property
@@ -539,18 +551,20 @@ class OfflineRun:
             return None
         if self.config.progress:
             print(f"[cbop] {self.run_dir} holds a finished run; nothing to do", flush=True)
+        if self.lock is not None:
+            self.lock.release()
         return json.loads(self.results_path.read_text())
 
     def start(self, config_record: dict[str, Any]) -> None:
         """Writes ``config.json`` and opens the logger."""
         atomic_json_dump(config_record, self.run_dir / "config.json")
+        self.run_config = config_record
+        settings = self.config.logger
         self.logger = make_logger(
-            self.config.logger.backend,
-            self.run_dir,
-            self.run_dir.name,
-            self.config.logger.project,
-            resume_step=self.resume_step,
-        )
+            settings.backend, self.run_dir, self.run_dir.name, settings.project,
+            mode=settings.mode, entity=settings.entity, group=settings.group,
+            tags=settings.tags, run_config=config_record,
+        )  # fmt: skip
 
     def policy_metadata(self, step: int) -> dict[str, Any]:
         """What :func:`~cbop_torchrl.trainers.checkpoint.load_policy` needs at ``step``."""
@@ -572,16 +586,21 @@ class OfflineRun:
         self.log(numbers, int(metrics.get("epoch", 0)))
 
     def finish(self, results: dict[str, Any]) -> dict[str, Any]:
-        """Writes ``results.json`` atomically and logs the final score."""
-        atomic_json_dump(results, self.results_path)
-        total_steps = self.config.train.total_steps
+        """Logs the final score, writes ``results.json`` atomically and releases the run directory.
+
+        The score is logged first: a run killed in between resumes from its final
+        checkpoint and logs it again (replacing the rows), while a run with
+        ``results.json`` is finished and logs nothing more.
+        """
         final = {
             "final/normalized_score": results["normalized_score_mean"],
             "final/return": results["return_mean"],
         }
-        self.log({k: v for k, v in final.items() if v is not None}, total_steps)
-        if self.config.logger.backend == "wandb" and hasattr(self.logger, "experiment"):
-            self.logger.experiment.finish()
+        final = {k: v for k, v in final.items() if v is not None}
+        log_final(self.logger, self.run_config or {}, final, self.config.train.total_steps)
+        atomic_json_dump(results, self.results_path)
+        if self.lock is not None:
+            self.lock.release()
         return results
 
 

@@ -15,6 +15,7 @@ stage config, the network sizes and the seed.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,13 @@ from cbop_torchrl.objectives.pretrain import (
     bootstrap_counts,
 )
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
-from cbop_torchrl.utils import atomic_torch_save, cache_dir, config_hash, seed_everything
+from cbop_torchrl.utils import (
+    atomic_torch_save,
+    cache_dir,
+    config_hash,
+    describe_load_error,
+    seed_everything,
+)
 
 LogFn = Callable[[dict[str, float], int], None]
 
@@ -78,8 +85,7 @@ def run_supervised_stage(
     rng = GlobalRNGState()
     partial = work_dir / "partial.pt"
     start = 0
-    if partial.is_file():
-        state = torch.load(partial, map_location="cpu", weights_only=True)
+    if (state := read_cached_stage(partial)) is not None:
         loss.load_state_dict(state["loss"])
         optimizer.load_state_dict(state["optimizer"])
         generator.set_state(state["generator"])
@@ -131,6 +137,29 @@ def run_supervised_stage(
     return last
 
 
+def read_cached_stage(path: Path, key: str | None = None) -> Any | None:
+    """``torch.load(path, weights_only=True)`` (its ``key`` entry when given), or None
+    when the file is absent or unreadable.
+
+    A damaged cache file (a disk error, a copy cut short, another version's
+    format) is not fatal: a warning names it, the file is removed and the stage
+    is trained again.
+    """
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        return state if key is None else state[key]
+    except Exception as error:
+        warnings.warn(
+            f"the cache file {path} cannot be read ({describe_load_error(error)}); it "
+            "was removed and this stage is trained again",
+            stacklevel=2,
+        )
+        path.unlink(missing_ok=True)
+        return None
+
+
 def _stage_dir(stage: str, key: dict[str, Any]) -> Path:
     return cache_dir("pretrain", stage, config_hash(key))
 
@@ -158,8 +187,8 @@ def load_or_train_bc(
     key = {"data": fingerprint, "config": vars(config), "hidden": list(hidden_sizes), "seed": seed}
     work_dir = _stage_dir("bc", key)
     result = work_dir / "result.pt"
-    if result.is_file():
-        return torch.load(result, map_location="cpu", weights_only=True)["actor"], True
+    if (cached := read_cached_stage(result, "actor")) is not None:
+        return cached, True
     seed_everything(seed + BC_SEED_OFFSET)
     actor = make_actor(obs_dim, action_dim, tuple(hidden_sizes), device=data.device)
     loss = BehaviourCloningLoss(actor)
@@ -225,8 +254,8 @@ def load_or_train_fqe(
     }
     work_dir = _stage_dir("fqe", key)
     result = work_dir / "result.pt"
-    if result.is_file():
-        return torch.load(result, map_location="cpu", weights_only=True)["qvalue"], True
+    if (cached := read_cached_stage(result, "qvalue")) is not None:
+        return cached, True
     seed_everything(seed + FQE_SEED_OFFSET)
     usable = data.get("next_action_mask")
     fqe_data = data.select(
