@@ -100,7 +100,7 @@ def reference(reference_run: Path) -> dict[str, list[float]]:
     return csv_steps(reference_run / "run")
 
 
-def test_every_csv_step_once_after_kills_resumes_and_a_restart(
+def test_every_csv_step_once_after_kills_resumes_and_a_refused_second_copy(
     tmp_path: Path, reference: dict[str, list[float]]
 ) -> None:
     run_dir, cache = tmp_path / "run", tmp_path / "cache"
@@ -127,54 +127,53 @@ def test_every_csv_step_once_after_kills_resumes_and_a_restart(
     steps = csv_steps(run_dir)
     assert steps == reference
 
-    # A restart with resume=false starts the CSV files over and says so.
-    restarted = subprocess.run(
-        command(run_dir, "resume=false"), env=environment(cache),
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert restarted.returncode == 0, restarted.stderr[-3000:]
-    assert "resume=false: removed the previous run's checkpoint.pt" in restarted.stdout
-    after_restart = csv_steps(run_dir)
+    # A restart with resume=false starts the CSV files over and says so. While it runs
+    # (held at its first CBOP row), a second copy of the same command is refused at once.
+    restarted = start_waiting(run_dir, cache, tmp_path, "resume=false")
+    try:
+        refused_in = time.monotonic()
+        second = subprocess.run(
+            command(run_dir, "resume=false"), env=environment(cache),
+            capture_output=True, text=True,
+        )  # fmt: skip
+        refused_in = time.monotonic() - refused_in
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert "Traceback" not in second.stderr
+        assert str(run_dir) in second.stderr and f"pid {restarted.pid} on" in second.stderr
+        assert refused_in < 60
+    finally:
+        (tmp_path / "go").touch()
+    out, err = restarted.communicate(timeout=300)
+    assert restarted.returncode == 0, err[-3000:]
+    assert "resume=false: removed the previous run's checkpoint.pt" in out
+    assert (run_dir / LOCK_NAME).read_text() == ""  # released at the end
     # The pretraining stages now come from the cache and log nothing; the rest once each.
-    assert after_restart == {
+    assert csv_steps(run_dir) == {
         name: steps for name, steps in reference.items() if name.split("/")[0] in (
             "train", "eval", "final"
         )
     }  # fmt: skip
 
 
-def test_a_second_copy_of_a_running_command_is_refused(tmp_path: Path) -> None:
-    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+def start_waiting(run_dir: Path, cache: Path, tmp_path: Path, *extra: str) -> subprocess.Popen:
+    """Starts the command and returns once it holds at its first ``train/`` row."""
     waiting, go = tmp_path / "waiting", tmp_path / "go"
     fault = {
-        "FAULT": "wait", "FAULT_PREFIX": "bc/", "FAULT_ROWS": "1",
+        "FAULT": "wait", "FAULT_PREFIX": "train/", "FAULT_ROWS": "1",
         "FAULT_WAITING": str(waiting), "FAULT_GO": str(go),
     }  # fmt: skip
-    first = subprocess.Popen(
-        command(run_dir, driver=True), env=environment(cache, **fault),
+    process = subprocess.Popen(
+        command(run_dir, *extra, driver=True), env=environment(cache, **fault),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 240
-        while not waiting.exists() and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert waiting.exists(), first.communicate()[1][-3000:]
-
-        started = time.monotonic()
-        second = subprocess.run(
-            command(run_dir), env=environment(cache), capture_output=True, text=True
-        )
-        assert second.returncode == 2, second.stderr[-3000:]
-        assert "Traceback" not in second.stderr
-        assert str(run_dir) in second.stderr and f"pid {first.pid}" in second.stderr
-        assert time.monotonic() - started < 60
-    finally:
+    deadline = time.monotonic() + 240
+    while not waiting.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not waiting.exists():
         go.touch()
-    out, err = first.communicate(timeout=300)
-    assert first.returncode == 0, err[-3000:]
-    steps = csv_steps(run_dir)
-    assert steps and all(len(s) == len(set(s)) for s in steps.values()), steps
-    assert (run_dir / LOCK_NAME).read_text() == ""  # released at the end
+        process.kill()
+        pytest.fail(f"the run did not reach its first CBOP row: {process.communicate()[1][-3000:]}")
+    return process
 
 
 def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path: Path) -> None:

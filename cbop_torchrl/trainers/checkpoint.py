@@ -16,20 +16,38 @@ it and a checkpoint file cannot run code:
 Together these make a resumed run continue exactly where the interrupted one
 was: same parameters, same optimizer moments, same next batch, same random
 draws.
+
+What comes from TorchRL: saving runs as a ``TrainerHookBase`` registered on
+the Trainer's ``post_steps`` (:class:`CheckpointHook`), the state is
+``Trainer.state_dict()`` and resuming is ``Trainer.load_state_dict()``, and
+the global RNG state is TorchRL's ``GlobalRNGState``. What does not, and why:
+the Trainer's own ``save_trainer`` saves only when more than
+``save_trainer_interval`` frames passed since the last save (never at the
+last step), and TorchRL 0.14's ``torchrl.checkpoint.Checkpoint`` /
+``CheckpointRotation`` write a directory or a ZIP archive of components.
+A run here needs one file that is both the resumable state and a readable
+policy (``scripts/evaluate.py checkpoint=.../checkpoint.pt``, :func:`load_policy`),
+saved at every ``interval`` and at the last step, and read with
+``torch.load(weights_only=True)``; :func:`~cbop_torchrl.utils.atomic_write`
+gives the same atomicity as ``Checkpoint.save``'s staged publish.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import torch
+from tensordict import TensorDict
 from tensordict.nn import TensorDictModuleBase
+from torch import nn
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.trainers import Trainer, TrainerHookBase
 
 from cbop_torchrl.modules.actor_critic import make_actor, make_deterministic_actor
 from cbop_torchrl.registry import Task, get_family
-from cbop_torchrl.utils import atomic_torch_save, config_hash, describe_load_error
+from cbop_torchrl.utils import atomic_torch_save, atomic_write, config_hash, describe_load_error
 
 CHECKPOINT_FORMAT = "cbop-torchrl/1"
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -86,9 +104,62 @@ def policy_metadata(
 
 
 def save_policy(path: str | Path, actor: TensorDictModuleBase, metadata: dict[str, Any]) -> Path:
-    """Writes the actor alone (``policy.pt``), for evaluation and deployment."""
+    """Writes the actor alone (``policy.pt``) and its self-contained export beside it.
+
+    ``policy.pt`` holds the weights and what :func:`load_policy` needs to
+    rebuild the actor with this package; ``policy.pt2`` (:func:`export_policy`)
+    runs with plain PyTorch.
+    """
     state = {"format": CHECKPOINT_FORMAT, "policy": metadata, "actor": actor.state_dict()}
-    return atomic_torch_save(state, path)
+    path = atomic_torch_save(state, path)
+    export_policy(actor, metadata["obs_dim"], Path(path).with_suffix(EXPORT_SUFFIX))
+    return path
+
+
+EXPORT_SUFFIX = ".pt2"
+
+
+class DeterministicPolicy(nn.Module):
+    """``observation [B, obs_dim] -> action [B, action_dim]``: the actor's evaluation action.
+
+    The action the evaluator takes: the actor called under
+    ``ExplorationType.DETERMINISTIC`` (the tanh of the mean for the TanhNormal
+    policies, the output of TD3+BC's deterministic actor).
+    """
+
+    def __init__(self, actor: TensorDictModuleBase) -> None:
+        super().__init__()
+        self.actor = actor
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        batch = TensorDict({"observation": observation}, batch_size=observation.shape[:-1])
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            return self.actor(batch).get("action")
+
+
+def export_policy(actor: TensorDictModuleBase, obs_dim: int, path: str | Path) -> Path:
+    """Writes the deterministic policy as a ``torch.export`` program (``policy.pt2``), atomically.
+
+    It needs neither this package nor TorchRL/TensorDict to run::
+
+        policy = torch.export.load("policy.pt2").module()
+        action = policy(observation)  # [B, obs_dim] float32 -> [B, action_dim], any B >= 1
+
+    Exported on the CPU from a copy of the actor, with a dynamic batch size.
+    """
+    policy = DeterministicPolicy(copy.deepcopy(actor).cpu()).eval()
+    example = torch.zeros(2, int(obs_dim))
+    batch = torch.export.Dim("batch", min=1)
+    with torch.no_grad():
+        program = torch.export.export(
+            policy, (example,), dynamic_shapes=({0: batch},), strict=False
+        )
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:
+            torch.export.save(program, handle)
+
+    return atomic_write(path, write)
 
 
 def load_policy(

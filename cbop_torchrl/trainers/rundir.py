@@ -29,7 +29,7 @@ LOCK_NAME = ".run.lock"
 RUN_OUTPUTS = (
     "checkpoint.pt",
     "policy.pt",
-    "policy_export.pt2",
+    "policy.pt2",
     "results.json",
     "config.json",
     "dynamics_metrics.json",
