@@ -227,6 +227,9 @@ def test_wandb_offline_logs_the_config_and_a_resumed_run_keeps_its_id(
     resumed = open_logger()  # a second session of the same run directory
     assert resumed.experiment.id == run_id
     log_scalars(resumed, {"train/loss": 2.0}, 20)
+    # TorchRL's WandbLogger logs each metric against its own step key at the step given.
+    assert resumed.experiment.summary["train/step"] == 20
+    assert resumed.experiment.summary["train/loss"] == 2.0
     log_final(resumed, run_config, {"final/return": 3.0}, 20)
     records = list((tmp_path / "logs" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert len(records) == 2  # two sessions, one run id
