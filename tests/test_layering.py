@@ -12,7 +12,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "cbop_torchrl"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("cbop_torchrl.utils",),
+    ("cbop_torchrl.utils", "cbop_torchrl._torchrl_compat"),
     ("cbop_torchrl.registry",),
     ("cbop_torchrl.data",),
     ("cbop_torchrl.envs",),

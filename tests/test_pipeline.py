@@ -263,3 +263,20 @@ def test_ablation_modes_train_end_to_end(
     config = json.loads((run_dir / "config.json").read_text())
     assert config["estimator"]["mode"] == overrides[0].split("=")[1]
     assert results["gradient_steps"] == 40 and math.isfinite(results["normalized_score_mean"])
+
+
+def test_rollout_dtype_auto_records_its_choice(workspace: dict, reference_run: Path) -> None:
+    run_dir = workspace["root"] / "auto_dtype"
+    done = subprocess.run(
+        cli(workspace, run_dir, "estimator.rollout_dtype=auto"),
+        env=workspace["env"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    settings = json.loads((run_dir / "results.json").read_text())["settings"]
+    choice = settings["rollout_choice"]
+    assert settings["rollout_dtype"] == choice["rollout_dtype"]
+    fast = choice["bf16_matmul_speedup"] >= 1.5
+    accurate = choice["bf16_target_rel_error"] <= choice["bf16_tolerance"]
+    assert choice["rollout_dtype"] == ("bfloat16" if fast and accurate else "float32")

@@ -1,7 +1,8 @@
 """The actor and the Q-network of the EDAC-style SAC that CBOP trains.
 
 Both are plain TorchRL modules, so they plug into ``SACLoss`` unchanged: the
-actor is a ``ProbabilisticActor`` over a ``TanhNormal``; a Q-network is a
+actor is a ``ProbabilisticActor`` over a tanh-squashed Gaussian
+(:class:`BoxTanhNormal`); a Q-network is a
 ``ValueOperator`` reading ``observation`` and ``action`` and writing
 ``state_action_value``. The Q-ensemble is a list of M such networks, which
 ``SACLoss`` stacks into one ``[M, ...]`` parameter TensorDict and runs with
@@ -11,12 +12,14 @@ actor is a ``ProbabilisticActor`` over a ``TanhNormal``; a Q-network is a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Real
 
 import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import distributions as D
 from torch import nn
 from torchrl.data import Bounded
-from torchrl.modules import MLP, ProbabilisticActor, TanhModule, TanhNormal, ValueOperator
+from torchrl.modules import MLP, ProbabilisticActor, TanhModule, ValueOperator
 
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
@@ -35,6 +38,68 @@ class ClampedLogStdHead(nn.Module):
         return loc, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp()
 
 
+class _ClampedTanhTransform(D.TanhTransform):
+    """``tanh`` whose inverse clamps ``y`` inside ``(-1, 1)``: an action of exactly
+    +-1 (clipped data) gets a finite ``atanh`` and hence a finite log-density."""
+
+    def _inverse(self, y: torch.Tensor) -> torch.Tensor:
+        eps = torch.finfo(y.dtype).eps
+        return torch.atanh(y.clamp(-1.0 + eps, 1.0 - eps))
+
+
+class BoxTanhNormal(D.TransformedDistribution):
+    """``Normal(loc, scale)`` per action dimension, squashed by ``tanh`` into a static box.
+
+    The same law as TorchRL's ``TanhNormal(loc, scale, low, high)`` (diagonal
+    Gaussian, ``tanh``, then the affine map onto ``[low, high]`` unless the box
+    is ``[-1, 1]``), for bounds given as Python numbers. Why not ``TanhNormal``
+    itself: it checks its bounds with tensor comparisons read back by Python
+    (``(high > low).all()``, ``non_trivial_max or non_trivial_min``) each time
+    it is built, two host synchronisations per distribution, seven
+    distributions per CBOP gradient step (checked against TorchRL 0.14.1).
+    Static bounds are checked once, in Python.
+
+    ``rsample()``/``sample()`` cache their pre-tanh draw (``cache_size=1``), so
+    ``log_prob`` of the action just drawn uses it instead of ``atanh``;
+    ``deterministic_sample`` is the squashed mean (what TorchRL's actors use
+    under ``ExplorationType.DETERMINISTIC``).
+
+    Args:
+        loc, scale: ``[*batch, A]`` pre-tanh mean and std.
+        low, high: the action box's bounds, Python numbers.
+    """
+
+    arg_constraints = {"loc": D.constraints.real, "scale": D.constraints.positive}
+    has_rsample = True
+
+    def __init__(
+        self, loc: torch.Tensor, scale: torch.Tensor, low: float = -1.0, high: float = 1.0
+    ) -> None:
+        if not (isinstance(low, Real) and isinstance(high, Real)):
+            raise TypeError(
+                f"BoxTanhNormal needs Python numbers as bounds (got {type(low).__name__} and "
+                f"{type(high).__name__}); use torchrl.modules.TanhNormal for tensor bounds."
+            )
+        if not high > low:
+            raise ValueError(f"BoxTanhNormal needs high > low; got low={low}, high={high}.")
+        self.loc, self.scale = loc, scale
+        self.low, self.high = float(low), float(high)
+        base = D.Independent(D.Normal(loc, scale, validate_args=False), 1, validate_args=False)
+        transforms: list[D.Transform] = [_ClampedTanhTransform(cache_size=1)]
+        if (self.low, self.high) != (-1.0, 1.0):
+            middle, half = (self.high + self.low) / 2, (self.high - self.low) / 2
+            transforms.append(D.AffineTransform(middle, half, event_dim=1, cache_size=1))
+        super().__init__(base, transforms, validate_args=False)
+
+    @property
+    def deterministic_sample(self) -> torch.Tensor:
+        """The squashed mean ``[*batch, A]``."""
+        action = self.loc
+        for transform in self.transforms:
+            action = transform(action)
+        return action
+
+
 def action_spec(action_dim: int, device: torch.device | str | None = None) -> Bounded:
     """The ``[-1, 1]^A`` action box of the MuJoCo locomotion tasks."""
     return Bounded(-1.0, 1.0, shape=(action_dim,), device=device)
@@ -46,7 +111,7 @@ def make_actor(
     hidden_sizes: tuple[int, ...] = (256, 256, 256),
     device: torch.device | str | None = None,
 ) -> ProbabilisticActor:
-    """A TanhNormal policy ``observation [..., obs_dim] -> action [..., action_dim]``.
+    """A tanh-Gaussian policy ``observation [..., obs_dim] -> action [..., action_dim]``.
 
     The MLP has ReLU hidden layers; its ``2 * action_dim`` outputs become the
     pre-tanh mean and a clamped log-std. Call it under
@@ -69,7 +134,7 @@ def make_actor(
         params,
         in_keys=["loc", "scale"],
         spec=action_spec(action_dim, device),
-        distribution_class=TanhNormal,
+        distribution_class=BoxTanhNormal,
         distribution_kwargs={"low": -1.0, "high": 1.0},
         return_log_prob=False,
     )

@@ -1,5 +1,10 @@
 """Losses and value estimators: CBOP, behaviour cloning and fitted Q evaluation."""
 
-from cbop_torchrl.objectives.cbop import CBOPLoss, CBOPValueEstimator, gaussian_posterior
+from cbop_torchrl.objectives.cbop import (
+    CBOPLoss,
+    CBOPValueEstimator,
+    SACLossWithCBOPTarget,
+    gaussian_posterior,
+)
 
-__all__ = ["CBOPLoss", "CBOPValueEstimator", "gaussian_posterior"]
+__all__ = ["CBOPLoss", "CBOPValueEstimator", "SACLossWithCBOPTarget", "gaussian_posterior"]

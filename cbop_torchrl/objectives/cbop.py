@@ -6,7 +6,7 @@
 """
 
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator
-from cbop_torchrl.objectives.loss import CBOPLoss
+from cbop_torchrl.objectives.loss import CBOPLoss, SACLossWithCBOPTarget
 from cbop_torchrl.objectives.posterior import (
     VAR_FLOOR,
     GaussianPosterior,
@@ -25,4 +25,5 @@ __all__ = [
     "fixed_weights",
     "gaussian_posterior",
     "pooled_quantile",
+    "SACLossWithCBOPTarget",
 ]

@@ -42,6 +42,8 @@ the dynamics model to the loss's device yourself.
 from __future__ import annotations
 
 import contextlib
+import random
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,9 +53,9 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.modules.distributions.utils import rsample_and_log_prob
-from torchrl.objectives.utils import _vmap_func
 from torchrl.objectives.value import ValueEstimatorBase
 
+from cbop_torchrl._torchrl_compat import vmap_over_params
 from cbop_torchrl.objectives.posterior import (
     VAR_FLOOR,
     fixed_weight_moments,
@@ -87,6 +89,35 @@ def _resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
             f"rollout_dtype {dtype} is not supported; use torch.float32 or torch.bfloat16."
         )
     return dtype
+
+
+#: ``rollout_dtype="auto"`` picks bf16 only if it moves the targets by at most this share of
+#: their std (measured on the run's own data and networks, :meth:`select_rollout_dtype`).
+BF16_TOLERANCE = 0.01
+#: ... and if bf16 matmuls run at least this much faster than fp32 on the device.
+BF16_MIN_SPEEDUP = 1.5
+
+
+def bf16_matmul_speedup(device: torch.device, n: int = 512, repeats: int = 5) -> float:
+    """fp32 time / bf16 time of an ``n x n`` matmul on ``device`` (best of ``repeats``).
+
+    About 4x on CPUs with AMX-BF16, ~1x or below without native bf16 (emulated),
+    2x or more on GPUs with bf16 tensor cores.
+    """
+    seconds = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(n, n, device=device).to(dtype)
+        best = float("inf")
+        for _ in range(repeats + 1):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            torch.mm(a, a)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - start)
+        seconds[dtype] = best
+    return seconds[torch.float32] / seconds[torch.bfloat16]
 
 
 #: Rows per block of the fused Q-ensemble (see ``q_chunk_rows``): at M = 20 and width
@@ -364,8 +395,8 @@ class CBOPValueEstimator(ValueEstimatorBase):
             "alpha": alpha,
         }
         self.__dict__["_loss"] = None
-        self._vmap_q = _vmap_func(
-            qvalue_network, (None, 0), randomness=self.vmap_randomness, pseudo_vmap=deactivate_vmap
+        self._vmap_q = vmap_over_params(
+            qvalue_network, (None, 0), self.vmap_randomness, loop=deactivate_vmap
         )
         self._mlp_plan = _plain_mlp_plan(qvalue_network, obs_key, action_key, q_value_key)
         if not fused_q or deactivate_vmap:
@@ -373,7 +404,7 @@ class CBOPValueEstimator(ValueEstimatorBase):
         self.q_chunk_rows = None if q_chunk_rows is None else int(q_chunk_rows)
         self.compile = bool(compile)
         self._compiled_q: Callable[..., torch.Tensor] | None = None
-        self._seed_stream = None if seed is None else torch.Generator().manual_seed(int(seed))
+        self._seed_stream = None if seed is None else random.Random(int(seed))
         #: Detached diagnostics of the last call (a TensorDict with batch ``[]``).
         self.last_diagnostics: TensorDictBase | None = None
 
@@ -418,11 +449,8 @@ class CBOPValueEstimator(ValueEstimatorBase):
         estimator.__dict__["_loss"] = loss
         estimator.__dict__["_own_sources"] = {}
         estimator.set_vmap_randomness(loss.vmap_randomness)
-        estimator._vmap_q = _vmap_func(
-            loss.qvalue_network,
-            (None, 0),
-            randomness=loss.vmap_randomness,
-            pseudo_vmap=estimator.deactivate_vmap,
+        estimator._vmap_q = vmap_over_params(
+            loss.qvalue_network, (None, 0), loss.vmap_randomness, loop=estimator.deactivate_vmap
         )
         return estimator
 
@@ -441,8 +469,11 @@ class CBOPValueEstimator(ValueEstimatorBase):
 
     def _alpha(self) -> torch.Tensor | float:
         loss = self.__dict__["_loss"]
-        if loss is not None:
-            return loss._alpha
+        if loss is not None:  # SACLoss's alpha from its public log_alpha and bounds
+            log_alpha = loss.log_alpha.detach()
+            if loss.min_log_alpha is not None or loss.max_log_alpha is not None:
+                log_alpha = log_alpha.clamp(loss.min_log_alpha, loss.max_log_alpha)
+            return log_alpha.exp()
         alpha = self._own_sources["alpha"]
         return alpha() if callable(alpha) else alpha
 
@@ -492,11 +523,61 @@ class CBOPValueEstimator(ValueEstimatorBase):
         self.last_diagnostics = diagnostics
         return target
 
+    # ------------------------------------------------------- rollout precision
+    @torch.no_grad()
+    def measure_bf16_error(self, tensordict: TensorDictBase, seed: int = 0) -> float:
+        """``mean|y_bf16 - y_fp32| / std(y_fp32)`` on ``tensordict``, same randomness for both.
+
+        The global RNG is forked (left untouched); ``rollout_dtype`` is restored.
+        """
+        previous = self.rollout_dtype
+        targets = []
+        try:
+            for dtype in (torch.float32, torch.bfloat16):
+                self.rollout_dtype = dtype
+                device = tensordict.device or torch.device("cpu")
+                devices = [device] if device.type == "cuda" else []
+                with torch.random.fork_rng(devices=devices):
+                    torch.manual_seed(seed)
+                    targets.append(self.compute_target(tensordict)[0])
+        finally:
+            self.rollout_dtype = previous
+        y32, y16 = targets
+        return float((y16 - y32).abs().mean() / y32.std().clamp_min(1e-12))
+
+    def select_rollout_dtype(
+        self, tensordict: TensorDictBase, tolerance: float = BF16_TOLERANCE
+    ) -> dict[str, Any]:
+        """Sets ``rollout_dtype`` to bf16 if it is fast here and accurate on this data, else fp32.
+
+        bf16 is chosen when the device runs bf16 matmuls at least
+        :data:`BF16_MIN_SPEEDUP` x faster than fp32 (:func:`bf16_matmul_speedup`)
+        AND the targets on ``tensordict`` (a few batches of the dataset, with the
+        current actor and Q-ensemble) move by at most ``tolerance`` x their std
+        (:meth:`measure_bf16_error`). Returns what was chosen and why.
+        """
+        device = tensordict.device or torch.device("cpu")
+        speedup = bf16_matmul_speedup(device)
+        error = self.measure_bf16_error(tensordict)
+        fast, accurate = speedup >= BF16_MIN_SPEEDUP, error <= tolerance
+        self.rollout_dtype = torch.bfloat16 if fast and accurate else torch.float32
+        return {
+            "rollout_dtype": "bfloat16" if self.rollout_dtype == torch.bfloat16 else "float32",
+            "bf16_matmul_speedup": speedup,
+            "bf16_target_rel_error": error,
+            "bf16_tolerance": tolerance,
+            "reason": (
+                "bf16 matmuls are fast here and the targets move little"
+                if fast and accurate
+                else ("bf16 matmuls are not fast here" if not fast else "bf16 moves the targets")
+            ),
+        }
+
     # --------------------------------------------------------------- the maths
     def _rng_context(self, device: torch.device):
         if self._seed_stream is None:
             return contextlib.nullcontext()
-        seed = int(torch.randint(2**62, (), generator=self._seed_stream))
+        seed = self._seed_stream.getrandbits(62)  # Python's RNG: no tensor read back
         devices = [device] if device.type == "cuda" else []
         stack = contextlib.ExitStack()
         stack.enter_context(torch.random.fork_rng(devices=devices))

@@ -37,14 +37,14 @@ from tensordict.nn import TensorDictModuleBase
 from torch import Tensor
 from torchrl.data import TensorSpec
 from torchrl.objectives import SACLoss
-from torchrl.objectives.utils import _vmap_func
 
+from cbop_torchrl._torchrl_compat import SACTargetFromEstimator, vmap_over_params
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator
 
 _GRAD_NORM_EPS = 1e-10
 
 
-class CBOPLoss(SACLoss):
+class CBOPLoss(SACTargetFromEstimator, SACLoss):
     """SAC/EDAC loss whose critic regresses on CBOP's conservative target.
 
     Args:
@@ -125,18 +125,6 @@ class CBOPLoss(SACLoss):
         )
         self.make_value_estimator(estimator)
 
-    def _make_vmap(self) -> None:
-        super()._make_vmap()
-        # Members on their own copy of the input: per-member action gradients for EDAC.
-        self._vmap_qnetwork00 = _vmap_func(
-            self.qvalue_network, randomness=self.vmap_randomness, pseudo_vmap=self.deactivate_vmap
-        )
-
-    def _compute_target_v2(self, tensordict: TensorDictBase) -> Tensor:
-        # SACLoss would first bootstrap from s' with the actor and all Q members;
-        # the CBOP estimator does its own (better) bootstrap, so skip that work.
-        return self.value_estimator.value_estimate(tensordict).squeeze(-1)
-
     def edac_penalty(self, tensordict: TensorDictBase) -> Tensor:
         """EDAC's ``1/(M-1) sum_{i != j} cos(g_i, g_j)`` per sample ``[*batch]``.
 
@@ -152,7 +140,11 @@ class CBOPLoss(SACLoss):
             member_action = action.unsqueeze(0).expand(num_members, *action.shape)
             td = td.expand(num_members, *td.batch_size).clone(False)
             td.set(self.tensor_keys.action, member_action)
-            q = self._vmap_qnetwork00(td, self.qvalue_network_params)
+            # Members on their own copy of the input (in_dims (0, 0)): per-member gradients.
+            member_q = vmap_over_params(
+                self.qvalue_network, (0, 0), self.vmap_randomness, loop=self.deactivate_vmap
+            )
+            q = member_q(td, self.qvalue_network_params)
             q = q.get(self.tensor_keys.state_action_value)
             (grad,) = torch.autograd.grad(q.sum(), member_action, create_graph=True)
         unit = grad / (grad.norm(dim=-1, keepdim=True) + _GRAD_NORM_EPS)  # [M, *batch, A]
@@ -175,3 +167,17 @@ class CBOPLoss(SACLoss):
             if diagnostics is not None:
                 td_out.set("cbop", diagnostics)
         return td_out
+
+
+class SACLossWithCBOPTarget(SACTargetFromEstimator, SACLoss):
+    """TorchRL's ``SACLoss`` whose critic regresses on its value estimator's target alone.
+
+    For CBOP inside your own TorchRL code: build it with SACLoss's arguments,
+    then ``loss.make_value_estimator(CBOPValueEstimator.from_sac_loss(loss, dynamics))``.
+    A stock ``SACLoss`` given the estimator trains on the same targets but first
+    computes its own bootstrap from ``s'`` (an actor pass and M target-Q passes)
+    and throws it away; this class skips it. It has no EDAC diversity term
+    (``loss_qvalue`` is SACLoss's summed MSE, as :class:`CBOPLoss` with ``eta=0``);
+    :class:`CBOPLoss` adds it.
+    """
+

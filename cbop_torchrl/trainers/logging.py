@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -240,7 +239,8 @@ class MetricsHook(TrainerHookBase):
     def __init__(self, logger: Logger | None, interval: int) -> None:
         self.logger = logger
         self.interval = int(interval)
-        self._sums: dict[str, float] = defaultdict(float)
+        # Window sums stay on the loss's device: read once per interval, not every step.
+        self._sums: dict[str, torch.Tensor] = {}
         self._count = 0
         self._clock = time.perf_counter()
         self.first_window: dict[str, float] = {}
@@ -249,12 +249,19 @@ class MetricsHook(TrainerHookBase):
     def __call__(self, step: int, losses: TensorDictBase | None) -> dict[str, Any] | None:
         if losses is None:
             return None
-        for name, value in flatten_metrics(losses).items():
-            self._sums[name] += value
+        for key, value in losses.items(include_nested=True, leaves_only=True):
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+                continue
+            if value.ndim > 1:
+                continue
+            name = "/".join(key) if isinstance(key, tuple) else key
+            value = value.detach().float()
+            total = self._sums.get(name)
+            self._sums[name] = value.clone() if total is None else total.add_(value)
         self._count += 1
         if step % self.interval != 0:
             return None
-        means = {name: total / self._count for name, total in self._sums.items()}
+        means = self._read_means()
         elapsed = time.perf_counter() - self._clock
         means["grad_steps_per_s"] = self._count / max(elapsed, 1e-9)
         self._sums.clear()
@@ -266,6 +273,25 @@ class MetricsHook(TrainerHookBase):
         log_scalars(self.logger, {f"train/{k}": v for k, v in means.items()}, step)
         shown = {k.split("/")[-1]: means[k] for k in self.PBAR_KEYS if k in means}
         return {**shown, "log_pbar": True}
+
+    def _read_means(self) -> dict[str, float]:
+        """The window means as floats: one device-to-host copy for all metrics."""
+        if not self._sums:
+            return {}
+        names = list(self._sums)
+        flat = torch.cat([self._sums[name].reshape(-1) for name in names]) / self._count
+        values = flat.cpu().tolist()
+        means: dict[str, float] = {}
+        offset = 0
+        for name in names:
+            total = self._sums[name]
+            if total.ndim == 0:
+                means[name] = values[offset]
+            else:
+                for index in range(total.numel()):
+                    means[f"{name}/{index}"] = values[offset + index]
+            offset += total.numel()
+        return means
 
     def state_dict(self) -> dict[str, Any]:
         return {"first_window": dict(self.first_window), "last_window": dict(self.last_window)}
