@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,34 @@ def cache_dir(*parts: str) -> Path:
     path = root.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def cache_entry_lock(directory: str | Path, what: str) -> Iterator[None]:
+    """Holds an exclusive lock on a cache entry (``<directory>/.lock``) while it is read or made.
+
+    Runs that share an entry (every psi of a sweep with one seed shares the BC,
+    FQE and dynamics stages) then make it once: the first trains it, the others
+    wait, say so, and read the finished entry. An OS file lock (``flock``), so
+    a process that dies releases it.
+    """
+    import fcntl
+
+    path = Path(directory) / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(
+                f"[cbop] waiting for another process that is making the same {what} "
+                f"({directory})", flush=True,
+            )  # fmt: skip
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def config_hash(config: Any, length: int = 12) -> str:

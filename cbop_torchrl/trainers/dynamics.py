@@ -41,7 +41,13 @@ from cbop_torchrl.modules.dynamics import (
     load_dynamics,
     save_dynamics,
 )
-from cbop_torchrl.utils import atomic_json_dump, cache_dir, config_hash, describe_load_error
+from cbop_torchrl.utils import (
+    atomic_json_dump,
+    cache_dir,
+    cache_entry_lock,
+    config_hash,
+    describe_load_error,
+)
 
 EVAL_CHUNK = 2048  # holdout rows per evaluation call (bounds activation memory)
 
@@ -412,22 +418,24 @@ def load_or_train_dynamics(
     directory = cache_dir("dynamics", dynamics_cache_key(info, config))
     model_path, metrics_path = directory / "model.pt", directory / "metrics.json"
     device = dataset_td.get("observation").device
-    if use_cache and model_path.exists() and metrics_path.exists():
-        try:
-            model = load_dynamics(model_path, device=device, termination=termination)
-            metrics = json.loads(metrics_path.read_text())
-            metrics.update(cached=True, cache_path=str(model_path))
-            return model, metrics
-        except Exception as error:  # a corrupt entry is retrained, not fatal
-            warnings.warn(
-                f"the dynamics cache file {model_path} cannot be read "
-                f"({describe_load_error(error)}); the dynamics model is trained again and "
-                "replaces it",
-                stacklevel=2,
-            )
-    model, metrics = train_dynamics(dataset_td, termination, config, progress, log_fn)
-    save_dynamics(model, model_path, metadata={"dataset": info.name, "config": config.to_dict()})
-    metrics.update(dataset=info.name, config=config.to_dict())
-    atomic_json_dump(metrics, metrics_path)
-    metrics.update(cached=False, cache_path=str(model_path))
-    return model, metrics
+    with cache_entry_lock(directory, "dynamics model"):
+        if use_cache and model_path.exists() and metrics_path.exists():
+            try:
+                model = load_dynamics(model_path, device=device, termination=termination)
+                metrics = json.loads(metrics_path.read_text())
+                metrics.update(cached=True, cache_path=str(model_path))
+                return model, metrics
+            except Exception as error:  # a corrupt entry is retrained, not fatal
+                warnings.warn(
+                    f"the dynamics cache file {model_path} cannot be read "
+                    f"({describe_load_error(error)}); the dynamics model is trained again and "
+                    "replaces it",
+                    stacklevel=2,
+                )
+        model, metrics = train_dynamics(dataset_td, termination, config, progress, log_fn)
+        metadata = {"dataset": info.name, "config": config.to_dict()}
+        save_dynamics(model, model_path, metadata=metadata)
+        metrics.update(dataset=info.name, config=config.to_dict())
+        atomic_json_dump(metrics, metrics_path)
+        metrics.update(cached=False, cache_path=str(model_path))
+        return model, metrics

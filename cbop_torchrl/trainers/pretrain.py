@@ -40,6 +40,7 @@ from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
 from cbop_torchrl.utils import (
     atomic_torch_save,
     cache_dir,
+    cache_entry_lock,
     config_hash,
     describe_load_error,
     seed_everything,
@@ -187,19 +188,20 @@ def load_or_train_bc(
     key = {"data": fingerprint, "config": vars(config), "hidden": list(hidden_sizes), "seed": seed}
     work_dir = _stage_dir("bc", key)
     result = work_dir / "result.pt"
-    if (cached := read_cached_stage(result, "actor")) is not None:
-        return cached, True
-    seed_everything(seed + BC_SEED_OFFSET)
-    actor = make_actor(obs_dim, action_dim, tuple(hidden_sizes), device=data.device)
-    loss = BehaviourCloningLoss(actor)
-    buffer, generator = _sampler(
-        data.select("observation", "action"), config.batch_size, seed + BC_SEED_OFFSET
-    )
-    run_supervised_stage("bc", loss, buffer, generator, config, work_dir, progress, log_fn)
-    state = {k: v.detach().cpu() for k, v in actor.state_dict().items()}
-    atomic_torch_save({"actor": state}, result)
-    (work_dir / "partial.pt").unlink(missing_ok=True)
-    return state, False
+    with cache_entry_lock(work_dir, "behaviour-cloning stage"):
+        if (cached := read_cached_stage(result, "actor")) is not None:
+            return cached, True
+        seed_everything(seed + BC_SEED_OFFSET)
+        actor = make_actor(obs_dim, action_dim, tuple(hidden_sizes), device=data.device)
+        loss = BehaviourCloningLoss(actor)
+        buffer, generator = _sampler(
+            data.select("observation", "action"), config.batch_size, seed + BC_SEED_OFFSET
+        )
+        run_supervised_stage("bc", loss, buffer, generator, config, work_dir, progress, log_fn)
+        state = {k: v.detach().cpu() for k, v in actor.state_dict().items()}
+        atomic_torch_save({"actor": state}, result)
+        (work_dir / "partial.pt").unlink(missing_ok=True)
+        return state, False
 
 
 def fqe_target_update(loss: LossModule, config: FQEConfig) -> Callable[[int], None]:
@@ -254,30 +256,31 @@ def load_or_train_fqe(
     }
     work_dir = _stage_dir("fqe", key)
     result = work_dir / "result.pt"
-    if (cached := read_cached_stage(result, "qvalue")) is not None:
-        return cached, True
-    seed_everything(seed + FQE_SEED_OFFSET)
-    usable = data.get("next_action_mask")
-    fqe_data = data.select(
-        "observation",
-        "action",
-        ("next", "observation"),
-        ("next", "action"),
-        ("next", "reward"),
-        ("next", "terminated"),
-    )[usable]
-    fqe_data.set(ROW_KEY, torch.arange(fqe_data.shape[0], device=data.device))
-    counts = bootstrap_counts(num_members, fqe_data.shape[0]).to(data.device)
-    qnets = make_qvalue_ensemble(
-        num_members, obs_dim, action_dim, tuple(hidden_sizes), device=data.device
-    )
-    loss = FittedQEvaluationLoss(qnets, gamma=gamma, bootstrap_weights=counts, eta=config.eta)
-    buffer, generator = _sampler(fqe_data, config.batch_size, seed + FQE_SEED_OFFSET)
-    run_supervised_stage(
-        "fqe", loss, buffer, generator, config, work_dir, progress, log_fn,
-        fqe_target_update(loss, config),
-    )  # fmt: skip
-    state = {k: v.detach().cpu() for k, v in loss.state_dict().items()}
-    atomic_torch_save({"qvalue": state}, result)
-    (work_dir / "partial.pt").unlink(missing_ok=True)
-    return state, False
+    with cache_entry_lock(work_dir, "FQE stage"):
+        if (cached := read_cached_stage(result, "qvalue")) is not None:
+            return cached, True
+        seed_everything(seed + FQE_SEED_OFFSET)
+        usable = data.get("next_action_mask")
+        fqe_data = data.select(
+            "observation",
+            "action",
+            ("next", "observation"),
+            ("next", "action"),
+            ("next", "reward"),
+            ("next", "terminated"),
+        )[usable]
+        fqe_data.set(ROW_KEY, torch.arange(fqe_data.shape[0], device=data.device))
+        counts = bootstrap_counts(num_members, fqe_data.shape[0]).to(data.device)
+        qnets = make_qvalue_ensemble(
+            num_members, obs_dim, action_dim, tuple(hidden_sizes), device=data.device
+        )
+        loss = FittedQEvaluationLoss(qnets, gamma=gamma, bootstrap_weights=counts, eta=config.eta)
+        buffer, generator = _sampler(fqe_data, config.batch_size, seed + FQE_SEED_OFFSET)
+        run_supervised_stage(
+            "fqe", loss, buffer, generator, config, work_dir, progress, log_fn,
+            fqe_target_update(loss, config),
+        )  # fmt: skip
+        state = {k: v.detach().cpu() for k, v in loss.state_dict().items()}
+        atomic_torch_save({"qvalue": state}, result)
+        (work_dir / "partial.pt").unlink(missing_ok=True)
+        return state, False
