@@ -36,11 +36,15 @@ the weights.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import types
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -53,8 +57,9 @@ if __name__ == "__main__":  # before torch starts its thread pool; not when impo
 import torch  # noqa: E402
 import yaml  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
-from torchrl.objectives import SACLoss  # noqa: E402
+from torchrl.objectives import SACLoss, SoftUpdate  # noqa: E402
 
+from cbop_torchrl.data import make_replay_buffer  # noqa: E402
 from cbop_torchrl.envs import read_env_specs  # noqa: E402
 from cbop_torchrl.modules.actor_critic import (  # noqa: E402
     action_spec,
@@ -65,7 +70,9 @@ from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble  # noq
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator  # noqa: E402
 from cbop_torchrl.objectives.loss import CBOPLoss  # noqa: E402
 from cbop_torchrl.registry import get_family  # noqa: E402
-from cbop_torchrl.utils import atomic_json_dump  # noqa: E402
+from cbop_torchrl.trainers.logging import MetricsHook, flatten_metrics  # noqa: E402
+from cbop_torchrl.trainers.offline import GuardedOptimizationStepper  # noqa: E402
+from cbop_torchrl.utils import HostSyncCounter, atomic_json_dump  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -444,6 +451,183 @@ def bench_size(
     return result
 
 
+# ------------------------------------------------------------- the CBOP stage's step
+#: The implementation before issue 19, loaded from git for the "before" figure: its
+#: estimator/loss (TorchRL's TanhNormal actor, per-call seed read back) and, written out
+#: in :func:`before_step`, its step (unfused Adam, one finiteness read per loss key,
+#: metrics copied to the host every step).
+BEFORE_COMMIT = "9d3ad48"
+_BEFORE_MODULES = (
+    ("modules.actor_critic", "cbop_torchrl/modules/actor_critic.py"),
+    ("objectives.estimator", "cbop_torchrl/objectives/estimator.py"),
+    ("objectives.loss", "cbop_torchrl/objectives/loss.py"),
+)
+
+
+def load_before_modules() -> dict[str, types.ModuleType] | None:
+    """The ``BEFORE_COMMIT`` versions of the update's modules, or None without git."""
+    loaded: dict[str, types.ModuleType] = {}
+    for short, path in _BEFORE_MODULES:
+        try:
+            source = subprocess.run(
+                ["git", "-C", str(REPO), "show", f"{BEFORE_COMMIT}:{path}"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return None
+        for other in loaded:  # the old loss imports the old estimator
+            source = source.replace(f"cbop_torchrl.{other}", f"cbop_before.{other}")
+        module = types.ModuleType(f"cbop_before.{short}")
+        sys.modules[module.__name__] = module
+        exec(compile(source, f"{BEFORE_COMMIT}:{path}", "exec"), module.__dict__)
+        loaded[short] = module
+    return loaded
+
+
+def preset_dataset(size: Size, device: torch.device, n: int = 8192) -> TensorDict:
+    """``n`` walker2d-shaped transitions around the standing pose (see :func:`build_models`)."""
+    obs_dim, act_dim = env_sizes(size.family)
+    pose = torch.zeros(obs_dim, device=device)
+    pose[0] = 1.25
+    obs = pose + 0.1 * torch.randn(n, obs_dim, device=device)
+    return TensorDict(
+        {
+            "observation": obs,
+            "action": torch.rand(n, act_dim, device=device) * 2 - 1,
+            ("next", "observation"): obs + 0.02 * torch.randn(n, obs_dim, device=device),
+            ("next", "reward"): 1.0 + torch.randn(n, 1, device=device),
+            ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool, device=device),
+        },
+        batch_size=[n],
+    )
+
+
+def _preset_loss(loss_cls, actor_fn, size: Size, dynamics, device, rollout_dtype: str):
+    obs_dim, act_dim = env_sizes(size.family)
+    torch.manual_seed(1)
+    actor = actor_fn(obs_dim, act_dim, size.hidden, device=device)
+    qnets = make_qvalue_ensemble(size.members, obs_dim, act_dim, size.hidden, device=device)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No target network updater")
+        return loss_cls(
+            actor,
+            qnets,
+            dynamics,
+            action_spec=action_spec(act_dim, device),
+            horizon=size.horizon,
+            rollout_dtype=rollout_dtype,
+        ).to(device)
+
+
+def _optimizer(loss, fused: bool) -> torch.optim.Optimizer:
+    groups = [
+        {"params": list(loss.actor_network_params.values(True, True))},
+        {"params": list(loss.qvalue_network_params.values(True, True))},
+        {"params": [loss.log_alpha]},
+    ]
+    return torch.optim.Adam(groups, lr=3e-4, fused=fused)
+
+
+def after_step(loss, buffer, interval: int = 250) -> Callable[[], None]:
+    """The CBOP stage's step now: sample, the trainer's guarded step, the metrics hook."""
+    trainer = types.SimpleNamespace(
+        compute_loss=loss, optimizer=_optimizer(loss, fused=True), collected_frames=0
+    )
+    stepper = GuardedOptimizationStepper(types.SimpleNamespace(describe_last=lambda: "none"))
+    metrics = MetricsHook(None, interval)
+    updater = SoftUpdate(loss, tau=0.005)
+
+    def step() -> None:
+        trainer.collected_frames += 1
+        losses = stepper.step(trainer, buffer.sample())
+        updater.step()
+        metrics(trainer.collected_frames, losses)
+
+    return step
+
+
+def before_step(loss, buffer) -> Callable[[], None]:
+    """The CBOP stage's step at ``BEFORE_COMMIT`` (its stepper and metrics hook, as they were)."""
+    optimizer = _optimizer(loss, fused=False)
+    updater = SoftUpdate(loss, tau=0.005)
+    sums: dict[str, float] = {}
+
+    def step() -> None:
+        losses = loss(buffer.sample())
+        total = sum(value for key, value in losses.items() if key.startswith("loss_"))
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf)
+        checked = {key: value for key, value in losses.items(True, True) if value.numel() > 0}
+        bad = [
+            key
+            for key, value in checked.items()
+            if value.is_floating_point() and not torch.isfinite(value).all()
+        ]
+        if not torch.isfinite(grad_norm) or bad:
+            raise RuntimeError(f"non-finite {bad}")
+        optimizer.step()
+        losses = losses.detach()
+        losses.set("grad_norm", grad_norm.detach())
+        updater.step()
+        for name, value in flatten_metrics(losses).items():  # read back every step
+            sums[name] = sums.get(name, 0.0) + value
+
+    return step
+
+
+def bench_preset_steps(device: torch.device, rounds: int, steps_per_round: int = 10) -> dict:
+    """Gradient steps/s of the CBOP stage at the CPU preset's sizes, before vs now.
+
+    Same dynamics model, same batches' distribution, interleaved rounds of
+    ``steps_per_round`` steps; also the host syncs per step (outside log steps).
+    """
+    size = cpu_preset_size()
+    _, _, dynamics, _ = build_models(size, device)
+    buffer = make_replay_buffer(preset_dataset(size, device), size.batch, device=device, seed=0)
+    steps = {
+        "now_fp32": after_step(
+            _preset_loss(CBOPLoss, make_actor, size, dynamics, device, "float32"), buffer
+        ),
+        "now_bf16": after_step(
+            _preset_loss(CBOPLoss, make_actor, size, dynamics, device, "bfloat16"), buffer
+        ),
+    }
+    before = load_before_modules()
+    if before is not None:
+        old_loss = _preset_loss(
+            before["objectives.loss"].CBOPLoss,
+            before["modules.actor_critic"].make_actor,
+            size, dynamics, device, "float32",
+        )  # fmt: skip
+        steps["before"] = before_step(old_loss, buffer)
+    syncs = {}
+    for name, step in steps.items():
+        step()
+        with HostSyncCounter() as counter:
+            step()
+        syncs[name] = counter.count
+
+    def rounds_of(step):
+        return lambda: [step() for _ in range(steps_per_round)]
+
+    seconds = time_interleaved({k: rounds_of(v) for k, v in steps.items()}, rounds, device)
+    result = {
+        "cpu_preset_steps_per_s": steps_per_round / seconds["now_fp32"],
+        "cpu_preset_steps_per_s_bf16": steps_per_round / seconds["now_bf16"],
+        "host_syncs_per_step": syncs["now_fp32"],
+        "host_syncs_per_step_bf16": syncs["now_bf16"],
+        "cpu_preset_before_commit": BEFORE_COMMIT if before is not None else None,
+    }
+    if before is not None:
+        result["cpu_preset_steps_per_s_before"] = steps_per_round / seconds["before"]
+        result["host_syncs_per_step_before"] = syncs["before"]
+    return result
+
+
 def bench_dynamics_training(device: torch.device, size: Size, steps: int) -> dict:
     """Minibatch steps of the project's training epoch on synthetic standardized data."""
     # The trainer's inner loop (private helper): the same forward/NLL/backward/Adam step.
@@ -561,6 +745,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--compile", action="store_true", help="compile=True in the estimator and loss (CUDA only)"
     )
     parser.add_argument(
+        "--large-dataset",
+        type=int,
+        metavar="N",
+        help="also run benchmarks/large_dataset.py on N transitions (D4RL full-replay: 2000000)",
+    )
+    parser.add_argument(
         "--no-extras",
         action="store_true",
         help="skip the dynamics-training and evaluation benchmarks",
@@ -619,6 +809,17 @@ def main(argv: list[str] | None = None) -> int:
         report["sizes"][name] = result
         print_size(result)
 
+    if "cpu" in names:
+        report.update(bench_preset_steps(device, rounds))
+        print(
+            f"\nCBOP stage at the CPU preset: {report['cpu_preset_steps_per_s']:.1f} gradient "
+            f"steps/s now (fp32 rollouts), {report['cpu_preset_steps_per_s_bf16']:.1f} with bf16 "
+            f"rollouts, {report.get('cpu_preset_steps_per_s_before', math.nan):.1f} before "
+            f"({report['cpu_preset_before_commit']}); host syncs per step "
+            f"{report['host_syncs_per_step']} now, "
+            f"{report.get('host_syncs_per_step_before', 'n/a')} before"
+        )
+
     if not args.no_extras:
         dyn_size = TINY if tiny else PAPER
         report["dynamics_training"] = bench_dynamics_training(
@@ -640,6 +841,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{e['eval_vectorized_steps_per_s']:.0f} env steps/s, one env at a time "
             f"{e['eval_single_env_steps_per_s']:.0f}"
         )
+    if args.large_dataset:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "large.json"
+            script = REPO / "benchmarks" / "large_dataset.py"
+            command = [sys.executable, str(script), "--transitions", str(args.large_dataset)]
+            subprocess.run([*command, "--json", str(out)], check=True)
+            large = json.loads(out.read_text())
+        report.update({k: v for k, v in large.items() if k.startswith("large_dataset_")})
+        report["large_dataset_transitions"] = large["transitions"]
+        report["large_dataset_goals"] = large["goals"]
     report["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     if args.json:
         atomic_json_dump(report, args.json)
