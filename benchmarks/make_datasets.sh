@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# The learning benchmark's datasets: hopper and walker2d medium-replay-gen and medium-gen.
+# The learning benchmark's datasets: hopper and walker2d medium-replay-gen and medium-gen at
+# D4RL level (the medium policy scores >= 30 normalized on its recorded 10-episode evaluation).
 #
-#   bash benchmarks/make_datasets.sh                 # into $CBOP_TORCHRL_CACHE/generated
-#   SAC_STEPS=1000000 bash benchmarks/make_datasets.sh out_dir=/data/gen   # D4RL-sized run
+#   bash benchmarks/make_datasets.sh                        # into <cache>/generated
+#   FAMILIES=walker2d bash benchmarks/make_datasets.sh      # one family
 #
-# One SAC run per family gives both kinds (medium = rollouts of the checkpoint nearest a
-# third of the run's best return, medium-replay = the replay buffer up to it). Each command
-# is resumable: rerun it after a kill. Extra arguments are passed to scripts/collect.py.
-# Wall time per family is printed and appended to benchmarks/results/make_datasets.log.
+# One SAC run per family gives both kinds: it trains until a checkpoint's 10-episode
+# deterministic return reaches a third of D4RL's expert score (configs/collect.yaml:
+# medium_reference=d4rl, stop_at_medium=true; SAC_STEPS is only a cap). Medium = rollouts of
+# that checkpoint, medium-replay = the replay buffer up to it. Each command is resumable:
+# rerun it after a kill, or with a larger SAC_STEPS to continue a run that hit the cap.
+# Extra arguments are passed to scripts/collect.py. Wall time per family is printed and
+# appended to benchmarks/results/make_datasets.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
-SAC_STEPS=${SAC_STEPS:-100000}         # environment steps of the behaviour SAC run
-ROLLOUTS=${ROLLOUTS:-100000}           # transitions of the medium rollouts
+SAC_STEPS=${SAC_STEPS:-1000000}        # cap on the behaviour SAC's environment steps
+ROLLOUTS=${ROLLOUTS:-200000}           # transitions of the medium rollouts (D4RL: 1M)
 FAMILIES=${FAMILIES:-"hopper walker2d"}
 mkdir -p benchmarks/results
 

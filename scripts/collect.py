@@ -44,6 +44,10 @@ def build_request(cfg: DictConfig, command: str) -> GenerationRequest:
         sac=SACConfig(**sac),
         medium_fraction=float(cfg.medium_fraction),
         medium_reference=str(cfg.medium_reference),
+        medium_min_normalized=None
+        if cfg.medium_min_normalized is None
+        else float(cfg.medium_min_normalized),
+        stop_at_medium=bool(cfg.stop_at_medium),
         rollout_transitions=int(cfg.rollout_transitions),
         rollout_exploration=str(cfg.rollout_exploration),
         tag=cfg.tag,

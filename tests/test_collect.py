@@ -18,6 +18,8 @@ from cbop_torchrl.data.generate import (
     GenerationRequest,
     dataset_file_name,
     generate_datasets,
+    load_json,
+    medium_reached,
     read_d4rl_hdf5,
     select_checkpoints,
 )
@@ -167,6 +169,112 @@ def test_medium_checkpoint_selection():
     hopper = get_family("hopper")  # a third of D4RL's expert score: 1078
     medium, _ = select_checkpoints(evaluations, 1 / 3, "d4rl", hopper)
     assert medium["step"] == 3000
+
+
+def test_medium_floor_keeps_only_checkpoints_that_score_it():
+    hopper = get_family("hopper")  # normalized 30 is return 956.1
+    evaluations = [{"step": 1000 * i, "return": r} for i, r in enumerate([10, 950, 1220, 1400], 1)]
+    medium, _ = select_checkpoints(evaluations, 1 / 3, "d4rl", hopper)
+    assert medium["step"] == 2000  # 950 is nearest 1078, but scores 29.8 (below the floor):
+    medium, _ = select_checkpoints(evaluations, 1 / 3, "d4rl", hopper, min_normalized=30)
+    assert medium["step"] == 3000 and hopper.normalized_score(medium["return"]) >= 30
+    with pytest.raises(
+        ValueError, match=r"scores 43\.6 normalized after 4000 .*sac\.total_steps=8000"
+    ):
+        select_checkpoints(evaluations, 1 / 3, "d4rl", hopper, min_normalized=50)
+    assert not medium_reached(evaluations[1], 1078.1, hopper)
+    assert medium_reached(evaluations[2], 1078.1, hopper, min_normalized=30)
+    assert not medium_reached(evaluations[2], 1078.1, hopper, min_normalized=40)
+
+
+def _uninterrupted_run(request: GenerationRequest) -> SACRun:
+    family, sac = request.family, request.sac
+    return SACRun(
+        run_dir_for(request.runs_dir, family, request.seed, sac), family, request.seed, sac
+    )
+
+
+def _without_wall_time(evaluations):
+    return [{k: v for k, v in e.items() if k != "wall_time"} for e in evaluations]
+
+
+def test_raising_total_steps_continues_the_same_run(tiny_run, tmp_path):
+    request, _ = tiny_run
+    family, long_sac = request.family, request.sac
+    short_sac = dataclasses.replace(long_sac, total_steps=1_000)
+    short = SACRun(tmp_path / "run", family, request.seed, short_sac)
+    short.train(progress=False)
+    assert short.finished and short.state()["step"] == 1_000
+    extended = SACRun(tmp_path / "run", family, request.seed, long_sac)
+    assert not extended.finished
+    extended.train(progress=False)  # continues from step 1000, not from scratch
+    uninterrupted = _uninterrupted_run(request)
+    assert _without_wall_time(extended.evaluations()) == _without_wall_time(
+        uninterrupted.evaluations()
+    )
+    assert (extended.buffer() == uninterrupted.buffer()).all()
+    for name, tensor in uninterrupted.state()["loss"].items():
+        assert torch.equal(extended.state()["loss"][name], tensor), name
+
+
+def test_early_stop_ends_at_the_first_checkpoint_meeting_it_and_can_be_lifted(tiny_run, tmp_path):
+    request, _ = tiny_run
+    family, sac = request.family, request.sac
+    full = _uninterrupted_run(request).evaluations()
+    threshold = full[1]["return"]
+    expected_stop = next(e["step"] for e in full if e["return"] >= threshold)
+
+    def should_stop(evaluation):
+        return evaluation["return"] >= threshold
+
+    run = SACRun(tmp_path / "run", family, request.seed, sac)
+    run.train(progress=False, should_stop=should_stop)
+    assert run.state()["step"] == expected_stop < sac.total_steps and not run.finished
+    assert run.stopped_early(should_stop)
+    saved = run.state_path.stat().st_mtime_ns
+    run.train(progress=False, should_stop=should_stop)  # a rerun has nothing to do
+    assert run.state_path.stat().st_mtime_ns == saved
+    run.train(progress=False)  # without the criterion the same run goes on to total_steps
+    assert run.finished
+    assert _without_wall_time(run.evaluations()) == _without_wall_time(full)
+
+
+def test_generation_stops_at_the_medium_level_and_records_it(tiny_run, tmp_path):
+    request, _ = tiny_run
+    full = _uninterrupted_run(request).evaluations()
+    # reference scores that put a third of "expert" at the second checkpoint's return, and the
+    # floor (normalized) just below it: the run must stop at the first checkpoint reaching both
+    target = full[1]["return"]
+    family = dataclasses.replace(request.family, ref_min_score=0.0, ref_max_score=3 * target)
+    floor = 100 * target / (3 * target) - 1  # 32.3, the floor in normalized points
+    expected = next(e for e in full if e["return"] >= target)
+    stop_request = dataclasses.replace(
+        request,
+        family=family,
+        kinds=["medium-replay", "medium"],
+        medium_reference="d4rl",
+        medium_min_normalized=floor,
+        stop_at_medium=True,
+        out_dir=tmp_path / "generated",
+        runs_dir=tmp_path / "runs",
+    )
+    replay_path, medium_path = generate_datasets(stop_request)
+    for path in (replay_path, medium_path):
+        provenance = load_json(path.with_suffix(".provenance.json"))
+        assert provenance["sac_steps_trained"] == expected["step"]
+        assert [e["step"] for e in provenance["sac"]["evaluations"]][-1] == expected["step"]
+        assert provenance["policy_normalized_score"] >= floor
+        assert provenance["policy_eval_episodes"] == request.sac.eval_episodes
+        assert provenance["medium_target_return"] == pytest.approx(target)
+        assert provenance["sha256"] and provenance["size_bytes"] == path.stat().st_size
+        load_dataset(path)
+    assert len(read_d4rl_hdf5(replay_path)[0]["rewards"]) <= expected["step"]
+
+    unreachable = dataclasses.replace(stop_request, medium_min_normalized=99.0)
+    with pytest.raises(ValueError, match="medium_min_normalized=99.0.*sac.total_steps="):
+        generate_datasets(unreachable)
+    with pytest.raises(ValueError, match="stop_at_medium=true needs medium_reference=d4rl"):
+        generate_datasets(dataclasses.replace(stop_request, medium_reference="best"))
 
 
 def test_rerun_keeps_finished_files(tiny_run):

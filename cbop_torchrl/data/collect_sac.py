@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ class SACConfig:
     warmup_steps: int = 5_000  # uniform random actions before the policy acts
     frames_per_batch: int = 1_000  # env steps per collector batch; 1 update per step
     checkpoint_every: int = 5_000  # policy checkpoint + evaluation + resume point
-    eval_episodes: int = 5
+    eval_episodes: int = 10  # deterministic episodes per checkpoint evaluation
     batch_size: int = 256
     lr: float = 3e-4
     gamma: float = 0.99
@@ -241,8 +242,27 @@ class SACRun:
 
     # ---- training -------------------------------------------------------------------------
 
-    def train(self, progress: bool = True, stop_at: int | None = None) -> None:
+    def stopped_early(self, should_stop: Callable[[dict[str, Any]], bool] | None) -> bool:
+        """Whether the last saved checkpoint's evaluation meets ``should_stop``."""
+        state = self.state()
+        if should_stop is None or state is None or not state["evaluations"]:
+            return False
+        last = state["evaluations"][-1]
+        return last["step"] <= self.config.total_steps and should_stop(last)
+
+    def train(
+        self,
+        progress: bool = True,
+        stop_at: int | None = None,
+        should_stop: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> None:
         """Trains to ``config.total_steps``, resuming from the last checkpoint if any.
+
+        ``should_stop(evaluation)`` ends the run early after the first checkpoint
+        whose evaluation (``{"step", "return", "returns", ...}``) meets it; a
+        rerun with the same criterion then does nothing, and a rerun without it
+        (or a criterion the last checkpoint does not meet) continues the same run:
+        stopping early never changes the steps that were trained.
 
         ``stop_at`` ends the process-local work after the first checkpoint at or
         past that step, as a kill right after a checkpoint would (for tests).
@@ -250,6 +270,8 @@ class SACRun:
         cfg, family = self.config, self.family
         state = self.state()
         if state is not None and state["step"] >= cfg.total_steps:
+            return
+        if self.stopped_early(should_stop):
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         seed_everything(self.seed)
@@ -333,11 +355,19 @@ class SACRun:
                     }
                 )
                 bar.set_postfix(eval_return=f"{evaluations[-1]['return']:.0f}")
+                if not progress:  # a log line per checkpoint for background runs
+                    print(
+                        f"[sac {family.name} seed {self.seed}] step {step} eval return "
+                        f"{evaluations[-1]['return']:.1f} wall {wall_time:.0f} s",
+                        flush=True,
+                    )
                 self._checkpoint(
                     step, torch.cat(pending), actor, loss, optimizer, env, evaluations, wall_time
                 )
                 pending = []
                 if stop_at is not None and step >= stop_at:
+                    break
+                if should_stop is not None and should_stop(evaluations[-1]):
                     break
         collector.shutdown()
         bar.close()

@@ -57,7 +57,7 @@ from cbop_torchrl.data.hdf5 import REQUIRED_KEYS
 from cbop_torchrl.registry import D4RL_KINDS, Task
 from cbop_torchrl.utils import atomic_json_dump, atomic_write, config_hash, seed_everything
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"  # 2: 10-episode evaluations, medium floor, early stop
 ROLLOUT_EXPLORATION = {
     "random": ExplorationType.RANDOM,
     "deterministic": ExplorationType.DETERMINISTIC,
@@ -209,33 +209,88 @@ def collect_rollouts(
 MEDIUM_REFERENCES = ("best", "d4rl")
 
 
+def medium_target(
+    evaluations: Sequence[dict[str, Any]],
+    medium_fraction: float,
+    medium_reference: str = "best",
+    family: Task | None = None,
+) -> float:
+    """The return a medium policy aims at: ``medium_fraction`` of the reference.
+
+    The reference is the run's best evaluation return (``"best"``) or D4RL's
+    expert score ``family.ref_max_score`` (``"d4rl"``, D4RL's own definition
+    of medium: hopper 1/3 * 3234.3 = 1078.1).
+    """
+    if medium_reference == "d4rl":
+        if family is None or not family.has_reference_scores:
+            raise ValueError(
+                "medium_reference=d4rl needs the task's expert score (task.ref_max_score, "
+                "with task.ref_min_score); pass them, or use medium_reference=best "
+                "medium_min_normalized=null stop_at_medium=false"
+            )
+        return medium_fraction * family.ref_max_score
+    if not evaluations:
+        raise ValueError("the SAC run has no evaluated checkpoint")
+    return medium_fraction * max(e["return"] for e in evaluations)
+
+
+def medium_reached(
+    evaluation: dict[str, Any],
+    target: float,
+    family: Task,
+    min_normalized: float | None = None,
+) -> bool:
+    """Whether a checkpoint's evaluation return reaches the medium ``target``
+    and, if given, ``min_normalized`` (D4RL-normalized score, 0-100)."""
+    if evaluation["return"] < target:
+        return False
+    return min_normalized is None or family.normalized_score(evaluation["return"]) >= min_normalized
+
+
 def select_checkpoints(
     evaluations: Sequence[dict[str, Any]],
     medium_fraction: float,
     medium_reference: str = "best",
     family: Task | None = None,
+    min_normalized: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The medium and the expert checkpoint of a run.
 
     Expert: the best evaluation return (earliest on ties). Medium: the
-    evaluation return nearest ``medium_fraction * reference`` (earliest on
-    ties), where the reference is the run's best return (``"best"``) or D4RL's
-    expert reference score ``family.ref_max_score`` (``"d4rl"``: D4RL's own
-    definition of medium, useful when a short run never gets near expert).
+    evaluation return nearest :func:`medium_target` (earliest on ties) among
+    the checkpoints whose evaluation scores at least ``min_normalized``
+    (D4RL-normalized; None: every checkpoint). The evaluation is the
+    checkpoint's mean deterministic return recorded by the run
+    (``sac.eval_episodes`` episodes), so the floor holds for the recorded score.
+
+    Raises:
+        ValueError: no checkpoint reaches ``min_normalized`` (the run is too short).
     """
     if not evaluations:
         raise ValueError("the SAC run has no evaluated checkpoint")
     expert = max(evaluations, key=lambda e: (e["return"], -e["step"]))
-    if medium_reference == "d4rl":
+    target = medium_target(evaluations, medium_fraction, medium_reference, family)
+    candidates = list(evaluations)
+    if min_normalized is not None:
         if family is None or not family.has_reference_scores:
             raise ValueError(
-                "medium_reference='d4rl' needs the task's expert score (task.ref_max_score, "
-                "with task.ref_min_score); pass them or use medium_reference=best"
+                f"medium_min_normalized={min_normalized} needs the task's reference scores "
+                "(task.ref_min_score, task.ref_max_score); pass them or use "
+                "medium_min_normalized=null"
             )
-        target = medium_fraction * family.ref_max_score
-    else:
-        target = medium_fraction * expert["return"]
-    medium = min(evaluations, key=lambda e: (abs(e["return"] - target), e["step"]))
+        candidates = [
+            e for e in evaluations if family.normalized_score(e["return"]) >= min_normalized
+        ]
+        if not candidates:
+            last = evaluations[-1]["step"]
+            best = family.normalized_score(expert["return"])
+            raise ValueError(
+                f"no checkpoint of the SAC run scores medium_min_normalized={min_normalized}: "
+                f"its best scores {best:.1f} normalized after {last} environment steps. "
+                f"Train the same run longer (it continues where it stopped), e.g. "
+                f"sac.total_steps={2 * last}, or lower medium_min_normalized."
+            )
+    medium = min(candidates, key=lambda e: (abs(e["return"] - target), e["step"]))
     return medium, expert
 
 
@@ -249,6 +304,10 @@ class GenerationRequest:
     sac: SACConfig = dataclasses.field(default_factory=SACConfig)
     medium_fraction: float = 1 / 3
     medium_reference: str = "best"
+    # the medium checkpoint must score at least this (D4RL-normalized; None: no floor)
+    medium_min_normalized: float | None = None
+    # end the SAC run at the first checkpoint that reaches the medium target (and floor)
+    stop_at_medium: bool = False
     rollout_transitions: int = 1_000_000
     rollout_exploration: str = "random"
     tag: str | None = None
@@ -273,6 +332,11 @@ class GenerationRequest:
                 f"medium_reference={self.medium_reference!r} must be one of "
                 f"{list(MEDIUM_REFERENCES)}: the run's best return or D4RL's expert score."
             )
+        if self.stop_at_medium and self.medium_reference != "d4rl":
+            raise ValueError(
+                "stop_at_medium=true needs medium_reference=d4rl (a fixed target); with "
+                "medium_reference=best the target moves with the run, so use stop_at_medium=false."
+            )
         if self.rollout_exploration not in ROLLOUT_EXPLORATION:
             raise ValueError(
                 f"rollout_exploration={self.rollout_exploration!r} must be one of "
@@ -291,6 +355,8 @@ class GenerationRequest:
                 "sac": dataclasses.asdict(self.sac),
                 "medium_fraction": self.medium_fraction,
                 "medium_reference": self.medium_reference,
+                "medium_min_normalized": self.medium_min_normalized,
+                "stop_at_medium": self.stop_at_medium,
                 "rollout_transitions": self.rollout_transitions,
                 "rollout_exploration": self.rollout_exploration,
                 "generator_version": GENERATOR_VERSION,
@@ -308,6 +374,7 @@ def _policy_fields(family: Task, evaluation: dict[str, Any]) -> dict[str, Any]:
         "policy_step": int(evaluation["step"]),
         "policy_return": float(evaluation["return"]),
         "policy_normalized_score": _optional_float(family.normalized_score(evaluation["return"])),
+        "policy_eval_episodes": len(evaluation.get("returns", [])),
     }
 
 
@@ -362,10 +429,21 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
     medium: dict[str, Any] = {}
     expert: dict[str, Any] = {}
     if any(kind != "random" for kind in todo):
-        run.train(progress=request.progress)
+        should_stop = None
+        if request.stop_at_medium:
+            target = medium_target([], request.medium_fraction, "d4rl", family)
+
+            def should_stop(evaluation: dict[str, Any]) -> bool:
+                return medium_reached(evaluation, target, family, request.medium_min_normalized)
+
+        run.train(progress=request.progress, should_stop=should_stop)
         evaluations = run.evaluations()
         medium, expert = select_checkpoints(
-            evaluations, request.medium_fraction, request.medium_reference, family
+            evaluations,
+            request.medium_fraction,
+            request.medium_reference,
+            family,
+            request.medium_min_normalized,
         )
 
     rollouts: dict[str, Arrays] = {}
@@ -391,6 +469,7 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
                 rollouts[kind] = to_d4rl_arrays(transitions)
         return rollouts[kind]
 
+    medium_ref = request.medium_reference
     for kind in todo:
         started = time.perf_counter()
         if kind in ("random", "medium", "expert"):
@@ -416,6 +495,7 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
             "kind": kind,
             "seed": request.seed,
             "sac_total_steps": sac.total_steps if kind != "random" else 0,
+            "sac_steps_trained": evaluations[-1]["step"] if kind != "random" else 0,
             "transitions": len(arrays["rewards"]),
             "episodes": len(returns),
             "episode_return_mean": float(returns.mean()),
@@ -424,6 +504,11 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
             ),
             "medium_fraction": request.medium_fraction,
             "medium_reference": request.medium_reference,
+            "medium_target_return": None
+            if kind == "random"
+            else medium_target(evaluations, request.medium_fraction, medium_ref, family),
+            "medium_min_normalized": request.medium_min_normalized,
+            "stop_at_medium": request.stop_at_medium,
             "rollout_exploration": request.rollout_exploration,
             "generator": "cbop_torchrl.data.generate",
             "generator_version": GENERATOR_VERSION,

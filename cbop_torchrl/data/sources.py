@@ -31,7 +31,8 @@ DEMO_DATASET_PATH = (
 
 DEMO_COMMAND = (
     "python scripts/collect.py env=hopper kind=medium-replay seed=0 tag=demo "
-    "out_dir=cbop_torchrl/assets"
+    "out_dir=cbop_torchrl/assets sac.total_steps=100000 sac.eval_episodes=5 "
+    "medium_reference=best medium_min_normalized=null stop_at_medium=false"
 )
 """The command that made the demo file (also in the provenance file beside it)."""
 
