@@ -344,3 +344,28 @@ def test_generated_hdf5_is_compressed(tiny_run):
     with h5py.File(paths["full-replay"], "r") as handle:
         assert handle["observations"].compression == "gzip"
         assert handle["observations"].shuffle
+
+
+def test_dataset_stats_prints_each_file_next_to_d4rl(tiny_run):
+    _, paths = tiny_run
+    files = [paths["medium-replay"], paths["medium"]]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "dataset_stats.py"), *map(str, files)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.strip().splitlines()[2:]
+    for line, path in zip(rows, files, strict=True):
+        arrays, _ = read_d4rl_hdf5(path)
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        d4rl = "402,000" if "replay" in path.name else "1,000,000"
+        assert cells[0] == path.stem
+        assert cells[1] == f"{len(arrays['rewards']):,} ({d4rl})"
+        assert cells[4] == f"{arrays['terminals'].mean():.4f}"
+    missing = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "dataset_stats.py"), "nope.hdf5"],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "no such file(s): nope.hdf5" in missing.stderr

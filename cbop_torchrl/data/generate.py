@@ -112,6 +112,30 @@ def episode_returns(arrays: Arrays) -> np.ndarray:
     return np.diff(sums, prepend=0.0)
 
 
+# D4RL's own sizes (transitions) of the sets the benchmark imitates, for comparison.
+D4RL_TRANSITIONS = {
+    "hopper-medium-replay": 402_000,
+    "walker2d-medium-replay": 302_000,
+    "hopper-medium": 1_000_000,
+    "walker2d-medium": 1_000_000,
+}
+
+
+def dataset_statistics(arrays: Arrays, family: Task | None = None) -> dict[str, Any]:
+    """Transitions, episodes, mean episode return (and normalized), fraction of terminals."""
+    returns = episode_returns(arrays)
+    mean_return = float(returns.mean()) if len(returns) else float("nan")
+    return {
+        "transitions": len(arrays["rewards"]),
+        "episodes": len(returns),
+        "episode_return_mean": mean_return,
+        "episode_normalized_score_mean": None
+        if family is None
+        else _optional_float(family.normalized_score(mean_return)),
+        "terminal_fraction": float(arrays["terminals"].mean()),
+    }
+
+
 def concat_arrays(parts: Sequence[Arrays]) -> Arrays:
     """Stitches datasets one after the other (``medium-expert``)."""
     return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
@@ -480,7 +504,6 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
             upto = medium["step"] if kind == "medium-replay" else None
             arrays = to_d4rl_arrays(complete_episodes(run.buffer(upto)))
 
-        returns = episode_returns(arrays)
         behaviour = {
             "random": None,
             "medium": medium,
@@ -496,12 +519,7 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
             "seed": request.seed,
             "sac_total_steps": sac.total_steps if kind != "random" else 0,
             "sac_steps_trained": evaluations[-1]["step"] if kind != "random" else 0,
-            "transitions": len(arrays["rewards"]),
-            "episodes": len(returns),
-            "episode_return_mean": float(returns.mean()),
-            "episode_normalized_score_mean": _optional_float(
-                family.normalized_score(float(returns.mean()))
-            ),
+            **dataset_statistics(arrays, family),
             "medium_fraction": request.medium_fraction,
             "medium_reference": request.medium_reference,
             "medium_target_return": None
