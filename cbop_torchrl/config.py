@@ -1,7 +1,7 @@
 """The run configuration: typed sections, the paper's settings table, validation.
 
 Hydra composes ``configs/config.yaml`` (a preset, a logger, the dynamics
-group) and the command-line overrides into one tree; :func:`build_config`
+group) and the command-line overrides into one tree; :func:`load_config`
 turns that tree into a :class:`RunConfig` and checks it before any work
 starts. Every problem found is reported at once in a :class:`ConfigError`.
 
@@ -13,21 +13,25 @@ the CPU and debug presets set the compute sizes themselves and leave only
 ``estimator.psi`` (a property of the dataset, not of the budget) to the
 table. Any value given on the command line is not null, so explicit
 overrides always win. A D4RL id with no ``preset=`` selects the paper
-preset (:func:`default_preset_args`).
+preset (:func:`cbop_torchrl.cli.wants_paper_preset`).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from cbop_torchrl.envs.task import TaskConfig
-from cbop_torchrl.registry import D4RL_KINDS, Task, parse_d4rl_id
+from cbop_torchrl.registry import D4RL_KINDS, Task
 from cbop_torchrl.trainers.dynamics import DynamicsConfig
 
 PAPER_PSI: dict[str, dict[str, float]] = {
@@ -75,10 +79,67 @@ PAPER_SHARED: dict[str, Any] = {
 }
 """Paper settings that do not depend on the dataset (appendix B/D)."""
 
-ESTIMATOR_MODES = ("lcb", "map", "fixed", "quantile")
-LOGGER_BACKENDS = ("csv", "wandb", "tensorboard", "none")
-RESUME_CHOICES = ("auto", "true", "false")
-EVAL_BACKENDS = ("serial", "parallel")
+
+class Choice(str, Enum):
+    """A config key's allowed values; the schema (Hydra/OmegaConf) refuses anything else.
+
+    Member names equal their values, so OmegaConf's error lists the values a
+    user types ("expected one of [lcb, map, ...]") and ``enum_to_str`` gives
+    back the plain strings the rest of the package compares against.
+    """
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class EstimatorMode(Choice):
+    lcb = "lcb"
+    map = "map"
+    fixed = "fixed"
+    quantile = "quantile"
+
+
+# ``lambda`` is a keyword, so this one is declared through the functional API.
+FixedWeighting = Choice("FixedWeighting", [("uniform", "uniform"), ("lambda", "lambda")])
+
+
+class Termination(Choice):
+    zero_precision = "zero_precision"
+    absorb = "absorb"
+
+
+class Sampling(Choice):
+    shared = "shared"
+    independent = "independent"
+
+
+class RolloutDtype(Choice):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class EvalBackend(Choice):
+    serial = "serial"
+    parallel = "parallel"
+
+
+class LoggerBackend(Choice):
+    csv = "csv"
+    wandb = "wandb"
+    tensorboard = "tensorboard"
+    none = "none"
+
+
+class WandbMode(Choice):
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+ESTIMATOR_MODES = tuple(choice.value for choice in EstimatorMode)
+LOGGER_BACKENDS = tuple(choice.value for choice in LoggerBackend)
+RESUME_CHOICES = ("auto", "true", "false")  # a str key: Hydra reads true/false as booleans
+EVAL_BACKENDS = tuple(choice.value for choice in EvalBackend)
 
 
 class ConfigError(ValueError):
@@ -104,15 +165,15 @@ class AgentConfig:
 class EstimatorConfig:
     """Arguments of :class:`CBOPValueEstimator` (see its docstring)."""
 
-    mode: str = "lcb"
+    mode: EstimatorMode = EstimatorMode.lcb
     psi: float | None = None
     horizon: int | None = None
-    fixed_weighting: str = "uniform"
+    fixed_weighting: FixedWeighting = FixedWeighting["uniform"]
     lmbda: float = 0.9
     quantile: float = 0.3085
-    termination: str = "zero_precision"
-    sampling: str = "shared"  # shared | independent rollouts per horizon
-    rollout_dtype: str = "float32"
+    termination: Termination = Termination.zero_precision
+    sampling: Sampling = Sampling.shared  # shared | independent rollouts per horizon
+    rollout_dtype: RolloutDtype = RolloutDtype.float32
 
 
 @dataclass
@@ -167,7 +228,8 @@ class EvalConfig:
     episodes: int = 10
     interval: int = 10_000  # gradient steps between evaluations; 0 = only at the end
     max_steps: int = 1000
-    backend: str = "serial"  # serial: one process (SerialEnv); parallel: ParallelEnv workers
+    # serial: one process (SerialEnv); parallel: ParallelEnv workers
+    backend: EvalBackend = EvalBackend.serial
     diagnostics: bool = False  # also measure value error, policy drift, model error (diag/*)
 
 
@@ -175,9 +237,10 @@ class EvalConfig:
 class LoggerConfig:
     """A TorchRL logger (``torchrl.record.loggers``)."""
 
-    backend: str = "csv"
+    backend: LoggerBackend = LoggerBackend.csv
     project: str = "cbop-torchrl"  # wandb project
-    mode: str = "offline"  # wandb: online | offline (default: no account, no network) | disabled
+    # wandb: online | offline (default: no account, no network) | disabled
+    mode: WandbMode = WandbMode.offline
     entity: str | None = None  # wandb entity (team or user); None: the account's default
     group: str | None = None  # wandb group, e.g. one per sweep
     tags: list[str] = field(default_factory=list)  # wandb tags
@@ -185,7 +248,7 @@ class LoggerConfig:
 
 @dataclass
 class RunConfig:
-    """Everything one run needs; built from the Hydra tree by :func:`build_config`."""
+    """Everything one run needs; built from the Hydra tree by :func:`load_config`."""
 
     env: str = "demo"
     preset: str = "cpu"
@@ -271,27 +334,6 @@ def paper_settings(family: Task | str | None, kind: str | None) -> dict[str, Any
     if kind is not None and kind in PAPER_PSI.get(family_name, {}):
         settings["estimator.psi"] = PAPER_PSI[family_name][kind]
     return settings
-
-
-def default_preset_args(argv: Sequence[str]) -> list[str]:
-    """Adds ``preset=paper`` to command-line overrides that name D4RL ids and no preset.
-
-    ``python scripts/cbop.py env=hopper-medium-v2`` should train with the
-    paper's settings; Hydra cannot pick a config group from a plain field's
-    value, so the entry script applies this rule to ``sys.argv`` before Hydra
-    parses it. Explicit ``preset=...`` is left alone.
-    """
-    args = list(argv)
-    if any(arg.split("=", 1)[0].lstrip("+~") == "preset" for arg in args[1:]):
-        return args
-    for arg in args[1:]:
-        key, _, value = arg.partition("=")
-        if key == "env" and value:
-            ids = value.split(",")  # a multirun sweep lists several
-            if all(parse_d4rl_id(item) is not None for item in ids):
-                args.append("preset=paper")
-            break
-    return args
 
 
 def run_name(env: str) -> str:
@@ -431,7 +473,11 @@ def validate(config: RunConfig) -> list[str]:
     def positive(name: str, value: Any) -> None:
         if value is None and name in table_fed:
             return  # unfilled only when the dataset is missing, which is reported already
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 < value < math.inf
+        ):
             problems.append(f"{name}={value!r} must be a positive number")
 
     for name in (
@@ -458,13 +504,26 @@ def validate(config: RunConfig) -> list[str]:
         "eval.max_steps",
     ):
         positive(name, _get(config, name))
+    problems += _not_a_number_or_empty(config.to_dict())
     estimator = config.estimator
-    if estimator.psi is not None and estimator.psi < 0:
+    if not 0.0 < estimator.lmbda < 1.0 or not 0.0 < estimator.quantile < 1.0:
+        problems.append(
+            f"estimator.lmbda={estimator.lmbda!r} and estimator.quantile="
+            f"{estimator.quantile!r} must be in (0, 1)"
+        )
+    if not all(isinstance(size, int) and size >= 1 for size in config.agent.hidden_sizes):
+        problems.append(
+            f"agent.hidden_sizes={list(config.agent.hidden_sizes)!r} must list layer widths >= 1"
+        )
+    if estimator.psi is not None and not estimator.psi >= 0:
         problems.append(
             f"estimator.psi={estimator.psi} must be >= 0 (0 gives the posterior mean, larger "
             "values a more conservative lower confidence bound)"
         )
-    if estimator.horizon is not None and estimator.horizon < 0:
+    horizon = estimator.horizon
+    if horizon is not None and (
+        isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0
+    ):
         problems.append(
             f"estimator.horizon={estimator.horizon!r} must be an integer >= 0 (the rollout "
             "length H; 0 gives the model-free target)"
@@ -514,10 +573,31 @@ def validate(config: RunConfig) -> list[str]:
         problems.append(f"resume={config.resume!r} must be one of auto, true, false")
     if config.device not in ("auto", "cpu", "cuda") and not str(config.device).startswith("cuda:"):
         problems.append(f"device={config.device!r} must be auto, cpu, cuda or cuda:<index>")
+    elif str(config.device).startswith("cuda") and not torch.cuda.is_available():
+        problems.append(
+            f"device={config.device} was requested but torch sees no CUDA device "
+            "(torch.cuda.is_available() is False); use device=auto (CUDA when present, else "
+            "the CPU) or device=cpu"
+        )
     if config.threads is not None and (isinstance(config.threads, bool) or config.threads < 1):
         problems.append(f"threads={config.threads!r} must be null (torch's default) or >= 1")
     if not 0.0 < config.agent.gamma <= 1.0 or not 0.0 < config.agent.tau <= 1.0:
         problems.append("agent.gamma and agent.tau must be in (0, 1]")
+    return problems
+
+
+def _not_a_number_or_empty(values: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """NaN numbers and empty strings anywhere in a config dict (the schema lets both through)."""
+    problems = []
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            if key != "gym_kwargs":  # keyword arguments of gymnasium.make: not ours to judge
+                problems += _not_a_number_or_empty(value, f"{name}.")
+        elif isinstance(value, float) and math.isnan(value):
+            problems.append(f"{name}=nan is not a number; give a finite value")
+        elif isinstance(value, str) and not value.strip():
+            problems.append(f"{name} is an empty string; give a value or leave the key out")
     return problems
 
 

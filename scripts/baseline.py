@@ -17,27 +17,23 @@ import os
 # spinning threads slow every small matmul down by up to 10x. Set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import sys
 import warnings
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from cbop_torchrl.baselines import AlgoConfig, BaselineConfigError, run_baseline
-from cbop_torchrl.config import ConfigError, load_config, run_name
+from cbop_torchrl.cli import config_values, hydra_entry, refuse
+from cbop_torchrl.config import ConfigError, load_config
 from cbop_torchrl.data import DatasetError, load_dataset_with_info
 from cbop_torchrl.envs import describe_score, filter_env_warnings
 from cbop_torchrl.trainers.checkpoint import CheckpointError, NonFiniteLossError
 
-OmegaConf.register_new_resolver("cbop_run_name", run_name, replace=True)
-OmegaConf.register_new_resolver("cbop_overrides", lambda text: text or "default", replace=True)
 
-
-@hydra.main(config_path="../configs", config_name="baseline", version_base="1.3")
+@hydra_entry("baseline")
 def main(cfg: DictConfig) -> None:
-    values = OmegaConf.to_container(cfg, resolve=True)
+    values = config_values(cfg)
     algo_values = values.pop("algo")
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     loaded = {}
@@ -56,8 +52,7 @@ def main(cfg: DictConfig) -> None:
     except (
         BaselineConfigError, ConfigError, DatasetError, CheckpointError, NonFiniteLossError
     ) as error:  # fmt: skip
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        refuse(error, run_dir)
     print(
         f"[baseline] {results['algo']} on {results['dataset']} (seed {results['seed']}): "
         f"{describe_score(results)} after {results['gradient_steps']} gradient "

@@ -23,18 +23,15 @@ import sys
 import warnings
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from cbop_torchrl.config import ConfigError, default_preset_args, load_config, run_name
+from cbop_torchrl.cli import config_values, hydra_entry, refuse, wants_paper_preset
+from cbop_torchrl.config import ConfigError, load_config
 from cbop_torchrl.data import DatasetError, load_dataset_with_info
 from cbop_torchrl.envs import describe_score, filter_env_warnings
 from cbop_torchrl.trainers.checkpoint import CheckpointError, NonFiniteLossError
 from cbop_torchrl.trainers.offline import run_pipeline
-
-OmegaConf.register_new_resolver("cbop_run_name", run_name, replace=True)
-OmegaConf.register_new_resolver("cbop_overrides", lambda text: text or "default", replace=True)
 
 
 def format_summary(results: dict, run_dir: Path) -> str:
@@ -52,9 +49,10 @@ def format_summary(results: dict, run_dir: Path) -> str:
     )
 
 
-@hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+# A D4RL id without preset= trains with the paper's settings (configs/config_paper.yaml).
+@hydra_entry("config_paper" if wants_paper_preset(sys.argv[1:]) else "config")
 def main(cfg: DictConfig) -> None:
-    values = OmegaConf.to_container(cfg, resolve=True)
+    values = config_values(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     loaded = {}
 
@@ -68,13 +66,11 @@ def main(cfg: DictConfig) -> None:
             print(f"[cbop] paper settings for {loaded['info'].name}: {', '.join(filled)}")
         results = run_pipeline(config, loaded["info"], loaded["data"], run_dir)
     except (ConfigError, DatasetError, CheckpointError, NonFiniteLossError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        refuse(error, run_dir)
     print(format_summary(results, run_dir))
 
 
 if __name__ == "__main__":
     warnings.filterwarnings("ignore", message=".*compiled extension.*")
     filter_env_warnings()
-    sys.argv = default_preset_args(sys.argv)
     main()

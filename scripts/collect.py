@@ -14,10 +14,10 @@ import shlex
 import sys
 from pathlib import Path
 
-import hydra
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from cbop_torchrl.cli import hydra_entry
 from cbop_torchrl.data.collect_env import filter_env_warnings
 from cbop_torchrl.data.collect_sac import SACConfig
 from cbop_torchrl.data.generate import GenerationRequest, generate_datasets
@@ -53,14 +53,14 @@ def build_request(cfg: DictConfig, command: str) -> GenerationRequest:
         tag=cfg.tag,
         out_dir=Path(cfg.out_dir) if cfg.out_dir else cache_dir("generated"),
         runs_dir=Path(cfg.runs_dir) if cfg.runs_dir else cache_dir("collect_runs"),
-        compression=cfg.compression,
+        compression=None if cfg.compression is None else str(cfg.compression),
         compression_level=int(cfg.compression_level),
         command=command,
         progress=bool(cfg.progress),
     )
 
 
-@hydra.main(config_path="../configs", config_name="collect", version_base="1.3")
+@hydra_entry("collect")
 def main(cfg: DictConfig) -> None:
     filter_env_warnings()
     torch.set_num_threads(int(cfg.num_threads))

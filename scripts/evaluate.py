@@ -20,9 +20,9 @@ import json
 import sys
 import warnings
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from cbop_torchrl.cli import hydra_entry
 from cbop_torchrl.envs import (
     TaskError,
     check_sizes_fit_env,
@@ -37,7 +37,7 @@ from cbop_torchrl.trainers.checkpoint import CheckpointError, load_policy
 from cbop_torchrl.utils import atomic_json_dump, resolve_device
 
 
-@hydra.main(config_path="../configs", config_name="evaluate", version_base="1.3")
+@hydra_entry("evaluate")
 def main(cfg: DictConfig) -> None:
     if cfg.episodes < 1 or cfg.max_steps < 1:
         print("error: episodes and max_steps must be positive integers", file=sys.stderr)

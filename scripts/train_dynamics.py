@@ -20,8 +20,9 @@ import sys
 import warnings
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
+
+from cbop_torchrl.cli import hydra_entry
 
 warnings.filterwarnings("ignore", message=".*compiled extension.*")
 
@@ -66,7 +67,7 @@ def train(cfg: DictConfig) -> dict:
     return metrics
 
 
-@hydra.main(version_base=None, config_path="../configs", config_name="train_dynamics")
+@hydra_entry("train_dynamics")
 def main(cfg: DictConfig) -> None:
     from cbop_torchrl.data import DatasetError
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from hydra.errors import ConfigCompositionException
 
+from cbop_torchrl.cli import config_values, register_schemas, wants_paper_preset
 from cbop_torchrl.config import (
     PAPER_PSI,
     ConfigError,
-    default_preset_args,
     infer_dataset_kind,
     load_config,
     paper_settings,
@@ -26,10 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = str(ROOT / "configs")
 
 
-def composed(*overrides: str) -> dict:
+def composed(*overrides: str, config_name: str = "config") -> dict:
+    register_schemas()
     with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides))
-    return OmegaConf.to_container(cfg, resolve=True)
+        cfg = compose(config_name, overrides=list(overrides))
+    return config_values(cfg)
 
 
 def known_dataset(env: str):
@@ -71,13 +72,15 @@ def test_dataset_kind_is_read_from_names() -> None:
 
 
 def test_d4rl_id_selects_the_paper_preset_unless_a_preset_is_given() -> None:
-    assert default_preset_args(["cbop.py", "env=hopper-medium-v2"])[-1] == "preset=paper"
-    assert default_preset_args(["cbop.py", "env=hopper-medium-v2", "preset=cpu"]) == [
-        "cbop.py",
-        "env=hopper-medium-v2",
-        "preset=cpu",
-    ]
-    assert "preset=paper" not in default_preset_args(["cbop.py", "env=demo"])
+    assert wants_paper_preset(["env=hopper-medium-v2"])
+    assert wants_paper_preset(["--cfg", "job", "env=hopper-medium-v2,walker2d-medium-v2"])
+    assert not wants_paper_preset(["env=hopper-medium-v2", "preset=cpu"])
+    assert not wants_paper_preset(["env=demo"]) and not wants_paper_preset([])
+    paper = composed("env=hopper-medium-v2", config_name="config_paper")
+    assert paper["preset"] == "paper" and paper["train"]["epochs"] is None
+    assert composed("env=hopper-medium-v2", "preset=debug", config_name="config_paper")[
+        "preset"
+    ] == "debug"
 
 
 def test_paper_preset_fills_the_table_and_explicit_overrides_win() -> None:
@@ -105,22 +108,57 @@ def test_cpu_preset_takes_psi_from_the_dataset() -> None:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["+foo=1"], "unknown key foo"),
-        (["+estimator.psii=1"], "unknown key estimator.psii"),
-        (["estimator.psi=-1"], "estimator.psi=-1 must be >= 0"),
+        (["estimator.psi=-1"], "estimator.psi=-1.0 must be >= 0"),
         (["estimator.horizon=-2"], "estimator.horizon=-2 must be an integer >= 0"),
         (["dynamics.num_elites=9", "dynamics.num_members=4"], "larger than the trained ensemble"),
         (["train.batch_size=0"], "train.batch_size=0 must be a positive number"),
         (["train.steps_per_epoch=-5"], "train.steps_per_epoch=-5 must be a positive number"),
         (["bc.steps=0"], "bc.steps=0 must be a positive number"),
         (["env=nowhere/missing.hdf5"], "unknown dataset source"),
-        (["env=hopper-medium-v2", "preset=cpu", "+logger.colour=red"], "logger.colour"),
+        (["estimator.psi=nan"], "estimator.psi=nan is not a number"),
+        (["logger.project="], "logger.project is an empty string"),
+        (["agent.hidden_sizes=[64,0]"], "agent.hidden_sizes=[64, 0] must list layer widths"),
+        (["estimator.quantile=1.5"], "must be in (0, 1)"),
+        (["eval.episodes=0"], "eval.episodes=0 must be a positive number"),
     ],
 )
 def test_each_validation_error_is_reported(overrides: list[str], expected: str) -> None:
     with pytest.raises(ConfigError, match="invalid configuration") as error:
         load(*overrides)
     assert expected in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["foo=1"], "Key 'foo' not in 'RunSchema'"),
+        (["estimator.termination=bogus"], "expected one of [zero_precision, absorb]"),
+        (["estimator.rollout_dtype=float16"], "expected one of [float32, bfloat16]"),
+        (["estimator.mode=ucb"], "expected one of [lcb, map, fixed, quantile]"),
+        (["estimator.fixed_weighting=exp"], "expected one of [uniform, lambda]"),
+        (["estimator.horizon=2.5"], "could not be converted to Integer"),
+        (["seed=abc"], "could not be converted to Integer"),
+        (["logger.backend=stdout"], "expected one of [csv, wandb, tensorboard, none]"),
+        (["progress=maybe"], "is not a valid bool"),
+    ],
+)
+def test_the_schema_refuses_types_and_choices_while_composing(
+    overrides: list[str], expected: str
+) -> None:
+    with pytest.raises(ConfigCompositionException) as error:
+        composed(*overrides)
+    assert expected in f"{error.value} {error.value.__cause__}"
+
+
+def test_unknown_keys_of_a_plain_dict_are_reported() -> None:
+    """The Python API passes dicts that no schema checked: load_config finds unknown keys."""
+    values = composed()
+    values["foo"] = 1
+    values["estimator"]["psii"] = 1
+    with pytest.raises(ConfigError) as error:
+        load_config(values, known_dataset)
+    assert "unknown key foo" in str(error.value)
+    assert "unknown key estimator.psii" in str(error.value)
 
 
 def test_all_problems_are_reported_at_once() -> None:
@@ -153,8 +191,8 @@ def test_cli_reports_a_bad_value_without_a_traceback(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
     )
-    assert done.returncode != 0
-    assert "estimator.psi=-1 must be >= 0" in done.stderr
+    assert done.returncode == 2
+    assert "estimator.psi=-1.0 must be >= 0" in done.stderr
     assert "larger than the trained ensemble" in done.stderr
     assert "missing.hdf5" in done.stderr
     assert "Traceback" not in done.stderr

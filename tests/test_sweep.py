@@ -27,6 +27,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 
+from cbop_torchrl.cli import register_schemas
 from cbop_torchrl.registry import d4rl_ids
 from cbop_torchrl.sweeps import SweepError, collect_results, find_runs, read_overrides
 
@@ -65,6 +66,7 @@ TINY = [
 
 
 def compose_config(*overrides: str):
+    register_schemas()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose("config", overrides=list(overrides), return_hydra_config=True)
 
@@ -233,7 +235,7 @@ def test_select_psi_on_the_sweep(tiny_sweep: dict, capsys: pytest.CaptureFixture
     (ranking,) = json.loads(report.read_text())
     assert sorted(c["label"] for c in ranking["candidates"]) == [
         "estimator.psi=0.5",
-        "estimator.psi=5",  # as given on the command line
+        "estimator.psi=5.0",  # psi=5 on the command line; a float in the schema
     ]
     online = {
         r["run_dir"]: r["normalized_score_mean"] for r in collect_results(tiny_sweep["sweep_dir"])
