@@ -116,6 +116,7 @@ class Sampling(Choice):
 class RolloutDtype(Choice):
     float32 = "float32"
     bfloat16 = "bfloat16"
+    auto = "auto"
 
 
 class EvalBackend(Choice):

@@ -19,25 +19,15 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 60  # import time on a loaded 2-core machine; training would take far longer
 
 CASES = [
-    # (script, overrides, words the message must hold)
+    # (script, overrides, words the message must hold); one subprocess each (~3 s of imports
+    # on an idle machine), so the type/choice cases of the schema itself are tested in-process
+    # in tests/test_config.py and only one per kind of refusal runs here.
     ("cbop.py", ["estimator.termination=bogus"], ["termination", "zero_precision, absorb"]),
-    ("cbop.py", ["estimator.rollout_dtype=float16"], ["estimator.rollout_dtype", "bfloat16"]),
-    ("cbop.py", ["estimator.horizon=2.5"], ["estimator.horizon", "Integer"]),
-    ("cbop.py", ["estimator.psi=abc"], ["estimator.psi", "Float"]),
-    ("cbop.py", ["seed=abc"], ["seed", "Integer"]),
-    ("cbop.py", ["estimatr.psi=1"], ["estimatr", "not in"]),
-    ("cbop.py", ["logger=stdout"], ["logger/stdout", "csv", "tensorboard", "wandb"]),
     ("cbop.py", ["train.batch_size=-3"], ["train.batch_size=-3", "positive"]),
-    ("cbop.py", ["estimator.psi=nan"], ["estimator.psi=nan", "not a number"]),
-    ("cbop.py", ["logger.project="], ["logger.project", "empty"]),
-    ("cbop.py", ["env=/nowhere/missing.hdf5"], ["missing.hdf5"]),
     ("cbop.py", ["device=cuda"], ["device=cuda", "device=auto", "device=cpu"]),
     ("baseline.py", ["algo=sac"], ["algo/sac", "td3bc", "iql", "cql"]),
-    ("baseline.py", ["algo.alpha=abc"], ["algo.alpha", "Float"]),
     ("evaluate.py", [], ["checkpoint"]),
-    ("evaluate.py", ["checkpoint=x.pt", "backend=threads"], ["backend", "serial, parallel"]),
     ("collect.py", ["medium_reference=x"], ["medium_reference", "best, d4rl"]),
-    ("collect.py", ["sac.total_steps=lots"], ["sac.total_steps", "Integer"]),
     ("train_dynamics.py", ["dynamics.num_members=abc"], ["dynamics.num_members", "Integer"]),
 ]
 

@@ -133,7 +133,7 @@ def test_each_validation_error_is_reported(overrides: list[str], expected: str) 
     [
         (["foo=1"], "Key 'foo' not in 'RunSchema'"),
         (["estimator.termination=bogus"], "expected one of [zero_precision, absorb]"),
-        (["estimator.rollout_dtype=float16"], "expected one of [float32, bfloat16]"),
+        (["estimator.rollout_dtype=float16"], "expected one of [float32, bfloat16, auto]"),
         (["estimator.mode=ucb"], "expected one of [lcb, map, fixed, quantile]"),
         (["estimator.fixed_weighting=exp"], "expected one of [uniform, lambda]"),
         (["estimator.horizon=2.5"], "could not be converted to Integer"),
