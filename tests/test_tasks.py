@@ -198,8 +198,6 @@ def test_an_unnamed_task_asks_for_task_gym_id_with_a_working_command(workspace: 
         f"hydra.run.dir={workspace['root'] / 'suggested'}",
     )  # fmt: skip
     assert redone.returncode == 0, redone.stderr[-3000:]
-    done = train(workspace, "cbop.py", "no-term", "task.gym_id=Swimmer-v4", "estimator.psi=1.0")
-    assert done.returncode == 2 and "Pass task.termination=none" in done.stderr
 
 
 # ------------------------------------------------------------------ resolution (no training)
@@ -218,8 +216,9 @@ def test_known_families_need_no_settings_and_the_command_line_wins(tmp_path: Pat
 def test_recorded_gym_id_and_bad_task_settings(tmp_path: Path) -> None:
     path = write_d4rl_hdf5(tmp_path / "robot.hdf5", "swimmer", metadata={"env_id": "Swimmer-v4"})
     info = dataset_info(path)
-    with pytest.raises(TaskError, match="no termination function is known"):
+    with pytest.raises(TaskError, match="no termination function is known") as error:
         resolve_task(None, info)
+    assert "Pass task.termination=none" in str(error.value)
     task = resolve_task({"termination": "none"}, info)
     assert task.gym_id == "Swimmer-v4" and not task.has_reference_scores
     check_data_fits_env(info, read_env_specs(task), task)
@@ -330,5 +329,17 @@ def test_select_psi_ranks_by_return_and_takes_task_reference_scores(
     done = run(workspace, *common, "task.ref_min_score=-10", "task.ref_max_score=10")
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{100 * (ret + 10) / 20:.1f}" in done.stdout
-    bad = run(workspace, *common, "task.ref_min_score=3")
-    assert bad.returncode == 2 and "give both" in bad.stderr
+
+
+def test_select_psi_task_arguments_are_checked() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("select_psi", ROOT / "scripts" / "select_psi.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.parse_task_overrides(["task.ref_min_score=0", "task.ref_max_score=360"])
+    assert (config.ref_min_score, config.ref_max_score) == (0, 360)
+    with pytest.raises(module.SweepError, match="give both"):
+        module.parse_task_overrides(["task.ref_min_score=3"])
+    with pytest.raises(module.SweepError, match="not a task setting"):
+        module.parse_task_overrides(["task.foo=1"])
