@@ -108,7 +108,9 @@ class CollectConfig:
     out_dir: str | None = None
     runs_dir: str | None = None
     medium_fraction: float = 1 / 3
-    medium_reference: MediumReference = MediumReference.best
+    medium_reference: MediumReference = MediumReference.d4rl
+    medium_min_normalized: float | None = 30.0  # floor on the medium policy's recorded score
+    stop_at_medium: bool = True  # end the SAC run at the first checkpoint reaching medium
     rollout_transitions: int = 1_000_000
     rollout_exploration: RolloutExploration = RolloutExploration.random
     num_threads: int = 1
