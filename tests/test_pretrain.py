@@ -11,12 +11,12 @@ from torchrl.objectives import SoftUpdate
 
 from cbop_torchrl.config import FQEConfig, PretrainConfig
 from cbop_torchrl.modules.actor_critic import make_actor, make_qvalue_ensemble
+from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
 from cbop_torchrl.objectives.pretrain import (
     ROW_KEY,
     BehaviourCloningLoss,
     FittedQEvaluationLoss,
     bootstrap_counts,
-    gradient_diversity_penalty,
     member_action_gradients,
 )
 from cbop_torchrl.trainers.pretrain import _sampler, fqe_target_update, run_supervised_stage

@@ -39,9 +39,8 @@ from torchrl.data import TensorSpec
 from torchrl.objectives import SACLoss
 
 from cbop_torchrl._torchrl_compat import SACTargetFromEstimator, vmap_over_params
+from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator
-
-_GRAD_NORM_EPS = 1e-10
 
 
 class CBOPLoss(SACTargetFromEstimator, SACLoss):
@@ -147,9 +146,7 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             q = member_q(td, self.qvalue_network_params)
             q = q.get(self.tensor_keys.state_action_value)
             (grad,) = torch.autograd.grad(q.sum(), member_action, create_graph=True)
-        unit = grad / (grad.norm(dim=-1, keepdim=True) + _GRAD_NORM_EPS)  # [M, *batch, A]
-        pair_sum = unit.sum(0).pow(2).sum(-1) - unit.pow(2).sum(-1).sum(0)
-        return pair_sum / (num_members - 1)
+        return gradient_diversity_penalty(grad)  # grad: [M, *batch, A]
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """SACLoss's losses with the EDAC term and the CBOP diagnostics (module doc)."""

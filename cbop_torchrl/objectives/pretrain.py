@@ -18,6 +18,8 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule
 from torchrl.objectives import LossModule
 
+from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
+
 ACTION_EPS = 1e-5
 """Dataset actions are clipped to ``[-1 + eps, 1 - eps]``: a TanhNormal has no density at +-1."""
 
@@ -107,17 +109,6 @@ def member_action_gradients(
         q = torch.vmap(member_q, randomness="different")(params, member_action)
         (grad,) = torch.autograd.grad(q.sum(), member_action, create_graph=True)
     return grad
-
-
-def gradient_diversity_penalty(grad: torch.Tensor) -> torch.Tensor:
-    """EDAC's ``1/(M-1) sum_{i != j} cos(g_i, g_j)`` per sample: ``[M, *batch, A]`` -> ``[*batch]``.
-
-    ``M`` times the mean pairwise cosine: ``M`` when all members' action
-    gradients point the same way, 0 when they are orthogonal on average.
-    """
-    unit = grad / (grad.norm(dim=-1, keepdim=True) + 1e-10)
-    pair_sum = unit.sum(0).pow(2).sum(-1) - unit.pow(2).sum(-1).sum(0)
-    return pair_sum / (grad.shape[0] - 1)
 
 
 class FittedQEvaluationLoss(LossModule):
