@@ -58,6 +58,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     ),
     "cbop-fixed-lambda": ("cbop.py", ["estimator.mode=fixed", "estimator.fixed_weighting=lambda"]),
     "cbop-quantile": ("cbop.py", ["estimator.mode=quantile"]),
+    # The paper's Algorithm 2 with the authors' 5 rounds (docs/learning.md, Experiment 4).
+    "cbop-fqe-rounds5": ("cbop.py", ["fqe.rounds=5"]),
     "bc": ("baseline.py", ["algo=bc"]),
     "td3bc": ("baseline.py", ["algo=td3bc"]),
     "iql": ("baseline.py", ["algo=iql"]),
