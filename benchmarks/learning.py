@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         summary = summarize_run(run_dir, analysis=not args.no_analysis)
         summary["dataset"] = dataset
+        summary["variant"] = variant  # the config alone cannot tell cbop-fqe-rounds5 from cbop
         summary["command"] = portable_command(command)
         summary["commit"] = git_commit()
         summary["dataset_provenance"] = dataset_provenance(dataset)
