@@ -74,7 +74,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--datasets", nargs="+", default=["hopper-medium-replay-gen"])
     parser.add_argument("--algos", nargs="+", default=DEFAULT_ALGOS, choices=list(VARIANTS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--preset", default="cpu", help="cpu | debug | paper (configs/preset)")
+    parser.add_argument("--preset", default="cpu", help="cpu | debug | paper (presets)")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--runs", type=Path, default=None, help="default: <cache>/benchmark_runs")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run")
@@ -101,7 +101,7 @@ def pretraining_steps(preset: str, overrides: list[str]) -> int:
     """CBOP's BC + FQE gradient steps: the preset's, or ``bc.steps=``/``fqe.steps=`` overrides."""
     from omegaconf import OmegaConf
 
-    values = OmegaConf.load(ROOT / "configs" / "preset" / f"{preset}.yaml")
+    values = OmegaConf.load(ROOT / "cbop_torchrl" / "configs" / "preset" / f"{preset}.yaml")
     steps = {"bc": int(values.bc.steps), "fqe": int(values.fqe.steps)}
     for override in overrides:
         key, _, value = override.partition("=")

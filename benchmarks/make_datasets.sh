@@ -6,7 +6,7 @@
 #   FAMILIES=walker2d bash benchmarks/make_datasets.sh      # one family
 #
 # One SAC run per family gives both kinds: it trains until a checkpoint's 10-episode
-# deterministic return reaches a third of D4RL's expert score (configs/collect.yaml:
+# deterministic return reaches a third of D4RL's expert score (cbop_torchrl/configs/collect.yaml:
 # medium_reference=d4rl, stop_at_medium=true; SAC_STEPS is only a cap). Medium = rollouts of
 # that checkpoint, medium-replay = the replay buffer up to it. Each command is resumable:
 # rerun it after a kill, or with a larger SAC_STEPS to continue a run that hit the cap.

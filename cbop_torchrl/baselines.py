@@ -1,6 +1,6 @@
 """Model-free offline baselines on the pipeline's data, evaluation and run-directory format.
 
-Four algorithms, each a TorchRL loss with a small config (``configs/algo/*.yaml``):
+Four algorithms, each a TorchRL loss with a small config (``cbop_torchrl/configs/algo/*.yaml``):
 
 - ``bc``: behaviour cloning (:class:`~cbop_torchrl.objectives.pretrain.BehaviourCloningLoss`,
   the loss of the pipeline's BC stage);
@@ -71,7 +71,7 @@ class BaselineConfigError(ValueError):
 
 @dataclass
 class AlgoConfig:
-    """One baseline's hyperparameters (``configs/algo/<name>.yaml``).
+    """One baseline's hyperparameters (``cbop_torchrl/configs/algo/<name>.yaml``).
 
     Fields an algorithm does not use are ignored by it.
     """

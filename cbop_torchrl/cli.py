@@ -35,8 +35,8 @@ from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.registry import parse_d4rl_id
 from cbop_torchrl.trainers.dynamics import DynamicsConfig
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-"""The Hydra configs (``configs/`` of the checkout)."""
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+"""The Hydra configs, inside the package so that an installed wheel has them too."""
 
 EXIT_BAD_INPUT = 2
 
@@ -239,7 +239,7 @@ def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Cal
                 refuse(
                     f"{', '.join(missing)} must be given on the command line "
                     f"({' '.join(f'{key}=...' for key in missing)}); see "
-                    f"configs/{config_name}.yaml for what each key holds",
+                    f"{CONFIG_DIR / config_name}.yaml for what each key holds",
                     HydraConfig.get().runtime.output_dir,
                 )
             started = True

@@ -1,6 +1,6 @@
 """The run configuration: typed sections, the paper's settings table, validation.
 
-Hydra composes ``configs/config.yaml`` (a preset, a logger, the dynamics
+Hydra composes ``cbop_torchrl/configs/config.yaml`` (a preset, a logger, the dynamics
 group) and the command-line overrides into one tree; :func:`load_config`
 turns that tree into a :class:`RunConfig` and checks it before any work
 starts. Every problem found is reported at once in a :class:`ConfigError`.

@@ -2,7 +2,7 @@
 
 A Hydra multirun of ``scripts/cbop.py`` writes one run directory per job
 under ``hydra.sweep.dir`` (``<dataset>/<preset>/<overrides>``, see
-``configs/config.yaml``). Each finished run holds ``results.json``,
+``cbop_torchrl/configs/config.yaml``). Each finished run holds ``results.json``,
 ``config.json``, ``policy.pt`` and ``checkpoint.pt``; a run still training
 (or preempted) has ``config.json`` and ``checkpoint.pt`` only. Runs are
 found by these files, so hand-made layouts (a directory of ``hydra.run.dir``

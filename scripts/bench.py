@@ -98,9 +98,10 @@ TINY = Size("tiny", 8, 2, 2, 2, (16, 16), (16, 16), 3)
 
 def cpu_preset_size() -> Size:
     """The sizes of ``configs/preset/cpu.yaml`` (missing keys: ``configs/config.yaml``)."""
-    base = yaml.safe_load((REPO / "configs/config.yaml").read_text())
-    preset = yaml.safe_load((REPO / "configs/preset/cpu.yaml").read_text())
-    dyn = yaml.safe_load((REPO / "configs/dynamics/default.yaml").read_text())
+    configs = REPO / "cbop_torchrl" / "configs"
+    base = yaml.safe_load((configs / "config.yaml").read_text())
+    preset = yaml.safe_load((configs / "preset/cpu.yaml").read_text())
+    dyn = yaml.safe_load((configs / "dynamics/default.yaml").read_text())
 
     def get(section: str, key: str, default=None):
         for source in (preset, base):

@@ -23,7 +23,7 @@ from cbop_torchrl.data import DatasetError
 from cbop_torchrl.registry import d4rl_ids, get_family, parse_d4rl_id
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = str(ROOT / "configs")
+CONFIGS = str(ROOT / "cbop_torchrl" / "configs")
 
 
 def composed(*overrides: str, config_name: str = "config") -> dict:

@@ -219,6 +219,7 @@ def test_script_writes_metrics_and_rejects_bad_input(tmp_path):
 def test_hydra_group_lists_every_config_field_with_the_defaults():
     from omegaconf import OmegaConf
 
-    values = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "dynamics" / "default.yaml"))
+    path = REPO / "cbop_torchrl" / "configs" / "dynamics" / "default.yaml"
+    values = OmegaConf.to_container(OmegaConf.load(path))
     assert DynamicsConfig.from_dict(values) == DynamicsConfig()
     assert set(values) == set(DynamicsConfig().to_dict())

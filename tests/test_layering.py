@@ -32,7 +32,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "cbop_torchrl.sweeps",
     ),
     ("cbop_torchrl.evaluation",),
-    ("cbop_torchrl",),  # the package's own __init__: the public API on top
+    ("cbop_torchrl.cli",),  # the programs' config schemas and Hydra main
+    ("cbop_torchrl.apps",),  # the programs and the Python API
+    # the package's own __init__ (the public API) and `python -m cbop_torchrl` on top
+    ("cbop_torchrl", "cbop_torchrl.__main__"),
 )
 """Bottom to top. A module's layer is the one with the longest prefix of its name.
 A module may import from its own layer (without a circle) and from layers below."""

@@ -9,7 +9,6 @@ the tests check the files it writes and that the committed-summary route
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -131,9 +130,8 @@ def test_summaries_rebuild_the_same_table(
 
 
 def test_report_cli_rejects_a_missing_path(capsys: pytest.CaptureFixture) -> None:
-    spec = importlib.util.spec_from_file_location("report_cli", ROOT / "scripts" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from cbop_torchrl.apps import report as module
+
     assert module.main(["no/such/dir"]) == 2
     assert "does not exist" in capsys.readouterr().err
 

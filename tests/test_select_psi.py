@@ -7,7 +7,6 @@ the true value of a policy grows with c and the FQE ranking is known.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -19,6 +18,7 @@ from d4rl_files import write_d4rl_hdf5
 from tensordict import TensorDict
 from torch import nn
 
+from cbop_torchrl.apps import select_psi as select_psi_program
 from cbop_torchrl.data import load_dataset
 from cbop_torchrl.evaluation.selection import (
     RunScore,
@@ -38,10 +38,7 @@ from cbop_torchrl.trainers.checkpoint import policy_metadata, save_policy
 from cbop_torchrl.utils import atomic_json_dump
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("select_psi", ROOT / "scripts" / "select_psi.py")
-_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_module)
-select_psi = _module.main
+select_psi = select_psi_program.main
 
 HOPPER = get_family("hopper")
 OBS, ACT = 11, 3  # hopper's observation and action sizes
@@ -166,10 +163,10 @@ def test_rank_runs_groups_seeds_and_labels_what_differs() -> None:
     assert second.env == "other" and second.online_ranks is None and second.rho is None
 
     first.candidates[0].runs[0].policy_step = 5  # a run still training
-    table = _module.format_ranking(first)
+    table = select_psi_program.format_ranking(first)
     assert "note: the policies were saved at different gradient steps (5 to 10)" in table
     assert "Spearman's rho (FQE vs online ranking): -1.00" in table
-    assert "n/a (online scores missing" in _module.format_ranking(second)
+    assert "n/a (online scores missing" in select_psi_program.format_ranking(second)
 
 
 def write_run(run_dir: Path, dataset: Path, psi: float, action: float, online: float) -> None:

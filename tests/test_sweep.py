@@ -10,7 +10,6 @@ same run directory and continues from its checkpoint.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -27,18 +26,16 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
 
+from cbop_torchrl.apps import select_psi as select_psi_program
 from cbop_torchrl.cli import register_schemas
 from cbop_torchrl.registry import d4rl_ids
 from cbop_torchrl.sweeps import SweepError, collect_results, find_runs, read_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs"
+CONFIGS = ROOT / "cbop_torchrl" / "configs"
 SCRIPT = ROOT / "scripts" / "cbop.py"
 
-_spec = importlib.util.spec_from_file_location("select_psi", ROOT / "scripts" / "select_psi.py")
-_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_module)
-select_psi = _module.main
+select_psi = select_psi_program.main
 
 
 @pytest.fixture(autouse=True)

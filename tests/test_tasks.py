@@ -332,11 +332,8 @@ def test_select_psi_ranks_by_return_and_takes_task_reference_scores(
 
 
 def test_select_psi_task_arguments_are_checked() -> None:
-    import importlib.util
+    from cbop_torchrl.apps import select_psi as module
 
-    spec = importlib.util.spec_from_file_location("select_psi", ROOT / "scripts" / "select_psi.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     config = module.parse_task_overrides(["task.ref_min_score=0", "task.ref_max_score=360"])
     assert (config.ref_min_score, config.ref_max_score) == (0, 360)
     with pytest.raises(module.SweepError, match="give both"):

@@ -1,0 +1,87 @@
+"""``cbop-train-dynamics`` (``scripts/train_dynamics.py``): train (or fetch from the cache)
+the dynamics ensemble of one dataset and report its fit.
+
+    cbop-train-dynamics env=hopper-medium-replay-v2
+    cbop-train-dynamics env=/data/hopper.hdf5 dynamics.num_members=10 device=cuda
+
+Writes to ``output_dir`` (the Hydra run directory by default):
+
+- ``dynamics_metrics.json``: ``holdout_r2_mean``, ``holdout_r2_per_dim``,
+  ``coverage_2sigma``, ``elites``, ``epochs``, ``wall_time_s`` and more (see
+  ``cbop_torchrl.trainers.dynamics.train_dynamics``);
+- ``dynamics_log.jsonl``: one line of holdout MSE/NLL per epoch (empty on a cache hit);
+- ``dynamics.pt``: the model (``cbop_torchrl.modules.dynamics.load_dynamics``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from cbop_torchrl.cli import hydra_entry
+
+
+def train(cfg: DictConfig) -> dict:
+    """Loads the dataset, trains or loads the ensemble, writes the outputs; returns the metrics."""
+    import torch
+
+    from cbop_torchrl.data import load_dataset_with_info
+    from cbop_torchrl.envs import check_data_fits_env, read_env_specs, resolve_task
+    from cbop_torchrl.modules.dynamics import save_dynamics
+    from cbop_torchrl.trainers.dynamics import DynamicsConfig, load_or_train_dynamics
+    from cbop_torchrl.utils import atomic_json_dump, resolve_device
+
+    if cfg.threads is not None:
+        torch.set_num_threads(int(cfg.threads))
+    config = DynamicsConfig.from_dict(OmegaConf.to_container(cfg.dynamics, resolve=True))
+    device = resolve_device(cfg.device)
+    dataset, info = load_dataset_with_info(str(cfg.env))
+    task = resolve_task(OmegaConf.to_container(cfg.task, resolve=True), info)
+    specs = read_env_specs(task)
+    check_data_fits_env(info, specs, task)
+    # the dynamics inputs use the agent's [-1, 1] actions, as in cbop-train (same cache)
+    info = dataclasses.replace(info, fingerprint=info.fingerprint + specs.fingerprint_suffix())
+    dataset = specs.to_agent_actions(dataset.to(device))
+    output_dir = Path(cfg.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    log_path = output_dir / "dynamics_log.jsonl"
+    log_path.write_text("")
+
+    def log_epoch(record: dict) -> None:
+        with log_path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    model, metrics = load_or_train_dynamics(
+        dataset, info, config, progress=cfg.progress, log_fn=log_epoch, use_cache=cfg.use_cache,
+        termination=task.termination,
+    )  # fmt: skip
+    metrics.update(dataset=info.name, device=str(device))
+    save_dynamics(model, output_dir / "dynamics.pt", metadata={"dataset": info.name})
+    atomic_json_dump(metrics, output_dir / "dynamics_metrics.json")
+    return metrics
+
+
+def run(cfg: DictConfig) -> None:
+    """The Hydra task: train, print the fit's summary."""
+    from cbop_torchrl.data import DatasetError
+
+    try:
+        metrics = train(cfg)
+    except (DatasetError, ValueError, KeyError, RuntimeError, OSError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"train_dynamics: error: {message}", file=sys.stderr)
+        sys.exit(2)
+    summary = {
+        key: metrics[key]
+        for key in ("holdout_r2_mean", "coverage_2sigma", "epochs", "wall_time_s", "cached")
+    }
+    print(f"dynamics of {metrics['dataset']}: {json.dumps(summary)}")
+    print(f"wrote {Path(cfg.output_dir) / 'dynamics_metrics.json'}")
+
+
+def main() -> None:
+    hydra_entry("train_dynamics")(run)()
