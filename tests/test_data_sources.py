@@ -7,6 +7,7 @@ D4RL download) copies a crafted local file, and ``minari.download_dataset`` fail
 from __future__ import annotations
 
 import shutil
+import sys
 import urllib.error
 import urllib.request
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from d4rl_files import write_d4rl_hdf5
+from tensordict import TensorDict
 from torchrl.data.datasets import D4RLExperienceReplay
 
 import cbop_torchrl.data.sources as sources
@@ -152,8 +154,23 @@ def test_local_minari_dataset_through_torchrl(monkeypatch, tmp_path, torchrl_roo
     dataset_id = "cbop/hopper/tiny-v0"
     observations = _write_minari_dataset(dataset_id, monkeypatch, tmp_path)
     monkeypatch.setattr(minari, "download_dataset", _fail_on_call)
-    with pytest.warns(UserWarning, match="evaluated on 'Hopper-v4' unless task.gym_id=Hopper-v5"):
-        data, info = load_dataset_with_info(f"minari:{dataset_id}", torchrl_root=torchrl_root)
+    # TorchRL's conversion needs TensorDict.memmap_like replaced (cbop_torchrl/_torchrl_compat.py);
+    # this process must never see that: checked at every Python call during the load.
+    original = TensorDict.memmap_like
+    patched_during = []
+
+    def watch(frame, event, arg):
+        if TensorDict.memmap_like is not original:
+            patched_during.append(frame.f_code.co_name)
+
+    sys.setprofile(watch)
+    try:
+        with pytest.warns(UserWarning, match="'Hopper-v4' unless task.gym_id=Hopper-v5"):
+            data, info = load_dataset_with_info(f"minari:{dataset_id}", torchrl_root=torchrl_root)
+    finally:
+        sys.setprofile(None)
+    assert patched_during == [] and TensorDict.memmap_like is original
+    assert not list((torchrl_root / "minari").glob(".converting-*"))  # the scratch dir is gone
     assert info.family == "hopper" and info.source_kind == "minari"
     assert data.batch_size == torch.Size([9])
     first, second = (torch.from_numpy(o).float() for o in observations)

@@ -3,7 +3,11 @@
 Where the data comes from, in order: TorchRL's converted copy under
 ``<torchrl_root>/minari/<id>`` (no network); a locally stored Minari dataset under
 ``$MINARI_DATASETS_PATH`` or ``~/.minari/datasets`` (converted by TorchRL, no
-network); otherwise Minari's remote download. Minari keeps every episode's final
+network); otherwise Minari's remote download into that store
+(``minari.download_dataset``), then the conversion. The conversion runs in a
+child process (:func:`cbop_torchrl._torchrl_compat.convert_minari_dataset`: it
+works around a TorchRL bug by replacing a TensorDict method, which must not
+happen in the caller's process). Minari keeps every episode's final
 observation, so next observations are real everywhere.
 
 Minari's MuJoCo sets are recorded on ``*-v5`` environments and are not D4RL data:
@@ -20,32 +24,12 @@ import torch
 from tensordict import TensorDict
 from torchrl.data.datasets import MinariExperienceReplay
 
+from cbop_torchrl._torchrl_compat import convert_minari_dataset
 from cbop_torchrl.data.errors import DatasetError
 from cbop_torchrl.data.hdf5 import FORMAT_VERSION, family_from_env_id
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.data.transitions import build_transitions
 from cbop_torchrl.utils import config_hash
-
-
-class MinariKeepingData(MinariExperienceReplay):
-    """``MinariExperienceReplay`` whose conversion keeps the data it reads.
-
-    TorchRL 0.14.1 fills an in-memory TensorDict with the episodes and then calls
-    ``memmap_like`` on it, which writes a contentless (all-zero) copy to disk. During
-    the conversion we route that one call to ``memmap``, which writes the contents.
-    """
-
-    def _download_and_preproc(self):
-        memmap_like = TensorDict.memmap_like
-
-        def memmap_with_contents(data, prefix=None, *args, **kwargs):
-            return data.memmap(prefix)
-
-        TensorDict.memmap_like = memmap_with_contents
-        try:
-            return super()._download_and_preproc()
-        finally:
-            TensorDict.memmap_like = memmap_like
 
 
 def local_minari_path(dataset_id: str) -> Path:
@@ -61,33 +45,40 @@ def load_minari(
     base = Path(torchrl_root) if torchrl_root else Path.home() / ".cache" / "torchrl"
     root = base / "minari"
     converted = (root / dataset_id).exists()
-    local = (local_minari_path(dataset_id) / "data" / "main_data.hdf5").is_file()
-    try:
-        buffer = MinariKeepingData(
-            dataset_id,
-            batch_size=1,
-            root=root,
-            download=not converted,
-            load_from_local_minari=local and not converted,
-        )
-    except ImportError as err:
-        raise DatasetError(
-            f"minari:{dataset_id} needs the minari package ({err}); install it with "
-            "`pip install 'cbop-torchrl[minari]'`."
-        ) from None
-    except Exception as err:  # Minari's download raises many error types
-        if converted:
+    if not converted:
+        local = (local_minari_path(dataset_id) / "data" / "main_data.hdf5").is_file()
+        try:
+            import minari
+        except ImportError as err:
             raise DatasetError(
-                f"TorchRL's copy of Minari dataset {dataset_id!r} at {str(root / dataset_id)!r} "
-                f"cannot be read ({err!r}); delete that directory and load it again."
+                f"minari:{dataset_id} needs the minari package ({err}); install it with "
+                "`pip install 'cbop-torchrl[minari]'`."
             ) from None
+        if not local:
+            try:  # into Minari's local store, where the conversion reads it
+                minari.download_dataset(dataset_id)
+            except Exception as err:  # Minari's download raises many error types
+                raise DatasetError(
+                    f"Minari dataset {dataset_id!r} is neither converted by TorchRL under "
+                    f"{str(root / dataset_id)!r} nor stored locally under "
+                    f"{str(local_minari_path(dataset_id))!r}, and downloading it failed "
+                    f"({err!r}). Check the id with `minari list remote`, download it on a "
+                    "machine with network access (`minari download <id>`) and copy "
+                    "~/.minari/datasets/<id> here, or use a D4RL-format HDF5 file instead."
+                ) from None
+        try:
+            convert_minari_dataset(dataset_id, root)
+        except RuntimeError as err:
+            raise DatasetError(
+                f"TorchRL could not convert Minari dataset {dataset_id!r} from "
+                f"{str(local_minari_path(dataset_id))!r}: {err}"
+            ) from None
+    try:
+        buffer = MinariExperienceReplay(dataset_id, batch_size=1, root=root, download=False)
+    except Exception as err:  # a damaged copy fails in many ways
         raise DatasetError(
-            f"Minari dataset {dataset_id!r} is neither converted by TorchRL under "
-            f"{str(root / dataset_id)!r} nor stored locally under "
-            f"{str(local_minari_path(dataset_id))!r}, and downloading it failed ({err!r}). "
-            "Check the id with `minari list remote`, download it on a machine with network "
-            "access (`minari download <id>`) and copy ~/.minari/datasets/<id> here, or use a "
-            "D4RL-format HDF5 file instead."
+            f"TorchRL's copy of Minari dataset {dataset_id!r} at {str(root / dataset_id)!r} "
+            f"cannot be read ({err!r}); delete that directory and load it again."
         ) from None
 
     stored = buffer.storage.get(slice(None))
