@@ -1,0 +1,176 @@
+"""The package installed from its wheel works outside the checkout.
+
+The wheel is built from a copy of the package's files, installed with
+``--no-deps --no-index`` into a fresh venv that sees the project venv's
+site-packages (torch and the other dependencies; nothing is downloaded), and
+run from an empty directory: ``cbop-train`` trains the debug preset end to end,
+``--cfg job`` composes the paper preset for a D4RL id, and every console script
+answers ``--help``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from cbop_torchrl.apps import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.install
+
+
+def test_pyproject_registers_every_program() -> None:
+    section = (ROOT / "pyproject.toml").read_text().split("[project.scripts]\n")[1]
+    lines = section.split("\n\n")[0].splitlines()  # name = "module:function", up to a blank line
+    scripts = {name.strip(): target.strip().strip('"') for name, target in
+               (line.split("=", 1) for line in lines)}  # fmt: skip
+    expected = {c.name: f"cbop_torchrl.apps:{c.name.replace('-', '_')}" for c in COMMANDS}
+    assert scripts == expected
+    assert {c.script for c in COMMANDS} == {
+        f"scripts/{p.name}" for p in (ROOT / "scripts").glob("*.py") if p.name != "bench.py"
+    }
+    for command in COMMANDS:  # each script is a thin wrapper over its program
+        text = (ROOT / command.script).read_text()
+        assert f'launch("{command.module}")' in text and len(text.splitlines()) < 25
+
+
+def test_configs_exist_once() -> None:
+    assert not (ROOT / "configs").exists()
+    assert (ROOT / "cbop_torchrl" / "configs" / "config.yaml").is_file()
+
+
+def build_wheel(work: Path) -> Path:
+    """``pip wheel`` of a copy of the package's files (the checkout stays untouched)."""
+    source = work / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(
+        ROOT / "cbop_torchrl",
+        source / "cbop_torchrl",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    command = [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps",
+               "--no-build-isolation", "--no-index", "-q", "-w", str(work / "dist")]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    (wheel,) = (work / "dist").glob("cbop_torchrl-*.whl")
+    return wheel
+
+
+def install(wheel: Path, env_dir: Path) -> Path:
+    """A venv holding only the wheel, over the project venv's packages; returns its bin/."""
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    # Plain paths: the project venv's .pth files (its editable install of this
+    # checkout) are not processed, so only the wheel provides cbop_torchrl.
+    Path(purelib, "project_venv.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+               "--no-index", "-q", str(wheel)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    return env_dir / "bin"
+
+
+HELP_AND_CFG = """
+import contextlib, io, json, os, sys
+from importlib.metadata import distribution
+
+import cbop_torchrl
+
+report = {"package": cbop_torchrl.__file__, "runs": {}}
+scripts = {ep.name: ep for ep in distribution("cbop-torchrl").entry_points
+           if ep.group == "console_scripts"}
+calls = [(name, ["--help"]) for name in sorted(scripts)]
+calls.append(("cbop-train", ["env=hopper-medium-v2", "--cfg", "job"]))
+calls.append(("cbop-train", ["--shell-completion", "install=bash"]))
+calls.append(("cbop-train", ["--shell-completion", "query=bash"]))
+os.environ["COMP_LINE"] = "cbop-train preset=d"  # what bash passes while completing
+os.environ["COMP_POINT"] = str(len(os.environ["COMP_LINE"]))
+for name, args in calls:
+    sys.argv = [name, *args]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            code = scripts[name].load()()
+        except SystemExit as exit_:
+            code = exit_.code
+    report["runs"][" ".join([name, *args])] = {"code": code or 0, "out": out.getvalue()}
+print(json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``(wheel, bin directory of the venv it is installed in)``."""
+    work = tmp_path_factory.mktemp("install")
+    wheel = build_wheel(work)
+    return wheel, install(wheel, work / "venv")
+
+
+def test_the_wheel_holds_the_configs_and_the_console_scripts(installed) -> None:
+    wheel, bin_dir = installed
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        entry_text = archive.read(entry_points).decode()
+    configs = ROOT / "cbop_torchrl" / "configs"
+    expected = {f"cbop_torchrl/configs/{p.relative_to(configs)}" for p in configs.rglob("*.yaml")}
+    assert expected and expected <= names
+    assert "cbop_torchrl/assets/hopper-demo-medium-replay-gen.hdf5" in names
+    for command in COMMANDS:
+        assert f"{command.name} = cbop_torchrl.apps:" in entry_text
+        assert (bin_dir / command.name).is_file()
+
+
+def test_console_scripts_run_outside_the_checkout(installed, tmp_path: Path) -> None:
+    _, bin_dir = installed
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["CBOP_TORCHRL_CACHE"] = str(tmp_path / "cache")
+
+    probe = subprocess.run(
+        [str(bin_dir / "python"), "-c", HELP_AND_CFG],
+        cwd=empty, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    report = json.loads(probe.stdout.strip().splitlines()[-1])
+    package = Path(report["package"]).resolve()
+    assert bin_dir.parent in package.parents and ROOT not in package.parents
+    runs = report["runs"]
+    assert len(runs) == len(COMMANDS) + 3
+    for command in COMMANDS:
+        result = runs[f"{command.name} --help"]
+        assert result["code"] == 0, (command.name, result)
+        assert "Powered by Hydra" in result["out"] or "usage:" in result["out"], command.name
+    job = runs["cbop-train env=hopper-medium-v2 --cfg job"]
+    assert job["code"] == 0 and "preset: paper" in job["out"]
+    assert "env: hopper-medium-v2" in job["out"]
+    completion = runs["cbop-train --shell-completion install=bash"]
+    assert completion["code"] == 0 and "complete -o nospace -o default -F" in completion["out"]
+    query = runs["cbop-train --shell-completion query=bash"]
+    assert query["code"] == 0 and query["out"].split() == ["preset=debug"]
+    assert list(empty.iterdir()) == []  # --help, --cfg and -sc wrote nothing
+
+    done = subprocess.run(
+        [str(bin_dir / "cbop-train"), "preset=debug", "logger=none", "progress=false"],
+        cwd=empty, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results_path = empty / "runs" / "demo" / "debug" / "default" / "results.json"
+    results = json.loads(results_path.read_text())
+    assert results["preset"] == "debug" and results["gradient_steps"] > 0
+    assert str(results_path) in done.stdout
+    assert (results_path.parent / "policy.pt2").is_file()
