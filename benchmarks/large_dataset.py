@@ -4,24 +4,29 @@
     python benchmarks/large_dataset.py --json benchmarks/bench_large_dataset.json
     python benchmarks/large_dataset.py --transitions 200000  # a quicker look
 
-D4RL's full-replay sets hold one to two million transitions. This writes a
-D4RL-layout HDF5 file of ``--transitions`` rows with walker2d's shapes (17-dim
-observations, 6-dim actions, 1000-step episodes ending in a timeout, random
-values), then, each in a fresh process so that its peak resident memory is its
-own:
+D4RL's full-replay sets hold one to two million transitions. This writes (once;
+later runs reuse it) a D4RL-layout HDF5 file of ``--transitions`` rows with
+walker2d's shapes and D4RL's dtypes (float32 ``observations [N, 17]``,
+``next_observations [N, 17]``, ``actions [N, 6]``, ``rewards [N]``, bool
+``terminals [N]``, ``timeouts [N]``; 1000-step episodes ending in a timeout,
+random values) under ``--data-dir`` (default
+``<cache>/bench/large_dataset``, outside the repository), writing 100
+episodes at a time. Then, each in a fresh process so that its peak resident
+memory is its own, through the project's loading code (``load_dataset``):
 
-- ``large_dataset_load_s``: ``load_dataset`` on the file from an empty cache
-  (reading, validating, converting, caching), and the same again from the
-  cache (``large_dataset_cached_load_s``);
-- ``large_dataset_peak_rss_ratio``: the loading process's peak RSS growth
-  over its RSS after the imports, divided by the raw arrays' size (the
-  process's whole peak RSS is reported too);
-- ``large_dataset_samples_per_s``: transitions/s drawn from the dataset's
-  replay buffer at batch 256 (what the CBOP stage does every step);
-- ``large_dataset_dynamics_epoch_s``: one dynamics-training epoch at the
-  paper's sizes (30 members, 4 x 200, batch 256) over the training split,
-  timed on ``--dynamics-steps`` minibatch steps of the project's epoch loop
-  and scaled to the epoch's number of steps (stated in the output).
+- ``large_dataset_load_s``: loading the file from an empty dataset cache
+  (hashing, reading, validating, converting, caching); the same again from
+  the cache is ``large_dataset_cached_load_s``;
+- ``large_dataset_peak_rss_ratio``: the loading process's peak RSS (VmHWM)
+  above its RSS after the imports, divided by the raw arrays' bytes; the
+  whole process's peak over the raw bytes is ``large_dataset_process_peak_rss_ratio``;
+- ``large_dataset_samples_per_s``: transitions/s drawn from the project's
+  replay buffer (``make_replay_buffer``) at batch 256, as the CBOP stage does;
+- ``large_dataset_dynamics_epoch_s``: one real epoch of ``train_dynamics``
+  (``max_epochs=1``: split, standardization, one pass of every member over its
+  bootstrap resample, holdout evaluation, elite selection) with the CPU
+  preset's ensemble by default (7 members, 4 x 200, batch 256); its size
+  (training rows, minibatch steps) is in the output.
 
 Goals (issue 19): load <= 60 s, peak RSS <= 3x the raw arrays, >= 50k
 transitions/s at batch 256.
@@ -45,27 +50,38 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 OBS_DIM, ACT_DIM, EPISODE = 17, 6, 1000
 GOALS = {"load_s": 60.0, "peak_rss_ratio": 3.0, "samples_per_s": 50_000.0}
+FILE_VERSION = 1
+"""Part of the file's name: bump when :func:`write_file` changes so old files are not reused."""
+SPECS = {
+    "observations": (OBS_DIM, np.float32),
+    "next_observations": (OBS_DIM, np.float32),
+    "actions": (ACT_DIM, np.float32),
+    "rewards": (None, np.float32),
+    "terminals": (None, np.bool_),
+    "timeouts": (None, np.bool_),
+}
+"""D4RL's keys, widths (None: one value per row) and dtypes."""
 
 
-def write_file(path: Path, transitions: int, seed: int = 0) -> int:
-    """A D4RL-layout file of ``transitions`` rows; returns the raw arrays' size in bytes."""
+def raw_bytes(transitions: int) -> int:
+    """Bytes of the raw arrays of a file of ``transitions`` rows."""
+    return sum(transitions * (dim or 1) * np.dtype(dtype).itemsize for dim, dtype in SPECS.values())
+
+
+def write_file(path: Path, transitions: int, seed: int = 0) -> None:
+    """Writes a D4RL-layout file of ``transitions`` rows, 100 episodes at a time.
+
+    Written to a temporary name and renamed, so an interrupted write is never reused.
+    """
     rng = np.random.default_rng(seed)
     chunk = 100 * EPISODE
-    raw = 0
-    with h5py.File(path, "w") as handle:
-        specs = {
-            "observations": (OBS_DIM, np.float32),
-            "next_observations": (OBS_DIM, np.float32),
-            "actions": (ACT_DIM, np.float32),
-            "rewards": (None, np.float32),
-            "terminals": (None, np.bool_),
-            "timeouts": (None, np.bool_),
-        }
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    with h5py.File(partial, "w") as handle:
         sets = {
             key: handle.create_dataset(
                 key, (transitions,) if dim is None else (transitions, dim), dtype=dtype
             )
-            for key, (dim, dtype) in specs.items()
+            for key, (dim, dtype) in SPECS.items()
         }
         for start in range(0, transitions, chunk):
             rows = min(chunk, transitions - start)
@@ -81,13 +97,22 @@ def write_file(path: Path, transitions: int, seed: int = 0) -> int:
             sets["timeouts"][start : start + rows] = (index % EPISODE) == EPISODE - 1
             sets["terminals"][start : start + rows] = False
         handle.create_dataset("metadata/env_id", data="Walker2d-v4")
-        for dim, dtype in specs.values():
-            raw += transitions * (dim or 1) * np.dtype(dtype).itemsize
-    return raw
+    os.replace(partial, path)
 
 
-def _child(path: str, dynamics_steps: int) -> dict:
-    """Runs in a fresh process: load, sample, dynamics steps; prints one JSON line."""
+def dataset_file(data_dir: Path, transitions: int) -> tuple[Path, float | None]:
+    """The benchmark file in ``data_dir`` and its writing time (None: reused from before)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / f"walker2d-synthetic-{transitions}-v{FILE_VERSION}.hdf5"
+    if path.is_file():
+        return path, None
+    start = time.perf_counter()
+    write_file(path, transitions)
+    return path, time.perf_counter() - start
+
+
+def _child(path: str, dynamics_members: int) -> dict:
+    """In a fresh process: load; with ``dynamics_members > 0`` also sampling, a dynamics epoch."""
     import torch
 
     from cbop_torchrl.data import load_dataset_with_info, make_replay_buffer
@@ -97,14 +122,13 @@ def _child(path: str, dynamics_steps: int) -> dict:
     start = time.perf_counter()
     data, _info = load_dataset_with_info(path)
     load_s = time.perf_counter() - start
-    peak_after_load = _peak_rss_mb()
     result = {
         "load_s": load_s,
         "rss_after_imports_mb": rss_after_imports,
-        "peak_rss_mb": peak_after_load,
+        "peak_rss_mb": _peak_rss_mb(),
         "transitions": int(data.shape[0]),
     }
-    if dynamics_steps == 0:
+    if dynamics_members == 0:
         return result
     buffer = make_replay_buffer(data, 256, seed=0)
     buffer.sample()
@@ -113,24 +137,22 @@ def _child(path: str, dynamics_steps: int) -> dict:
         buffer.sample()
         draws += 1
     result["samples_per_s"] = draws * 256 / (time.perf_counter() - start)
-    result.update(_dynamics_epoch(int(data.shape[0]), dynamics_steps))
+    result.update(_dynamics_epoch(data, dynamics_members))
     return result
 
 
-def _dynamics_epoch(rows: int, steps: int) -> dict:
-    sys.path.insert(0, str(REPO / "scripts"))
-    import bench
+def _dynamics_epoch(data, members: int) -> dict:
+    """One real epoch of the dynamics stage (``train_dynamics`` with ``max_epochs=1``)."""
+    from cbop_torchrl.trainers.dynamics import DynamicsConfig, train_dynamics
 
-    from cbop_torchrl.trainers.dynamics import DynamicsConfig
-
-    measured = bench.bench_dynamics_training(bench.torch.device("cpu"), bench.PAPER, steps)
-    config = DynamicsConfig()
-    holdout = min(int(config.holdout_ratio * rows), config.max_holdout)
-    epoch_steps = -(-(rows - holdout) // config.batch_size)
+    config = DynamicsConfig(num_members=members, num_elites=min(5, members), max_epochs=1)
+    _model, metrics = train_dynamics(data, "walker2d", config, progress=False)
     return {
-        "dynamics_ms_per_step": measured["dynamics_train_ms_per_step"],
-        "dynamics_steps_per_epoch": epoch_steps,
-        "dynamics_epoch_s": measured["dynamics_train_ms_per_step"] * epoch_steps / 1e3,
+        "dynamics_epoch_s": metrics["wall_time_s"],
+        "dynamics_members": members,
+        "dynamics_train_rows": metrics["num_train"],
+        "dynamics_steps_per_epoch": -(-metrics["num_train"] // config.batch_size),
+        "dynamics_peak_rss_mb": _peak_rss_mb(),
     }
 
 
@@ -143,13 +165,20 @@ def _rss_mb() -> float:
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux: VmHWM
 
 
-def run_child(path: Path, cache: Path, dynamics_steps: int) -> dict:
+def run_child(path: Path, cache: Path, dynamics_members: int) -> dict:
     env = {**os.environ, "CBOP_TORCHRL_CACHE": str(cache), "OMP_WAIT_POLICY": "PASSIVE"}
     done = subprocess.run(
-        [sys.executable, __file__, "--child", str(path), "--dynamics-steps", str(dynamics_steps)],
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            str(path),
+            "--dynamics-members",
+            str(dynamics_members),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -163,43 +192,65 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--transitions", type=int, default=2_000_000)
     parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
-    parser.add_argument("--dynamics-steps", type=int, default=20)
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="where the generated file is kept and reused (default <cache>/bench/large_dataset)",
+    )
+    parser.add_argument(
+        "--dynamics-members",
+        type=int,
+        default=7,
+        help="ensemble members of the timed dynamics epoch (CPU preset 7, paper 30)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(_child(args.child, args.dynamics_steps)))
+        print(json.dumps(_child(args.child, args.dynamics_members)))
         return 0
     if args.transitions < EPISODE:
         print(f"--transitions must be at least {EPISODE} (one episode).", file=sys.stderr)
         return 2
+    if args.dynamics_members < 1:
+        print("--dynamics-members must be at least 1 (the CPU preset has 7).", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(REPO))
+    from cbop_torchrl.utils import atomic_json_dump, cache_dir
+
+    path, write_s = dataset_file(
+        args.data_dir or cache_dir("bench", "large_dataset"), args.transitions
+    )
+    load_average = list(os.getloadavg())
+    # A fresh dataset cache: the first child converts the file, the second reads the cache.
     with tempfile.TemporaryDirectory(prefix="cbop-large-") as tmp:
-        path = Path(tmp) / "walker2d-large-synthetic.hdf5"
-        start = time.perf_counter()
-        raw = write_file(path, args.transitions)
-        write_s = time.perf_counter() - start
-        first = run_child(path, Path(tmp) / "cache", dynamics_steps=0)
-        cached = run_child(path, Path(tmp) / "cache", dynamics_steps=args.dynamics_steps)
-    raw_mb = raw / 2**20
-    growth = first["peak_rss_mb"] - first["rss_after_imports_mb"]
+        first = run_child(path, Path(tmp), dynamics_members=0)
+        cached = run_child(path, Path(tmp), dynamics_members=args.dynamics_members)
+    raw_mb = raw_bytes(args.transitions) / 2**20
+
+    def growth_ratio(child: dict) -> float:
+        return (child["peak_rss_mb"] - child["rss_after_imports_mb"]) / raw_mb
+
     report = {
         "command": " ".join(["python", "benchmarks/large_dataset.py", *(argv or sys.argv[1:])]),
         "transitions": args.transitions,
+        "file": str(path),
         "raw_arrays_mb": raw_mb,
         "write_s": write_s,
         "large_dataset_load_s": first["load_s"],
         "large_dataset_cached_load_s": cached["load_s"],
-        "large_dataset_peak_rss_ratio": growth / raw_mb,
+        "large_dataset_peak_rss_ratio": growth_ratio(first),
+        "large_dataset_cached_peak_rss_ratio": growth_ratio(cached),
+        "large_dataset_process_peak_rss_ratio": first["peak_rss_mb"] / raw_mb,
         "large_dataset_peak_rss_mb": first["peak_rss_mb"],
         "large_dataset_rss_after_imports_mb": first["rss_after_imports_mb"],
-        "large_dataset_cached_peak_rss_ratio": (
-            cached["peak_rss_mb"] - cached["rss_after_imports_mb"]
-        )
-        / raw_mb,
         "large_dataset_samples_per_s": cached["samples_per_s"],
         "large_dataset_dynamics_epoch_s": cached["dynamics_epoch_s"],
-        "large_dataset_dynamics_ms_per_step": cached["dynamics_ms_per_step"],
+        "large_dataset_dynamics_members": cached["dynamics_members"],
+        "large_dataset_dynamics_train_rows": cached["dynamics_train_rows"],
         "large_dataset_dynamics_steps_per_epoch": cached["dynamics_steps_per_epoch"],
-        "load_average": list(os.getloadavg()),
+        "large_dataset_dynamics_peak_rss_mb": cached["dynamics_peak_rss_mb"],
+        "load_average_start": load_average,
+        "load_average_end": list(os.getloadavg()),
     }
     report["goals"] = {
         "load_s": {"goal": GOALS["load_s"], "met": report["large_dataset_load_s"] <= 60.0},
@@ -212,21 +263,22 @@ def main(argv: list[str] | None = None) -> int:
             "met": report["large_dataset_samples_per_s"] >= GOALS["samples_per_s"],
         },
     }
+    written = "reused" if write_s is None else f"written in {write_s:.1f} s"
     print(
-        f"{args.transitions} transitions ({raw_mb:.0f} MB of arrays, written in {write_s:.1f} s)\n"
+        f"{args.transitions} transitions ({raw_mb:.0f} MB of arrays; {path}, {written}); "
+        f"load average {load_average[0]:.2f}\n"
         f"load from an empty cache: {first['load_s']:.1f} s, peak RSS {first['peak_rss_mb']:.0f}"
         f" MB ({report['large_dataset_peak_rss_ratio']:.2f}x the arrays above the "
-        f"{first['rss_after_imports_mb']:.0f} MB after imports); from the cache: "
+        f"{first['rss_after_imports_mb']:.0f} MB after imports, "
+        f"{report['large_dataset_process_peak_rss_ratio']:.2f}x in all); from the cache: "
         f"{cached['load_s']:.1f} s ({report['large_dataset_cached_peak_rss_ratio']:.2f}x)\n"
         f"replay-buffer sampling at batch 256: {cached['samples_per_s']:.0f} transitions/s\n"
-        f"dynamics epoch (paper sizes): {cached['dynamics_epoch_s']:.0f} s = "
-        f"{cached['dynamics_steps_per_epoch']} steps x {cached['dynamics_ms_per_step']:.1f} ms "
-        f"(timed on {args.dynamics_steps} steps)"
+        f"one dynamics epoch ({cached['dynamics_members']} members, 4 x 200, batch 256): "
+        f"{cached['dynamics_epoch_s']:.0f} s for {cached['dynamics_train_rows']} training rows "
+        f"= {cached['dynamics_steps_per_epoch']} minibatch steps; peak RSS then "
+        f"{cached['dynamics_peak_rss_mb']:.0f} MB"
     )
     if args.json:
-        sys.path.insert(0, str(REPO))
-        from cbop_torchrl.utils import atomic_json_dump
-
         atomic_json_dump(report, args.json)
         print(f"wrote {args.json}")
     return 0

@@ -852,6 +852,7 @@ def main(argv: list[str] | None = None) -> int:
         report.update({k: v for k, v in large.items() if k.startswith("large_dataset_")})
         report["large_dataset_transitions"] = large["transitions"]
         report["large_dataset_goals"] = large["goals"]
+        report["large_dataset_load_average"] = large["load_average_start"]
     report["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     if args.json:
         atomic_json_dump(report, args.json)

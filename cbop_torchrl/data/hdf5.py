@@ -122,12 +122,43 @@ def detect_family(handle: h5py.File, path: Path) -> tuple[str | None, str | None
 # ------------------------------------------------------------------------- validation
 
 
+READ_BLOCK_ROWS = 1 << 16
+"""Rows read, checked and converted to float32 at a time: loading a two-million-row file
+never holds a float64 copy or a whole-array validation mask (peak memory stays near the
+float32 arrays themselves)."""
+
+
 def _first_bad_row(bad: np.ndarray) -> int:
     return int(np.flatnonzero(bad.reshape(bad.shape[0], -1).any(-1))[0])
 
 
+def _read_finite_float32(dataset: h5py.Dataset, key: str, where: str) -> np.ndarray:
+    """``dataset`` as a float32 array, read in blocks of :data:`READ_BLOCK_ROWS` rows.
+
+    Each block is checked for NaN/inf in the file's own dtype before it is
+    converted, so the error names the same first bad row as a whole-array check.
+    """
+    values = np.empty(dataset.shape, dtype=np.float32)
+    for start in range(0, dataset.shape[0], READ_BLOCK_ROWS):
+        block = dataset[start : start + READ_BLOCK_ROWS]
+        finite = np.isfinite(block)
+        if not finite.all():
+            row = start + _first_bad_row(~finite)
+            raise DatasetError(
+                f"{where}: {key} has a non-finite value (NaN or inf) at row {row}; every "
+                "observation, action and reward must be finite. Drop or repair those rows."
+            )
+        values[start : start + block.shape[0]] = block
+    return values
+
+
 def _read_and_validate(handle: h5py.File, path: Path) -> dict[str, np.ndarray]:
-    """All required arrays of ``handle``, checked for keys, shapes, row counts and values."""
+    """All required arrays of ``handle``, checked for keys, shapes, row counts and values.
+
+    Shapes and row counts are checked on the file's metadata before any data is read;
+    observations, next observations, actions and rewards come back as float32
+    (:func:`_read_finite_float32`), terminals and timeouts in the file's dtype.
+    """
     where = f"D4RL-format file {str(path)!r}"
     missing = [key for key in REQUIRED_KEYS if key not in handle]
     if missing:
@@ -136,52 +167,49 @@ def _read_and_validate(handle: h5py.File, path: Path) -> dict[str, np.ndarray]:
             f"(it has {sorted(handle.keys())}). Write next_observations explicitly (D4RL v2 "
             "files and scripts/collect.py do) and timeouts as all-False if no episode was cut."
         )
-    arrays = {key: handle[key][()] for key in REQUIRED_KEYS}
+    shapes = {key: tuple(handle[key].shape) for key in REQUIRED_KEYS}
 
     for key in ("observations", "next_observations", "actions"):
-        shape = arrays[key].shape
+        shape = shapes[key]
         if len(shape) != 2 or shape[1] == 0:
             raise DatasetError(
                 f"{where}: {key} has shape {list(shape)}; it needs one non-empty row per "
                 "transition, [N, size]."
             )
-    obs_width, next_width = arrays["observations"].shape[1], arrays["next_observations"].shape[1]
+    obs_width, next_width = shapes["observations"][1], shapes["next_observations"][1]
     if obs_width != next_width:
         raise DatasetError(
             f"{where}: observations are [N, {obs_width}] but next_observations are "
             f"[N, {next_width}]; both must have the environment's observation size."
         )
     for key in ("rewards", "terminals", "timeouts"):
-        array = arrays[key]
-        if array.ndim == 2 and array.shape[1] == 1:
-            arrays[key] = array = array[:, 0]
-        if array.ndim != 1:
+        shape = shapes[key]
+        if len(shape) == 2 and shape[1] == 1:
+            shapes[key] = shape = shape[:1]
+        if len(shape) != 1:
             raise DatasetError(
-                f"{where}: {key} has shape {list(array.shape)}, expected one value per row, [N]."
+                f"{where}: {key} has shape {list(shape)}, expected one value per row, [N]."
             )
 
-    num_rows = arrays["observations"].shape[0]
-    for key, array in arrays.items():
-        if array.shape[0] != num_rows:
+    num_rows = shapes["observations"][0]
+    for key, shape in shapes.items():
+        if shape[0] != num_rows:
             raise DatasetError(
-                f"{where}: {key} has {array.shape[0]} rows but observations has {num_rows}; "
+                f"{where}: {key} has {shape[0]} rows but observations has {num_rows}; "
                 f"every key must have one entry per transition (first bad row: "
-                f"{min(array.shape[0], num_rows)}). The file is probably truncated or was "
+                f"{min(shape[0], num_rows)}). The file is probably truncated or was "
                 "written from buffers of different lengths."
             )
     if num_rows == 0:
         raise DatasetError(f"{where} holds no transitions; it needs at least one row.")
 
-    for key in ("observations", "next_observations", "actions", "rewards"):
-        finite = np.isfinite(arrays[key])
-        if not finite.all():
-            row = _first_bad_row(~finite)
-            raise DatasetError(
-                f"{where}: {key} has a non-finite value (NaN or inf) at row {row}; every "
-                "observation, action and reward must be finite. Drop or repair those rows."
-            )
+    arrays = {
+        key: _read_finite_float32(handle[key], key, where)
+        for key in ("observations", "next_observations", "actions", "rewards")
+    }
+    arrays["rewards"] = arrays["rewards"].reshape(num_rows)
     for key in ("terminals", "timeouts"):
-        flags = arrays[key]
+        flags = arrays[key] = handle[key][()].reshape(num_rows)
         bad = ~np.isin(flags, (0, 1))
         if bad.any():
             raise DatasetError(
@@ -240,6 +268,20 @@ def cached_info(fingerprint: str) -> dict | None:
     return json.loads(info_path.read_text())
 
 
+def _read_cached_data(path: Path) -> TensorDict:
+    """The memory-mapped dataset at ``path`` as an in-memory TensorDict.
+
+    Copied one leaf at a time, each leaf's mapping dropped before the next is read
+    (``load_memmap(...).to_tensordict()`` would keep every mapped page resident
+    until the end: twice the dataset's size at the peak).
+    """
+    mapped = TensorDict.load_memmap(path)
+    data = mapped.empty(recurse=True)
+    for key in list(mapped.keys(include_nested=True, leaves_only=True)):
+        data.set(key, mapped.pop(key).clone())
+    return data
+
+
 def convert_hdf5(path: Path) -> tuple[TensorDict, str | None, str | None]:
     """Reads and validates ``path`` (no cache involved).
 
@@ -250,7 +292,8 @@ def convert_hdf5(path: Path) -> tuple[TensorDict, str | None, str | None]:
     with _open_hdf5(path) as handle:
         family, env_id = detect_family(handle, path)
         arrays = _read_and_validate(handle, path)
-    tensors = {key: torch.from_numpy(np.asarray(value)) for key, value in arrays.items()}
+    tensors = {key: torch.from_numpy(value) for key, value in arrays.items()}
+    del arrays  # the tensors share their memory; build_transitions keeps what it needs
     data = build_transitions(
         observation=tensors["observations"],
         action=tensors["actions"],
@@ -258,6 +301,7 @@ def convert_hdf5(path: Path) -> tuple[TensorDict, str | None, str | None]:
         reward=tensors["rewards"],
         terminated=tensors["terminals"],
         truncated=tensors["timeouts"],
+        copy=False,  # fresh arrays read for this call: no defensive copies
     )
     return data, family, env_id
 
@@ -286,7 +330,7 @@ def load_hdf5(path: Path, with_data: bool = True) -> tuple[TensorDict | None, di
     if info is not None and not with_data:
         return None, info
     if info is not None:
-        return TensorDict.load_memmap(entry / "data").to_tensordict(), info
+        return _read_cached_data(entry / "data"), info
 
     data, family, env_id = convert_hdf5(path)
     info = {
@@ -303,7 +347,10 @@ def load_hdf5(path: Path, with_data: bool = True) -> tuple[TensorDict | None, di
     # leaves a half-written cache that a later run would trust.
     staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{fingerprint}."))
     try:
-        data.memmap(staging / "data")
+        # In place, leaf by leaf, so the in-memory and the mapped copy of a leaf
+        # coexist only while it is written; the data is read back below.
+        data.memmap_(staging / "data")
+        del data
         atomic_json_dump(info, staging / "info.json")
         try:
             os.replace(staging, entry)
@@ -312,4 +359,4 @@ def load_hdf5(path: Path, with_data: bool = True) -> tuple[TensorDict | None, di
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return data, info
+    return _read_cached_data(entry / "data"), info

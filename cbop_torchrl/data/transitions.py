@@ -33,6 +33,9 @@ DATASET_KEYS = (
 )
 """Every key of a dataset TensorDict returned by ``load_dataset``."""
 
+COMPARE_BLOCK_ROWS = 1 << 16
+"""Rows compared at a time in :func:`continues_episode` (bounds its temporaries)."""
+
 
 def continues_episode(
     observation: torch.Tensor,
@@ -52,10 +55,11 @@ def continues_episode(
         ``[N]`` bool; always False on the last row.
     """
     chained = torch.zeros_like(terminated)
-    if observation.shape[0] > 1:
+    for start in range(0, observation.shape[0] - 1, COMPARE_BLOCK_ROWS):
+        stop = min(start + COMPARE_BLOCK_ROWS, observation.shape[0] - 1)
         # Tolerance, not equality: some writers round-trip observations through float64.
-        chained[:-1] = torch.isclose(
-            next_observation[:-1], observation[1:], rtol=1e-5, atol=1e-6
+        chained[start:stop] = torch.isclose(
+            next_observation[start:stop], observation[start + 1 : stop + 1], rtol=1e-5, atol=1e-6
         ).all(-1)
     return chained & ~terminated & ~truncated
 
@@ -68,6 +72,8 @@ def build_transitions(
     terminated: torch.Tensor,
     truncated: torch.Tensor,
     dynamics_usable: torch.Tensor | None = None,
+    *,
+    copy: bool = True,
 ) -> TensorDict:
     """Assembles the dataset TensorDict (see the module docstring for the rules).
 
@@ -80,6 +86,9 @@ def build_transitions(
         truncated: ``[N]`` or ``[N, 1]``, bool or 0/1 (the source's timeouts).
         dynamics_usable: optional ``[N]`` bool; False removes more rows from
             ``dynamics_mask`` (a source that lost some next observations).
+        copy: False lets float32 inputs become the dataset's tensors without a copy;
+            only for tensors made for this call (sources may hand in memory-mapped
+            cache tensors, which must be copied). Saves a full copy of a large dataset.
 
     Returns:
         TensorDict of batch ``[N]`` with the keys in :data:`DATASET_KEYS`: float32
@@ -87,10 +96,9 @@ def build_transitions(
         "reward")`` ``[N, 1]``, bool ``("next", "terminated" | "truncated" | "done")``
         ``[N, 1]``, bool ``dynamics_mask``/``next_action_mask`` ``[N]``.
     """
-    # Fresh float32 copies: sources may hand in memory-mapped cache tensors.
-    observation = observation.to(torch.float32, copy=True)
-    action = action.to(torch.float32, copy=True)
-    next_observation = next_observation.to(torch.float32, copy=True)
+    observation = observation.to(torch.float32, copy=copy)
+    action = action.to(torch.float32, copy=copy)
+    next_observation = next_observation.to(torch.float32, copy=copy)
     terminated = terminated.reshape(-1).to(torch.bool, copy=True)
     timeout = truncated.reshape(-1).bool() & ~terminated
     continues = continues_episode(observation, next_observation, terminated, timeout)
@@ -98,7 +106,8 @@ def build_transitions(
     truncated = timeout | cut
 
     next_action = torch.zeros_like(action)
-    next_action[:-1] = torch.where(continues[:-1, None], action[1:], 0.0)
+    next_action[:-1] = action[1:]
+    next_action[:-1].masked_fill_(~continues[:-1, None], 0.0)  # in place: no [N, act] temporary
     dynamics_mask = ~truncated
     if dynamics_usable is not None:
         dynamics_mask &= dynamics_usable.reshape(-1).bool()
@@ -110,7 +119,7 @@ def build_transitions(
             "action": action,
             "next": {
                 "observation": next_observation,
-                "reward": reward.to(torch.float32, copy=True).reshape(n, 1),
+                "reward": reward.to(torch.float32, copy=copy).reshape(n, 1),
                 "terminated": terminated.unsqueeze(-1),
                 "truncated": truncated.unsqueeze(-1),
                 "done": (terminated | truncated).unsqueeze(-1),
