@@ -26,7 +26,9 @@ memory is its own, through the project's loading code (``load_dataset``):
   (``max_epochs=1``: split, standardization, one pass of every member over its
   bootstrap resample, holdout evaluation, elite selection) with the CPU
   preset's ensemble by default (7 members, 4 x 200, batch 256); its size
-  (training rows, minibatch steps) is in the output.
+  (training rows, minibatch steps) is in the output. ``--dynamics-rows N``
+  runs that epoch on the first N rows only and also reports it scaled to
+  all rows (``large_dataset_dynamics_epoch_s_scaled``), for busy machines.
 
 Goals (issue 19): load <= 60 s, peak RSS <= 3x the raw arrays, >= 50k
 transitions/s at batch 256.
@@ -111,7 +113,7 @@ def dataset_file(data_dir: Path, transitions: int) -> tuple[Path, float | None]:
     return path, time.perf_counter() - start
 
 
-def _child(path: str, dynamics_members: int) -> dict:
+def _child(path: str, dynamics_members: int, dynamics_rows: int | None) -> dict:
     """In a fresh process: load; with ``dynamics_members > 0`` also sampling, a dynamics epoch."""
     import torch
 
@@ -137,23 +139,33 @@ def _child(path: str, dynamics_members: int) -> dict:
         buffer.sample()
         draws += 1
     result["samples_per_s"] = draws * 256 / (time.perf_counter() - start)
-    result.update(_dynamics_epoch(data, dynamics_members))
+    result.update(_dynamics_epoch(data, dynamics_members, dynamics_rows))
     return result
 
 
-def _dynamics_epoch(data, members: int) -> dict:
-    """One real epoch of the dynamics stage (``train_dynamics`` with ``max_epochs=1``)."""
+def _dynamics_epoch(data, members: int, rows: int | None) -> dict:
+    """One real epoch of the dynamics stage (``train_dynamics`` with ``max_epochs=1``).
+
+    With ``rows`` the epoch runs on the dataset's first ``rows`` rows and its time
+    is also scaled to all rows (``dynamics_epoch_s_scaled``; an estimate: time
+    per epoch grows with the number of minibatch steps, the holdout is capped).
+    """
     from cbop_torchrl.trainers.dynamics import DynamicsConfig, train_dynamics
 
     config = DynamicsConfig(num_members=members, num_elites=min(5, members), max_epochs=1)
-    _model, metrics = train_dynamics(data, "walker2d", config, progress=False)
-    return {
+    subset = data if rows is None or rows >= data.shape[0] else data[:rows]
+    _model, metrics = train_dynamics(subset, "walker2d", config, progress=False)
+    result = {
         "dynamics_epoch_s": metrics["wall_time_s"],
         "dynamics_members": members,
+        "dynamics_rows": int(subset.shape[0]),
         "dynamics_train_rows": metrics["num_train"],
         "dynamics_steps_per_epoch": -(-metrics["num_train"] // config.batch_size),
         "dynamics_peak_rss_mb": _peak_rss_mb(),
     }
+    if subset is not data:
+        result["dynamics_epoch_s_scaled"] = metrics["wall_time_s"] * data.shape[0] / rows
+    return result
 
 
 def _rss_mb() -> float:
@@ -168,7 +180,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux: VmHWM
 
 
-def run_child(path: Path, cache: Path, dynamics_members: int) -> dict:
+def run_child(path: Path, cache: Path, dynamics_members: int, dynamics_rows: int | None) -> dict:
     env = {**os.environ, "CBOP_TORCHRL_CACHE": str(cache), "OMP_WAIT_POLICY": "PASSIVE"}
     done = subprocess.run(
         [
@@ -178,6 +190,7 @@ def run_child(path: Path, cache: Path, dynamics_members: int) -> dict:
             str(path),
             "--dynamics-members",
             str(dynamics_members),
+            *(["--dynamics-rows", str(dynamics_rows)] if dynamics_rows else []),
         ],
         env=env,
         capture_output=True,
@@ -203,16 +216,24 @@ def main(argv: list[str] | None = None) -> int:
         default=7,
         help="ensemble members of the timed dynamics epoch (CPU preset 7, paper 30)",
     )
+    parser.add_argument(
+        "--dynamics-rows",
+        type=int,
+        help="time the dynamics epoch on the first N rows only and scale it (default: all rows)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(_child(args.child, args.dynamics_members)))
+        print(json.dumps(_child(args.child, args.dynamics_members, args.dynamics_rows)))
         return 0
     if args.transitions < EPISODE:
         print(f"--transitions must be at least {EPISODE} (one episode).", file=sys.stderr)
         return 2
     if args.dynamics_members < 1:
         print("--dynamics-members must be at least 1 (the CPU preset has 7).", file=sys.stderr)
+        return 2
+    if args.dynamics_rows is not None and args.dynamics_rows < EPISODE:
+        print(f"--dynamics-rows must be at least {EPISODE} (or left out).", file=sys.stderr)
         return 2
     sys.path.insert(0, str(REPO))
     from cbop_torchrl.utils import atomic_json_dump, cache_dir
@@ -223,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     load_average = list(os.getloadavg())
     # A fresh dataset cache: the first child converts the file, the second reads the cache.
     with tempfile.TemporaryDirectory(prefix="cbop-large-") as tmp:
-        first = run_child(path, Path(tmp), dynamics_members=0)
-        cached = run_child(path, Path(tmp), dynamics_members=args.dynamics_members)
+        first = run_child(path, Path(tmp), 0, None)
+        cached = run_child(path, Path(tmp), args.dynamics_members, args.dynamics_rows)
     raw_mb = raw_bytes(args.transitions) / 2**20
 
     def growth_ratio(child: dict) -> float:
@@ -245,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         "large_dataset_rss_after_imports_mb": first["rss_after_imports_mb"],
         "large_dataset_samples_per_s": cached["samples_per_s"],
         "large_dataset_dynamics_epoch_s": cached["dynamics_epoch_s"],
+        "large_dataset_dynamics_epoch_s_scaled": cached.get("dynamics_epoch_s_scaled"),
+        "large_dataset_dynamics_rows": cached["dynamics_rows"],
         "large_dataset_dynamics_members": cached["dynamics_members"],
         "large_dataset_dynamics_train_rows": cached["dynamics_train_rows"],
         "large_dataset_dynamics_steps_per_epoch": cached["dynamics_steps_per_epoch"],
@@ -275,8 +298,13 @@ def main(argv: list[str] | None = None) -> int:
         f"replay-buffer sampling at batch 256: {cached['samples_per_s']:.0f} transitions/s\n"
         f"one dynamics epoch ({cached['dynamics_members']} members, 4 x 200, batch 256): "
         f"{cached['dynamics_epoch_s']:.0f} s for {cached['dynamics_train_rows']} training rows "
-        f"= {cached['dynamics_steps_per_epoch']} minibatch steps; peak RSS then "
-        f"{cached['dynamics_peak_rss_mb']:.0f} MB"
+        f"(of {cached['dynamics_rows']}) = {cached['dynamics_steps_per_epoch']} minibatch steps"
+        + (
+            f", scaled to all {args.transitions} rows: {cached['dynamics_epoch_s_scaled']:.0f} s"
+            if "dynamics_epoch_s_scaled" in cached
+            else ""
+        )
+        + f"; peak RSS then {cached['dynamics_peak_rss_mb']:.0f} MB"
     )
     if args.json:
         atomic_json_dump(report, args.json)
