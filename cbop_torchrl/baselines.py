@@ -52,6 +52,7 @@ from cbop_torchrl.trainers.checkpoint import (
     save_policy,
     training_config_hash,
 )
+from cbop_torchrl.trainers.datasize import check_dataset_size, warn_about_terminals
 from cbop_torchrl.trainers.offline import (
     CBOP_KEYS,
     OfflineRun,
@@ -332,12 +333,15 @@ def run_baseline(
         The ``results.json`` dict (the pipeline's fields plus ``algo``).
 
     Raises:
+        DatasetError: the data is smaller than one batch (``train.batch_size``).
         CheckpointError: a checkpoint written with other settings (or none with ``resume=true``).
         NonFiniteLossError: a loss or gradient became NaN/inf.
     """
+    check_dataset_size(data, info.name, {"train.batch_size": config.train.batch_size})
     run = OfflineRun.open(config, info, run_dir, baseline_training_dict(config, algo))
     if (finished := run.finished_results()) is not None:
         return finished
+    warn_about_terminals(data, info.name, run.task)
     run.start({**config.to_dict(), "algo": asdict(algo)})
     total_steps = config.train.total_steps
 

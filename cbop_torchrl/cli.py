@@ -5,8 +5,10 @@ in its defaults list, so Hydra checks every key's type and allowed values
 while it composes the config, before any work: ``seed=abc``,
 ``estimator.horizon=2.5``, ``estimator.termination=bogus``, an unknown key or
 an unknown logger are refused with a message that names the key and, for a
-choice, the valid values. :func:`hydra_entry` turns such a refusal into exit
-code 2 (the project's code for bad input) instead of Hydra's 1.
+choice, the valid values. :func:`hydra_entry` turns such a refusal into one
+paragraph (:func:`describe_hydra_error`: the key, what it takes, an example)
+and exit code 2 (the project's code for bad input) instead of Hydra's
+multi-line report and exit code 1.
 
 Range checks that a type cannot express (positive sizes, psi >= 0, no NaN,
 K <= members, ...) stay in :func:`cbop_torchrl.config.load_config`, which the
@@ -15,10 +17,17 @@ scripts call first thing.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import enum
 import functools
+import os
+import re
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -26,14 +35,18 @@ from typing import Any, NoReturn
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from cbop_torchrl.baselines import AlgoConfig
-from cbop_torchrl.config import Choice, EvalBackend, RunConfig, run_name
+from cbop_torchrl.config import Choice, EvalBackend, RunConfig, not_a_number_or_empty, run_name
 from cbop_torchrl.data.collect_sac import SACConfig
 from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.registry import parse_d4rl_id
 from cbop_torchrl.trainers.dynamics import DynamicsConfig
+from cbop_torchrl.trainers.rundir import LOCK_NAME
+from cbop_torchrl.utils import cache_root, unwritable_reason
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 """The Hydra configs, inside the package so that an installed wheel has them too."""
@@ -146,6 +159,35 @@ first in its defaults, and ``baseline.yaml`` overrides the ``run`` schema of the
 ``config.yaml`` it includes."""
 
 
+CONFIG_SCHEMAS: dict[str, type] = {
+    "config": RunSchema,
+    "config_paper": RunSchema,
+    "baseline": BaselineRunConfig,
+    "evaluate": EvaluateConfig,
+    "collect": CollectConfig,
+    "train_dynamics": TrainDynamicsConfig,
+}
+"""The schema each entry script's primary config (``configs/<name>.yaml``) is checked against."""
+
+
+def unknown_keys(cfg: Mapping[str, Any], schema: type, prefix: str = "") -> list[str]:
+    """Dotted keys of ``cfg`` that ``schema`` (a dataclass) has no field for.
+
+    Hydra's ``+key=value`` adds a key the schema does not know; this finds it.
+    Mappings the schema leaves open (``task.gym_kwargs``) are not looked into.
+    """
+    if isinstance(cfg, DictConfig):  # plain values, missing (???) ones left unread
+        cfg = OmegaConf.to_container(cfg, resolve=False)
+    hints = typing.get_type_hints(schema)
+    found = []
+    for key, value in cfg.items():
+        if key not in hints:
+            found.append(f"{prefix}{key}")
+        elif dataclasses.is_dataclass(hints[key]) and isinstance(value, Mapping):
+            found += unknown_keys(value, hints[key], f"{prefix}{key}.")
+    return found
+
+
 def register_schemas() -> None:
     """Stores every entry script's schema in Hydra's ``ConfigStore`` (idempotent)."""
     store = ConfigStore.instance()
@@ -155,9 +197,7 @@ def register_schemas() -> None:
             OmegaConf.set_readonly(node.sac, False)
         store.store(group="schema", name=name, node=node, package="_global_")
     OmegaConf.register_new_resolver("cbop_run_name", run_name, replace=True)
-    OmegaConf.register_new_resolver(
-        "cbop_overrides", lambda text: text or "default", replace=True
-    )
+    OmegaConf.register_new_resolver("cbop_overrides", lambda text: text or "default", replace=True)
 
 
 def config_values(cfg: DictConfig) -> dict[str, Any]:
@@ -179,21 +219,210 @@ def refuse(message: object, created_dir: str | Path | None = None) -> NoReturn:
 
 
 def remove_if_only_hydra_files(run_dir: Path) -> None:
-    """Removes ``run_dir`` if it holds only ``.hydra/`` and Hydra's job log, then empty parents."""
+    """Removes ``run_dir`` if it holds only what this command put there, then empty parents.
+
+    That is ``.hydra/``, Hydra's empty job log and a run lock (``.run.lock``)
+    that is free or held by this process; a lock naming another process, a log
+    with content or any other file belongs to another run and keeps the directory.
+    """
     run_dir = run_dir.resolve()
     if not run_dir.is_dir() or run_dir == Path.cwd().resolve():
         return
-    entries = list(run_dir.iterdir())
-    if any(not (p.name == ".hydra" or p.suffix == ".log") for p in entries):
-        return
-    if any(p.suffix == ".log" and p.stat().st_size > 0 for p in entries):
-        return  # a log with content belongs to an earlier session
+    for path in run_dir.iterdir():
+        if path.name == ".hydra":
+            continue
+        if path.name == LOCK_NAME:
+            holder = path.read_text().strip()
+            if holder and not holder.startswith(f"pid {os.getpid()} "):
+                return
+        elif path.suffix != ".log" or path.stat().st_size > 0:
+            return  # a log with content belongs to an earlier session
     shutil.rmtree(run_dir, ignore_errors=True)
     cwd = Path.cwd().resolve()
     parent = run_dir.parent
     while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
         parent.rmdir()
         parent = parent.parent
+
+
+def check_cache_writable(created_dir: str | Path | None = None) -> None:
+    """Refuses (exit 2) when the cache root (``$CBOP_TORCHRL_CACHE``) cannot be created or written.
+
+    Checked before any work, so a read-only cache is not found by a stage minutes in.
+    ``created_dir``: as in :func:`refuse`.
+    """
+    root = cache_root()
+    reason = unwritable_reason(root)
+    if reason is not None:
+        source = "$CBOP_TORCHRL_CACHE" if "CBOP_TORCHRL_CACHE" in os.environ else "the default"
+        refuse(
+            f"the cache directory {str(root)!r} ({source}) is not writable: {reason}. Point "
+            "CBOP_TORCHRL_CACHE at a directory you can write to, e.g. "
+            "CBOP_TORCHRL_CACHE=/tmp/cbop_cache",
+            created_dir,
+        )
+
+
+def check_output_writable(
+    key: str,
+    value: str | Path,
+    directory: str | Path | None = None,
+    created_dir: str | Path | None = None,
+) -> None:
+    """Refuses (exit 2) when the output ``key=value`` cannot be written.
+
+    ``directory``: the directory to create or write into (default: ``value`` itself;
+    for an output file, its parent). ``created_dir``: as in :func:`refuse`.
+    """
+    reason = unwritable_reason(value if directory is None else directory)
+    if reason is not None:
+        refuse(
+            f"{key}={value} cannot be written: {reason}; pass a {key} in a directory you can "
+            "write to",
+            created_dir,
+        )
+
+
+# --------------------------------------------------------------------- Hydra's errors, rephrased
+
+
+def _plural(hint: Any) -> str:
+    names = {int: "integers", float: "numbers", str: "strings", bool: "true/false values"}
+    return names.get(hint, "values")
+
+
+def describe_type(hint: Any) -> str:
+    """What a value of the type ``hint`` looks like on the command line ("an integer")."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        text = " or ".join(describe_type(a) for a in rest)
+        return f"null or {text}" if len(rest) < len(args) else text
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return "one of " + ", ".join(str(member.value) for member in hint)
+    if origin in (list, tuple, Sequence) or hint in (list, tuple):
+        return f"a list of {_plural(args[0]) if args else 'values'}"
+    if origin in (dict, Mapping) or hint is dict:
+        return "a mapping such as {key: value}"
+    if dataclasses.is_dataclass(hint):
+        return "a section with the keys " + ", ".join(f.name for f in dataclasses.fields(hint))
+    simple = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return simple.get(hint, "any value")
+
+
+def _command_line_value(value: Any) -> str:
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_command_line_value(v) for v in value) + "]"
+    return str(value)
+
+
+def _field(owner: Any, name: Any) -> tuple[Any, Any] | None:
+    """``(type hint, default)`` of the dataclass field ``owner.name``; None if there is none."""
+    if not (isinstance(owner, type) and dataclasses.is_dataclass(owner)) or not isinstance(
+        name, str
+    ):
+        return None
+    fields = {f.name: f for f in dataclasses.fields(owner)}
+    if name not in fields:
+        return None
+    spec = fields[name]
+    default = spec.default
+    if spec.default_factory is not dataclasses.MISSING:
+        default = spec.default_factory()
+    if default is dataclasses.MISSING or default == MISSING:
+        default = None
+    return typing.get_type_hints(owner).get(name, Any), default
+
+
+def _describe_bad_value(cause: OmegaConfBaseException, override: str) -> str:
+    """``key=value: key must be <type>, e.g. key=<default>`` for a value the schema refused."""
+    full_key = str(cause.full_key)
+    detail = str(cause.msg).splitlines()[0].rstrip(".")
+    element = re.fullmatch(r"(.*)\[(\d+)\]", full_key)
+    if element is not None:  # one item of a list: the field is the list
+        list_type = getattr(cause, "ref_type", None)
+        item_types = typing.get_args(list_type)
+        item_type = item_types[0] if item_types else Any
+        return (
+            f"{override}: {element[1]} must be a list of {_plural(item_type)}; item "
+            f"{element[2]} ({cause.value!r}) is not {describe_type(item_type)} ({detail})"
+        )
+    found = _field(cause.object_type, cause.key)
+    if found is None:
+        return f"{override}: {full_key}: {detail}"
+    hint, default = found
+    example = ""
+    if isinstance(default, (int, float, str, list, tuple)) and not isinstance(default, bool):
+        example = f", e.g. {full_key}={_command_line_value(default)}"
+    return f"{override}: {full_key} must be {describe_type(hint)}{example} ({detail})"
+
+
+def _describe_unknown_key(cause: OmegaConfBaseException, override: str) -> str:
+    full_key = str(cause.full_key)
+    parent = full_key.rpartition(".")[0]
+    owner = cause.object_type
+    names = (
+        [f.name for f in dataclasses.fields(owner)]
+        if isinstance(owner, type) and dataclasses.is_dataclass(owner)
+        else []
+    )
+    prefix = f"{parent}." if parent else ""
+    close = difflib.get_close_matches(str(cause.key), names, n=1)
+    text = f"{override}: {full_key} is not a setting of this script"
+    if close:
+        text += f" (did you mean {prefix}{close[0]}?)"
+    if names:
+        where = f"of {parent}" if parent else "at the top level"
+        text += f"; the keys {where} are {', '.join(names)}"
+    return text
+
+
+def describe_hydra_error(error: BaseException, config_name: str) -> str | None:
+    """One paragraph for an error Hydra raised before the task ran; None when it is not bad input.
+
+    Covers a value of the wrong type or not among the choices, an unknown key, an
+    unknown config group option (``algo=sac``), an override Hydra cannot parse, and
+    a run directory that cannot be created. Each message names the key and what
+    it takes; ``configs/<config_name>.yaml`` lists every key with its meaning.
+    """
+    see = f"Every setting and its meaning: {CONFIG_DIR / config_name}.yaml."
+    if isinstance(error, MissingConfigException) and error.options:
+        group, _, option = str(error.missing_cfg_file).rpartition("/")
+        return (
+            f"{group}={option}: there is no {group} called {option!r}; the choices are "
+            f"{', '.join(error.options)}. {see}"
+        )
+    if isinstance(error, OverrideParseException):
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        return f"cannot read a command-line override: {'; '.join(lines)}. {see}"
+    if isinstance(error, ConfigCompositionException):
+        first = str(error).splitlines()[0] if str(error) else ""
+        match = re.match(r"(?:Error merging override|Could not override) '?([^'\n]*)'?", first)
+        override = match[1].rstrip(".") if match else first
+        if append := re.search(r"use \+(\S+)", str(error)):  # "Could not override 'foo'"
+            override = append[1]
+        cause = error.__cause__
+        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+            if "not in" in str(cause.msg) and isinstance(cause, (KeyError, AttributeError)):
+                return f"{_describe_unknown_key(cause, override)}. {see}"
+            return f"{_describe_bad_value(cause, override)}. {see}"
+        lines = [
+            line.strip()
+            for line in f"{error}\n{cause or ''}".splitlines()
+            if line.strip() and not re.match(r"\s*(full_key|reference_type|object_type)", line)
+        ]
+        return f"{' '.join(lines)} {see}"
+    if isinstance(error, OSError) and error.filename is not None:
+        key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(sys.argv[1:]) else "hydra.run.dir"
+        return (
+            f"cannot create the run directory: {error.strerror}: {str(error.filename)!r}. Run "
+            f"from a directory you can write to, or pass {key}=<a writable directory>"
+        )
+    return None
 
 
 def wants_paper_preset(overrides: Sequence[str]) -> bool:
@@ -217,32 +446,61 @@ def wants_paper_preset(overrides: Sequence[str]) -> bool:
     return False
 
 
-def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
-    """``hydra.main`` over :data:`CONFIG_DIR`, with exit code 2 for a config Hydra refuses.
+def _sweep_dir(argv: Sequence[str]) -> Path | None:
+    """The sweep directory a ``-m`` command line makes (``hydra.sweep.dir``, default
+    ``multirun`` as in the configs), or None without ``-m``."""
+    if not {"-m", "--multirun"} & set(argv):
+        return None
+    given = [arg.partition("=")[2] for arg in argv if arg.startswith("hydra.sweep.dir=")]
+    return Path(given[-1] if given else "multirun")
 
-    Hydra reports a composition error (a type mismatch, an unknown key or
-    config group option, a missing value) in one paragraph without a
-    traceback and exits with 1; the same exit before the task function has
-    started means the input was refused, so it becomes 2. Failures inside the
-    task function keep their own exit codes.
+
+def hydra_entry(
+    config_name: str, uses_cache: bool = False, check_values: bool = True
+) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
+    """``hydra.main`` over :data:`CONFIG_DIR`, with one paragraph and exit code 2 for bad input.
+
+    An error Hydra raises before the task function starts (a value of the wrong
+    type, an unknown key or config group option, a run directory it cannot
+    create) is bad input: it is printed by :func:`describe_hydra_error` and the
+    command exits with 2. Failures inside the task function keep Hydra's report
+    and their own exit codes. ``uses_cache``: the script writes under
+    ``$CBOP_TORCHRL_CACHE``, which is then checked to be writable first thing.
+    ``check_values``: refuse NaN numbers and empty strings (which the schema lets
+    through) before the task; False where ``load_config`` reports them among every
+    other problem.
     """
     register_schemas()
 
     def decorate(task_function: Callable[[DictConfig], Any]) -> Callable[[], Any]:
         started = False
+        user_full_error = "HYDRA_FULL_ERROR" in os.environ
 
         @functools.wraps(task_function)
         def task(cfg: DictConfig) -> Any:
             nonlocal started
+            started = True
+            if not user_full_error:  # from here on Hydra reports failures its own way
+                os.environ.pop("HYDRA_FULL_ERROR", None)
+            run_dir = HydraConfig.get().runtime.output_dir
+            if extra := unknown_keys(cfg, CONFIG_SCHEMAS[config_name]):
+                refuse(
+                    f"{', '.join(extra)}: not a setting of this script (added with +); see "
+                    f"{CONFIG_DIR / config_name}.yaml for every setting",
+                    run_dir,
+                )
             missing = sorted(OmegaConf.missing_keys(cfg))
             if missing:
                 refuse(
                     f"{', '.join(missing)} must be given on the command line "
                     f"({' '.join(f'{key}=...' for key in missing)}); see "
                     f"{CONFIG_DIR / config_name}.yaml for what each key holds",
-                    HydraConfig.get().runtime.output_dir,
+                    run_dir,
                 )
-            started = True
+            if check_values and (problems := not_a_number_or_empty(config_values(cfg))):
+                refuse("; ".join(problems), run_dir)
+            if uses_cache:
+                check_cache_writable(run_dir)
             return task_function(cfg)
 
         hydra_main = hydra.main(
@@ -251,12 +509,32 @@ def hydra_entry(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Cal
 
         @functools.wraps(task_function)
         def main() -> Any:
+            # Hydra prints a composition error over several lines (with OmegaConf's
+            # reference_type/object_type) and exits with 1. HYDRA_FULL_ERROR, Hydra's
+            # public switch, makes it raise the error instead, so it can be rephrased;
+            # the task function switches it off again before any work.
+            if not user_full_error:
+                os.environ["HYDRA_FULL_ERROR"] = "1"
+            sweep_dir = _sweep_dir(sys.argv[1:])
+            new_sweep_dir = sweep_dir is not None and not sweep_dir.exists()
             try:
                 return hydra_main()
             except SystemExit as exit_:
                 if exit_.code == 1 and not started:
                     sys.exit(EXIT_BAD_INPUT)
                 raise
+            except Exception as error:
+                message = (
+                    None if started or user_full_error else describe_hydra_error(error, config_name)
+                )
+                if message is None:
+                    raise
+                if new_sweep_dir and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}:
+                    shutil.rmtree(sweep_dir)  # the multirun refused its first job's values
+                refuse(message)
+            finally:
+                if not user_full_error:
+                    os.environ.pop("HYDRA_FULL_ERROR", None)
 
         return main
 

@@ -505,7 +505,7 @@ def validate(config: RunConfig) -> list[str]:
         "eval.max_steps",
     ):
         positive(name, _get(config, name))
-    problems += _not_a_number_or_empty(config.to_dict())
+    problems += not_a_number_or_empty(config.to_dict())
     estimator = config.estimator
     if not 0.0 < estimator.lmbda < 1.0 or not 0.0 < estimator.quantile < 1.0:
         problems.append(
@@ -587,18 +587,18 @@ def validate(config: RunConfig) -> list[str]:
     return problems
 
 
-def _not_a_number_or_empty(values: Mapping[str, Any], prefix: str = "") -> list[str]:
+def not_a_number_or_empty(values: Mapping[str, Any], prefix: str = "") -> list[str]:
     """NaN numbers and empty strings anywhere in a config dict (the schema lets both through)."""
     problems = []
     for key, value in values.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             if key != "gym_kwargs":  # keyword arguments of gymnasium.make: not ours to judge
-                problems += _not_a_number_or_empty(value, f"{name}.")
+                problems += not_a_number_or_empty(value, f"{name}.")
         elif isinstance(value, float) and math.isnan(value):
             problems.append(f"{name}=nan is not a number; give a finite value")
         elif isinstance(value, str) and not value.strip():
-            problems.append(f"{name} is an empty string; give a value or leave the key out")
+            problems.append(f"{name} is an empty string; give it a value")
     return problems
 
 

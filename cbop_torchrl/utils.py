@@ -17,15 +17,35 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-def cache_dir(*parts: str) -> Path:
-    """Root of the project's caches (``$CBOP_TORCHRL_CACHE`` or ``~/.cache/cbop_torchrl``).
+def cache_root() -> Path:
+    """Root of the project's caches (``$CBOP_TORCHRL_CACHE`` or ``~/.cache/cbop_torchrl``)."""
+    return Path(os.environ.get("CBOP_TORCHRL_CACHE", Path.home() / ".cache" / "cbop_torchrl"))
 
-    Sub-directories named by ``parts`` are created on demand.
-    """
-    root = Path(os.environ.get("CBOP_TORCHRL_CACHE", Path.home() / ".cache" / "cbop_torchrl"))
-    path = root.joinpath(*parts)
+
+def cache_dir(*parts: str) -> Path:
+    """A directory under :func:`cache_root`, created on demand."""
+    path = cache_root().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def unwritable_reason(path: str | Path) -> str | None:
+    """Why the directory ``path`` cannot be created or written into; None when it can.
+
+    Looks at the nearest part of ``path`` that exists (nothing is created): it
+    must be a directory this process may write to (``os.access``, so a root
+    user's writes into a read-only-mode directory count as allowed, as they
+    are; a read-only file system does not).
+    """
+    path = Path(path).expanduser().absolute()
+    for existing in (path, *path.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                return f"{str(existing)!r} is a file, not a directory"
+            if not os.access(existing, os.W_OK | os.X_OK):
+                return f"{str(existing)!r} is not writable by this user"
+            return None
+    return f"no part of {str(path)!r} exists"
 
 
 @contextlib.contextmanager
@@ -130,7 +150,12 @@ def resolve_device(device: str = "auto") -> torch.device:
     """``"auto"`` picks CUDA when present, else CPU; ``"cuda"`` without a GPU is an error."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise RuntimeError(
+            f"device={device!r} is not a device; use auto, cpu, cuda or cuda:<index>."
+        ) from None
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(
             f"device={device!r} was requested but no CUDA device is available; "

@@ -72,7 +72,11 @@ from cbop_torchrl.objectives.loss import CBOPLoss  # noqa: E402
 from cbop_torchrl.registry import get_family  # noqa: E402
 from cbop_torchrl.trainers.logging import MetricsHook, flatten_metrics  # noqa: E402
 from cbop_torchrl.trainers.offline import GuardedOptimizationStepper  # noqa: E402
-from cbop_torchrl.utils import HostSyncCounter, atomic_json_dump  # noqa: E402
+from cbop_torchrl.utils import (  # noqa: E402
+    HostSyncCounter,
+    atomic_json_dump,
+    unwritable_reason,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -780,6 +784,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in known]
     if unknown:
         print(f"--sizes: unknown size(s) {unknown}; choose from {sorted(known)}.", file=sys.stderr)
+        return 2
+    for flag, value in (
+        ("--rounds", args.rounds),
+        ("--threads", args.threads),
+        ("--large-dataset", args.large_dataset),
+    ):
+        if value is not None and value < 1:
+            print(f"{flag} {value}: give a positive integer.", file=sys.stderr)
+            return 2
+    if args.json and (reason := unwritable_reason(args.json.absolute().parent)) is not None:
+        print(f"--json {args.json} cannot be written: {reason}.", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -8,32 +8,102 @@ the timeout is far below the seconds a debug run's first stage needs.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+from d4rl_files import write_d4rl_hdf5
+
+from cbop_torchrl.apps import report, select_psi
+from cbop_torchrl.cli import remove_if_only_hydra_files
+from cbop_torchrl.data import DatasetError, load_dataset
+from cbop_torchrl.envs import TaskError
+from cbop_torchrl.envs.task import override_task
+from cbop_torchrl.registry import get_family
+from cbop_torchrl.trainers.datasize import (
+    check_dataset_size,
+    min_dynamics_rows,
+    warn_about_terminals,
+)
+from cbop_torchrl.trainers.dynamics import DynamicsConfig
+from cbop_torchrl.trainers.rundir import LOCK_NAME
+from cbop_torchrl.utils import resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT_S = 60  # import time on a loaded 2-core machine; training would take far longer
+TIMEOUT_S = 120  # imports on a loaded 2-core machine (up to ~60 s seen); training takes longer
 
+# (script, overrides, words the message must hold); one subprocess each (~3 s of imports on an
+# idle machine), so the type/choice cases of the schema itself are tested in-process in
+# tests/test_config.py and only one per kind of refusal runs here. In overrides and words,
+# {unwritable} is a directory that cannot be created (see unwritable_dir) and {one_row} a
+# hopper dataset of one transition.
 CASES = [
-    # (script, overrides, words the message must hold); one subprocess each (~3 s of imports
-    # on an idle machine), so the type/choice cases of the schema itself are tested in-process
-    # in tests/test_config.py and only one per kind of refusal runs here.
-    ("cbop.py", ["estimator.termination=bogus"], ["termination", "zero_precision, absorb"]),
+    (
+        "cbop.py",
+        ["estimator.horizon=2.5"],
+        ["estimator.horizon=2.5", "must be null or an integer", "configs/config.yaml"],
+    ),
     ("cbop.py", ["train.batch_size=-3"], ["train.batch_size=-3", "positive"]),
+    ("cbop.py", ["-m", "seed=abc,1"], ["seed=abc: seed must be an integer"]),  # no multirun/ left
     ("cbop.py", ["device=cuda"], ["device=cuda", "device=auto", "device=cpu"]),
-    ("baseline.py", ["algo=sac"], ["algo/sac", "td3bc", "iql", "cql"]),
+    (
+        "cbop.py",
+        ["preset=debug", "env={one_row}", "estimator.psi=1"],
+        ["too small to train on", "1 transition", "train.batch_size=32", "needs at least 5"],
+    ),
+    (
+        "cbop.py",
+        ["preset=debug", "hydra.run.dir={unwritable}"],
+        ["cannot create the run directory", "{unwritable_part}", "hydra.run.dir="],
+    ),
+    ("baseline.py", ["algo=sac"], ["algo=sac", "td3bc", "iql", "cql"]),
     ("evaluate.py", [], ["checkpoint"]),
+    (
+        "evaluate.py",
+        ["checkpoint=policy.pt", "output={unwritable}/scores.json"],
+        ["output={unwritable}/scores.json cannot be written", "{unwritable_part}"],
+    ),
+    (
+        "collect.py",
+        ["out_dir={unwritable}"],
+        ["out_dir={unwritable} cannot be", "{unwritable_part}"],
+    ),
     ("collect.py", ["medium_reference=x"], ["medium_reference", "best, d4rl"]),
-    ("train_dynamics.py", ["dynamics.num_members=abc"], ["dynamics.num_members", "Integer"]),
+    ("collect.py", ["tag=", "sac.lr=nan"], ["tag is an empty string", "sac.lr=nan is not a"]),
+    ("train_dynamics.py", ["dynamics.num_members=abc"], ["dynamics.num_members", "an integer"]),
+    ("train_dynamics.py", ["env={missing}"], ["no file at", "missing.hdf5"]),
 ]
 
 
-def run_script(script: str, overrides: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(cwd / "cache"), "CUDA_VISIBLE_DEVICES": ""}
+def unwritable_dir(tmp_path: Path) -> tuple[Path, Path]:
+    """A directory this process cannot create, and the part of its path that blocks it.
+
+    A read-only (0o555) directory for a regular user; root writes into one
+    regardless, so for root the blocking part is a regular file instead.
+    """
+    if os.geteuid() != 0:
+        blocked = tmp_path / "read_only"
+        blocked.mkdir()
+        blocked.chmod(0o555)
+    else:
+        blocked = tmp_path / "a_file"
+        blocked.write_text("not a directory\n")
+    return blocked / "run", blocked
+
+
+def run_script(
+    script: str, overrides: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "CBOP_TORCHRL_CACHE": str(cwd / "cache"),
+        "CUDA_VISIBLE_DEVICES": "",
+        **(env or {}),
+    }
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run(
         [sys.executable, str(ROOT / "scripts" / script), *overrides],
@@ -45,6 +115,20 @@ def run_script(script: str, overrides: list[str], cwd: Path) -> subprocess.Compl
     )
 
 
+def assert_refused(done: subprocess.CompletedProcess, words: list[str], cwd: Path) -> None:
+    """Exit 2, one ``error:`` paragraph naming ``words``, no traceback, nothing left in ``cwd``."""
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    for noise in ("Traceback", "HYDRA_FULL_ERROR", "object_type", "full_key"):
+        assert noise not in output, output
+    error_lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1, done.stderr
+    for word in words:
+        assert word in error_lines[0], (word, output)
+    left = sorted(p.name for p in cwd.iterdir() if p.name != "cache")
+    assert left == [], f"the refused command left {left} behind"
+
+
 @pytest.mark.parametrize(
     ("script", "overrides", "words"),
     CASES,
@@ -53,11 +137,160 @@ def run_script(script: str, overrides: list[str], cwd: Path) -> subprocess.Compl
 def test_bad_input_is_refused_with_exit_2(
     script: str, overrides: list[str], words: list[str], tmp_path: Path
 ) -> None:
-    done = run_script(script, overrides, tmp_path)
-    output = done.stdout + done.stderr
-    assert done.returncode == 2, output
-    assert "Traceback" not in output
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    unwritable, blocking = unwritable_dir(tmp_path)
+    one_row = tmp_path / "hopper-one.hdf5"
+    write_d4rl_hdf5(one_row, episode_lengths=(1,), terminal_episodes=(), timeout_episodes=())
+    values = {
+        "unwritable": unwritable,
+        "unwritable_part": blocking,
+        "one_row": one_row,
+        "missing": tmp_path / "missing.hdf5",
+    }
+    done = run_script(script, [o.format(**values) for o in overrides], cwd)
+    assert_refused(done, [w.format(**values) for w in words], cwd)
+
+
+def test_an_unwritable_cache_is_named_before_any_work(tmp_path: Path) -> None:
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    unwritable, blocking = unwritable_dir(tmp_path)
+    done = run_script("baseline.py", ["preset=debug"], cwd, {"CBOP_TORCHRL_CACHE": str(unwritable)})
+    assert_refused(
+        done, [f"the cache directory '{unwritable}'", str(blocking), "CBOP_TORCHRL_CACHE="], cwd
+    )
+
+
+def test_a_refused_command_removes_only_what_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hydra's files, an empty log and this process's lock go; another run's lock stays."""
+    monkeypatch.chdir(tmp_path)  # empty parents are removed up to the working directory
+    for holder, removed in (
+        (f"pid {os.getpid()} on here\n", True),
+        ("", True),
+        ("pid 1 on x", False),
+    ):
+        run_dir = tmp_path / "runs" / "a" / "b"
+        (run_dir / ".hydra").mkdir(parents=True)
+        (run_dir / ".hydra" / "config.yaml").write_text("seed: 0\n")
+        (run_dir / "cbop.log").write_text("")
+        (run_dir / LOCK_NAME).write_text(holder)
+        remove_if_only_hydra_files(run_dir)
+        assert (not (tmp_path / "runs").exists()) == removed, holder
+        if not removed:
+            assert (run_dir / LOCK_NAME).read_text() == holder
+
+
+def test_too_small_datasets_are_refused_with_the_sizes_named(tmp_path: Path) -> None:
+    data = load_dataset(write_d4rl_hdf5(tmp_path / "hopper-x.hdf5", episode_lengths=(6, 5, 4)))
+    config = DynamicsConfig(num_members=2, num_elites=1)
+    assert min_dynamics_rows(config) == 5  # int(5 * 0.2) = 1 holdout row, 4 training rows
+    check_dataset_size(data, "x", {"train.batch_size": 15}, ("fqe.batch_size", 8), config)
+    with pytest.raises(DatasetError) as error:
+        check_dataset_size(data, "x", {"train.batch_size": 16, "bc.batch_size": 4})
+    assert "it has 15 transitions, fewer than one batch (train.batch_size=16)" in str(error.value)
+    usable = int(data.get("next_action_mask").sum())
+    with pytest.raises(DatasetError, match=f"the {usable} rows with a next action"):
+        check_dataset_size(data, "x", {}, ("fqe.batch_size", usable + 1))
+    with pytest.raises(DatasetError, match="needs at least 50 for a holdout"):
+        check_dataset_size(data, "x", {}, dynamics=DynamicsConfig(holdout_ratio=0.02))
+
+
+def test_terminal_flags_that_look_wrong_are_warned_about(tmp_path: Path) -> None:
+    hopper, cheetah = get_family("hopper"), get_family("halfcheetah")
+
+    def warned(data, task) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warn_about_terminals(data, "x", task)
+        return [str(w.message) for w in caught]
+
+    none = load_dataset(write_d4rl_hdf5(tmp_path / "hopper-n.hdf5", terminal_episodes=()))
+    assert "no row of the dataset 'x' is terminal" in warned(none, hopper)[0]
+    assert warned(none, cheetah) == []  # halfcheetah episodes never terminate
+    some = load_dataset(write_d4rl_hdf5(tmp_path / "hopper-s.hdf5", terminal_episodes=(0,)))
+    assert warned(some, hopper) == []
+    every = load_dataset(
+        write_d4rl_hdf5(
+            tmp_path / "hopper-e.hdf5", episode_lengths=(1, 1), terminal_episodes=(0, 1)
+        )
+    )
+    assert "every row of the dataset 'x' is terminal" in warned(every, cheetah)[0]
+
+
+def test_a_policy_is_not_scored_on_another_task() -> None:
+    """Walker2d and halfcheetah have the same sizes (17 observations, 6 actions)."""
+    walker = get_family("walker2d")
+    with pytest.raises(TaskError, match="HalfCheetah-v4 is the halfcheetah environment"):
+        override_task(walker, {"gym_id": "HalfCheetah-v4"})
+    with pytest.raises(TaskError, match="halfcheetah environment, but this is a walker2d"):
+        override_task(walker, {"gym_id": "HalfCheetah-v5"})
+    assert override_task(walker, {"gym_id": "Walker2d-v5"}).gym_id == "Walker2d-v5"
+
+
+def test_a_device_that_does_not_exist_is_named() -> None:
+    with pytest.raises(RuntimeError, match="device='gpu0' is not a device; use auto, cpu, cuda"):
+        resolve_device("gpu0")
+
+
+def load_script(name: str):
+    """A script of ``scripts/`` as a module, so its ``main(argv)`` runs in-process."""
+    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["task.ref_min_score=abc", "task.ref_max_score=1"], ["task.ref_min_score must be"]),
+        (["task.gym_kwargs=3"], ["task.gym_kwargs must be a mapping"]),
+        (["--device", "gpu"], ["--device: device='gpu' is not a device"]),
+        (["--steps", "0"], ["--steps=0 must be a positive integer"]),
+        (["--json", "{unwritable}/x.json"], ["cannot be written", "{unwritable_part}"]),
+    ],
+)
+def test_select_psi_checks_every_argument_before_reading_runs(
+    argv: list[str], words: list[str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The sweep directory does not even exist: each refusal comes before it is looked at."""
+    unwritable, blocking = unwritable_dir(tmp_path)
+    values = {"unwritable": unwritable, "unwritable_part": blocking}
+    argv = [str(tmp_path / "no_sweep"), *(a.format(**values) for a in argv)]
+    assert select_psi.main(argv) == 2
+    error = capsys.readouterr().err
+    assert "no_sweep" not in error
     for word in words:
-        assert word in output, (word, output)
-    left = sorted(p.name for p in tmp_path.iterdir() if p.name != "cache")
-    assert left == [], f"the refused command left {left} behind"
+        assert word.format(**values) in error, error
+
+
+def test_report_names_an_unwritable_output_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    unwritable, blocking = unwritable_dir(tmp_path)
+    assert report.main([str(tmp_path), "--out", str(unwritable)]) == 2
+    error = capsys.readouterr().err
+    assert f"--out {unwritable} cannot be written" in error and str(blocking) in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--rounds", "0"], ["--rounds 0: give a positive integer"]),
+        (["--json", "{unwritable}/bench.json"], ["cannot be written", "{unwritable_part}"]),
+    ],
+)
+def test_bench_refuses_before_benchmarking(
+    argv: list[str], words: list[str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A --json it cannot write is found before minutes of benchmarks, not after."""
+    unwritable, blocking = unwritable_dir(tmp_path)
+    values = {"unwritable": unwritable, "unwritable_part": blocking}
+    assert load_script("bench").main([a.format(**values) for a in argv]) == 2
+    error = capsys.readouterr().err
+    for word in words:
+        assert word.format(**values) in error, error

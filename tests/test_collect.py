@@ -339,6 +339,22 @@ def test_bad_requests_get_clear_errors(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_a_run_too_short_for_a_checkpoint_is_refused_up_front(tmp_path):
+    short = dataclasses.replace(TINY_SAC, total_steps=1_000, checkpoint_every=1_250)
+    request = dataclasses.replace(tiny_request(tmp_path, kinds=["medium"]), sac=short)
+    with pytest.raises(ValueError, match="before its first evaluated checkpoint"):
+        generate_datasets(request)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_random_alone_needs_no_sac_run(tmp_path):
+    request = dataclasses.replace(tiny_request(tmp_path, kinds=["random"]), rollout_transitions=60)
+    (path,) = generate_datasets(request)
+    arrays, metadata = read_d4rl_hdf5(path)
+    assert 0 < len(arrays["observations"]) <= 60 and metadata["kind"] == "random"
+    assert not (tmp_path / "runs").exists()
+
+
 def test_generated_hdf5_is_compressed(tiny_run):
     _, paths = tiny_run
     with h5py.File(paths["full-replay"], "r") as handle:

@@ -10,7 +10,14 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from cbop_torchrl.cli import config_values, register_schemas, wants_paper_preset
+from cbop_torchrl.cli import (
+    CONFIG_SCHEMAS,
+    config_values,
+    describe_hydra_error,
+    register_schemas,
+    unknown_keys,
+    wants_paper_preset,
+)
 from cbop_torchrl.config import (
     PAPER_PSI,
     ConfigError,
@@ -78,9 +85,10 @@ def test_d4rl_id_selects_the_paper_preset_unless_a_preset_is_given() -> None:
     assert not wants_paper_preset(["env=demo"]) and not wants_paper_preset([])
     paper = composed("env=hopper-medium-v2", config_name="config_paper")
     assert paper["preset"] == "paper" and paper["train"]["epochs"] is None
-    assert composed("env=hopper-medium-v2", "preset=debug", config_name="config_paper")[
-        "preset"
-    ] == "debug"
+    assert (
+        composed("env=hopper-medium-v2", "preset=debug", config_name="config_paper")["preset"]
+        == "debug"
+    )
 
 
 def test_paper_preset_fills_the_table_and_explicit_overrides_win() -> None:
@@ -197,3 +205,63 @@ def test_cli_reports_a_bad_value_without_a_traceback(tmp_path: Path) -> None:
     assert "missing.hdf5" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize(
+    ("config_name", "overrides", "expected"),
+    [
+        ("config", ["seed=abc"], "seed=abc: seed must be an integer, e.g. seed=0"),
+        ("config", ["seed="], "seed=: seed must be an integer"),
+        ("config", ["estimator.psi=abc"], "estimator.psi must be null or a number"),
+        ("config", ["estimator.horizon=2.5"], "estimator.horizon must be null or an integer"),
+        (
+            "config",
+            ["estimator.rollout_dtype=float16"],
+            "estimator.rollout_dtype must be one of float32, bfloat16, auto",
+        ),
+        ("config", ["progress=maybe"], "progress must be true or false"),
+        ("config", ["agent.hidden_sizes=[64,x]"], "item 1 ('x') is not an integer"),
+        ("config", ["agent.hidden_sizes=3"], "e.g. agent.hidden_sizes=[256,256,256]"),
+        ("config", ["estimator.psii=1"], "(did you mean estimator.psi?); the keys of estimator"),
+        ("config", ["fo=1"], "fo=1: fo is not a setting of this script"),
+        ("config", ["logger=stdout"], "the choices are csv, none, tensorboard, wandb"),
+        ("config", ["preset=fast"], "no preset called 'fast'; the choices are cpu, debug, paper"),
+        ("config", ["estimator.psi=[1"], "cannot read a command-line override"),
+        ("baseline", ["algo=sac"], "the choices are bc, cql, iql, td3bc"),
+        ("baseline", ["algo.alpha=x"], "algo.alpha must be a number, e.g. algo.alpha=2.5"),
+        ("evaluate", ["episodes=-"], "episodes must be an integer, e.g. episodes=10"),
+        ("collect", ["compression=zip"], "compression must be null or one of gzip, lzf"),
+        ("collect", ["sac.hidden_sizes=[x]"], "sac.hidden_sizes must be a list of integers"),
+        ("train_dynamics", ["dynamics.lr=fast"], "dynamics.lr must be a number"),
+    ],
+)
+def test_hydra_errors_become_one_paragraph_naming_the_key_and_what_it_takes(
+    config_name: str, overrides: list[str], expected: str
+) -> None:
+    """What the user sees for a value the schema refuses (scripts print it after "error: ")."""
+    with pytest.raises(Exception) as error:
+        composed(*overrides, config_name=config_name)
+    message = describe_hydra_error(error.value, config_name)
+    assert message is not None and expected in message, message
+    assert f"configs/{config_name}.yaml" in message
+    assert "\n" not in message and "object_type" not in message and "full_key" not in message
+
+
+@pytest.mark.parametrize(
+    ("config_name", "overrides", "expected"),
+    [
+        ("config", ["+foo=1"], ["foo"]),
+        ("evaluate", ["+task.gym_kwargs.x=1", "+episode=3"], ["episode"]),
+        ("collect", ["+sac.lr2=1"], ["sac.lr2"]),
+        ("train_dynamics", [], []),
+        ("baseline", ["+algo.beta2=1"], ["algo.beta2"]),
+    ],
+)
+def test_keys_added_with_plus_are_found(
+    config_name: str, overrides: list[str], expected: list[str]
+) -> None:
+    """``+key=value`` gets past the schema while composing; the entry point refuses it."""
+    register_schemas()
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        cfg = compose(config_name, overrides=overrides)
+    assert unknown_keys(cfg, CONFIG_SCHEMAS[config_name]) == expected

@@ -163,7 +163,10 @@ def evaluate(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
 
     cfg = _as_config(cfg, "evaluate")
     if cfg.episodes < 1 or cfg.max_steps < 1:
-        raise ConfigError("episodes and max_steps must be positive integers")
+        raise ConfigError(
+            f"episodes={cfg.episodes} and max_steps={cfg.max_steps} must be positive integers "
+            "(e.g. episodes=10 max_steps=1000)"
+        )
     actor, recorded, meta = load_policy(cfg.checkpoint, resolve_device(cfg.device))
     task = override_task(recorded, OmegaConf.to_container(cfg.task, resolve=True))
     specs = read_env_specs(task)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from cbop_torchrl.cli import hydra_entry
+from cbop_torchrl.cli import check_cache_writable, check_output_writable, hydra_entry, refuse
 from cbop_torchrl.data.collect_env import filter_env_warnings
 from cbop_torchrl.data.collect_sac import SACConfig
 from cbop_torchrl.data.generate import GenerationRequest, generate_datasets
@@ -29,9 +29,9 @@ from cbop_torchrl.utils import cache_dir
 
 def parse_kinds(kind: str | ListConfig) -> list[str]:
     """``"medium"``, ``[medium, medium-replay]`` or ``"all"`` -> a list of kinds."""
-    if isinstance(kind, str):
-        return list(D4RL_KINDS) if kind == "all" else [kind]
-    return [str(k) for k in kind]
+    if isinstance(kind, ListConfig | list | tuple):
+        return [str(k) for k in kind]
+    return list(D4RL_KINDS) if kind == "all" else [str(kind)]
 
 
 def build_request(cfg: DictConfig, command: str) -> GenerationRequest:
@@ -72,10 +72,21 @@ def command_line(argv: list[str]) -> str:
 def run(cfg: DictConfig) -> None:
     """The Hydra task: generate the requested files and print their paths."""
     filter_env_warnings()
+    if cfg.num_threads < 1:
+        refuse(f"num_threads={cfg.num_threads} must be a positive integer (e.g. num_threads=1)")
     torch.set_num_threads(int(cfg.num_threads))
     command = command_line(sys.argv)
+    if cfg.out_dir is None or cfg.runs_dir is None:  # their default is under the cache
+        check_cache_writable()
+    for key in ("out_dir", "runs_dir"):
+        if cfg[key] is not None:
+            check_output_writable(key, cfg[key])
     try:
         request = build_request(cfg, command)
+        request.validate()
+    except (TaskError, ValueError, KeyError) as error:
+        refuse(error.args[0] if isinstance(error, KeyError) and error.args else error)
+    try:
         paths = generate_datasets(request)
     except (TaskError, ValueError, KeyError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error

@@ -13,12 +13,12 @@ values given on the command line replace the recorded ones.
 from __future__ import annotations
 
 import json
-import sys
+from pathlib import Path
 
 from omegaconf import DictConfig
 
 from cbop_torchrl.apps.api import evaluate
-from cbop_torchrl.cli import hydra_entry
+from cbop_torchrl.cli import check_output_writable, hydra_entry, refuse
 from cbop_torchrl.config import ConfigError
 from cbop_torchrl.envs import TaskError, describe_score, filter_env_warnings
 from cbop_torchrl.trainers.checkpoint import CheckpointError
@@ -26,11 +26,12 @@ from cbop_torchrl.trainers.checkpoint import CheckpointError
 
 def run(cfg: DictConfig) -> None:
     """The Hydra task: evaluate, print the returns and the score."""
+    if cfg.output:
+        check_output_writable("output", cfg.output, Path(cfg.output).absolute().parent)
     try:
         summary = evaluate(cfg)
     except (ConfigError, CheckpointError, TaskError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        refuse(error)
     print(json.dumps({k: summary[k] for k in ("dataset", "step", "returns")}))
     print(
         f"{summary['dataset']} policy at step {summary['step']} on {summary['task']['gym_id']}: "

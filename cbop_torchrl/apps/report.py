@@ -28,6 +28,7 @@ from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs import filter_env_warnings
 from cbop_torchrl.evaluation.report import ReportError, load_summaries, write_report
 from cbop_torchrl.trainers.checkpoint import CheckpointError
+from cbop_torchrl.utils import unwritable_reason
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -50,6 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     filter_env_warnings()
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if (reason := unwritable_reason(args.out)) is not None:
+        print(f"error: --out {args.out} cannot be written: {reason}", file=sys.stderr)
+        return 2
     try:
         summaries = load_summaries(args.paths, analysis=not args.no_analysis)
         prefix = args.figure_prefix

@@ -27,17 +27,21 @@ import argparse
 import dataclasses
 import json
 import sys
+import typing
 from pathlib import Path
 
 import torch
 import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from cbop_torchrl.cli import describe_type
 from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.evaluation.selection import DatasetRanking, rank_runs, score_runs
 from cbop_torchrl.sweeps import SweepError, find_runs
 from cbop_torchrl.trainers.checkpoint import CheckpointError
-from cbop_torchrl.utils import resolve_device
+from cbop_torchrl.utils import atomic_write, resolve_device, unwritable_reason
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,19 +74,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def parse_task_overrides(items: list[str]) -> TaskConfig:
-    """``["task.ref_min_score=0", ...]`` -> a validated :class:`TaskConfig` (values as YAML)."""
-    valid = {f.name for f in dataclasses.fields(TaskConfig)}
-    values = {}
+    """``["task.ref_min_score=0", ...]`` -> a validated :class:`TaskConfig` (values as YAML).
+
+    Each value is checked against the field's type, as Hydra's schema does for
+    the other entry scripts (``task.ref_min_score=abc`` is refused here, before any fit).
+    """
+    fields = {f.name: f for f in dataclasses.fields(TaskConfig)}
+    hints = typing.get_type_hints(TaskConfig)
+    schema = OmegaConf.structured(TaskConfig)
     for item in items:
         key, sep, text = item.partition("=")
         name = key.removeprefix("task.")
-        if not sep or not key.startswith("task.") or name not in valid:
+        if not sep or not key.startswith("task.") or name not in fields:
             raise SweepError(
                 f"{item!r} is not a task setting; pass task.KEY=VALUE with KEY one of "
-                f"{', '.join(sorted(valid))} (e.g. task.ref_min_score=0 task.ref_max_score=360)"
+                f"{', '.join(sorted(fields))} (e.g. task.ref_min_score=0 task.ref_max_score=360)"
             )
-        values[name] = yaml.safe_load(text)
-    config = TaskConfig.from_dict(values)
+        try:
+            schema = OmegaConf.merge(schema, {name: yaml.safe_load(text)})
+        except (OmegaConfBaseException, yaml.YAMLError):
+            raise SweepError(
+                f"{item}: task.{name} must be {describe_type(hints[name])} "
+                "(e.g. task.ref_min_score=0 task.ref_max_score=360)"
+            ) from None
+    config = TaskConfig.from_dict(OmegaConf.to_container(schema))
     refs = (config.ref_min_score, config.ref_max_score)
     if (refs[0] is None) != (refs[1] is None) or (refs[0] is not None and refs[0] == refs[1]):
         raise SweepError(
@@ -90,6 +105,28 @@ def parse_task_overrides(items: list[str]) -> TaskConfig:
             "different (the returns that normalize to 0 and 100), or neither"
         )
     return config
+
+
+def check_arguments(args: argparse.Namespace) -> tuple[torch.device, TaskConfig]:
+    """Every argument checked before any run is read: the device and the task settings.
+
+    Raises:
+        SweepError: naming the argument and what it takes.
+    """
+    for name, value in (("--steps", args.steps), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise SweepError(f"{name}={value} must be a positive integer")
+    if args.qvalue_nets < 1:
+        raise SweepError(f"--qvalue-nets={args.qvalue_nets} must be a positive integer")
+    if args.threads is not None and args.threads < 1:
+        raise SweepError(f"--threads={args.threads} must be a positive integer")
+    if args.json is not None and (reason := unwritable_reason(args.json.absolute().parent)):
+        raise SweepError(f"--json {args.json} cannot be written: {reason}")
+    try:
+        device = resolve_device(args.device)
+    except RuntimeError as error:
+        raise SweepError(f"--device: {error}") from None
+    return device, parse_task_overrides(args.task)
 
 
 def format_ranking(ranking: DatasetRanking) -> str:
@@ -161,6 +198,7 @@ def ranking_record(ranking: DatasetRanking) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        device, task = check_arguments(args)
         runs = find_runs(args.sweep_dir)
         if not runs:
             raise SweepError(
@@ -168,21 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                 "config.json and policy.pt (or checkpoint.pt while training). Pass the "
                 "hydra.sweep.dir of a multirun of scripts/cbop.py whose jobs have started"
             )
-        for name, value in (("--steps", args.steps), ("--batch-size", args.batch_size)):
-            if value is not None and value < 1:
-                raise SweepError(f"{name}={value} must be a positive integer")
-        if args.qvalue_nets < 1:
-            raise SweepError(f"--qvalue-nets={args.qvalue_nets} must be a positive integer")
         if args.threads is not None:
-            if args.threads < 1:
-                raise SweepError(f"--threads={args.threads} must be a positive integer")
             torch.set_num_threads(args.threads)
-        try:
-            device = resolve_device(args.device)
-        except RuntimeError as error:
-            raise SweepError(str(error)) from None
         progress = not args.no_progress
-        task = parse_task_overrides(args.task)
 
         def announce(index: int, run_dir: Path) -> None:
             if progress:
@@ -204,5 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     rankings = rank_runs(scores)
     print("\n\n".join(format_ranking(ranking) for ranking in rankings))
     if args.json is not None:
-        args.json.write_text(json.dumps([ranking_record(r) for r in rankings], indent=2))
+        text = json.dumps([ranking_record(r) for r in rankings], indent=2)
+        atomic_write(args.json, lambda tmp: tmp.write_text(text))
     return 0

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from cbop_torchrl.cli import hydra_entry
+from cbop_torchrl.cli import check_output_writable, hydra_entry, refuse
 
 
 def train(cfg: DictConfig) -> dict:
@@ -32,6 +32,7 @@ def train(cfg: DictConfig) -> dict:
     from cbop_torchrl.data import load_dataset_with_info
     from cbop_torchrl.envs import check_data_fits_env, read_env_specs, resolve_task
     from cbop_torchrl.modules.dynamics import save_dynamics
+    from cbop_torchrl.trainers.datasize import check_dataset_size
     from cbop_torchrl.trainers.dynamics import DynamicsConfig, load_or_train_dynamics
     from cbop_torchrl.utils import atomic_json_dump, resolve_device
 
@@ -43,6 +44,7 @@ def train(cfg: DictConfig) -> dict:
     task = resolve_task(OmegaConf.to_container(cfg.task, resolve=True), info)
     specs = read_env_specs(task)
     check_data_fits_env(info, specs, task)
+    check_dataset_size(dataset, info.name, {}, dynamics=config)
     # the dynamics inputs use the agent's [-1, 1] actions, as in cbop-train (same cache)
     info = dataclasses.replace(info, fingerprint=info.fingerprint + specs.fingerprint_suffix())
     dataset = specs.to_agent_actions(dataset.to(device))
@@ -69,12 +71,12 @@ def run(cfg: DictConfig) -> None:
     """The Hydra task: train, print the fit's summary."""
     from cbop_torchrl.data import DatasetError
 
+    run_dir = HydraConfig.get().runtime.output_dir
+    check_output_writable("output_dir", cfg.output_dir, created_dir=run_dir)
     try:
         metrics = train(cfg)
     except (DatasetError, ValueError, KeyError, RuntimeError, OSError) as error:
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"train_dynamics: error: {message}", file=sys.stderr)
-        sys.exit(2)
+        refuse(error.args[0] if isinstance(error, KeyError) and error.args else error, run_dir)
     summary = {
         key: metrics[key]
         for key in ("holdout_r2_mean", "coverage_2sigma", "epochs", "wall_time_s", "cached")
@@ -84,4 +86,4 @@ def run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    hydra_entry("train_dynamics")(run)()
+    hydra_entry("train_dynamics", uses_cache=True)(run)()

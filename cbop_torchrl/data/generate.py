@@ -369,6 +369,13 @@ class GenerationRequest:
         if self.rollout_transitions <= 0:
             raise ValueError(f"rollout_transitions={self.rollout_transitions} must be positive.")
         self.sac.validate()
+        if self.sac.checkpoint_every > self.sac.total_steps and set(self.kinds) != {"random"}:
+            raise ValueError(
+                f"sac.checkpoint_every={self.sac.checkpoint_every} is more than sac.total_steps="
+                f"{self.sac.total_steps}: the SAC run would end before its first evaluated "
+                "checkpoint, the policies the medium and expert kinds are made from. Use "
+                f"sac.checkpoint_every={self.sac.total_steps} or less."
+            )
 
     def data_key(self) -> str:
         """Hash of every setting that changes the data (not the command or paths)."""
@@ -510,7 +517,7 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
             "medium-replay": medium,
             "expert": expert,
             "medium-expert": medium,
-            "full-replay": evaluations[-1],
+            "full-replay": evaluations[-1] if evaluations else None,  # none: random alone
         }[kind]
         fields: dict[str, Any] = {
             "env_id": family.gym_id,

@@ -13,6 +13,7 @@ scores; without them results report the raw return only.
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -153,6 +154,13 @@ def override_task(task: Task, config: TaskConfig | Mapping[str, Any] | None) -> 
     """
     if not isinstance(config, TaskConfig):
         config = TaskConfig.from_dict(config)
+    ours, theirs = _family_of(task.gym_id), _family_of(config.gym_id or task.gym_id)
+    if ours is not None and theirs is not None and ours != theirs:
+        raise TaskError(
+            f"task.gym_id={config.gym_id} is the {theirs} environment, but this is a {ours} "
+            f"task ({task.gym_id}): its observations and actions mean other things there, even "
+            f"where the sizes agree. Leave task.gym_id out (or give another {ours} version)."
+        )
     refs = (config.ref_min_score, config.ref_max_score)
     if (refs[0] is None) != (refs[1] is None):
         raise TaskError(
@@ -177,6 +185,15 @@ def override_task(task: Task, config: TaskConfig | Mapping[str, Any] | None) -> 
         )
     except ValueError as error:
         raise TaskError(str(error)) from None
+
+
+def _family_of(gym_id: str) -> str | None:
+    """The known family whose environment ``gym_id`` is, in any version (``HalfCheetah-v5``)."""
+    exact = family_of_gym_id(gym_id)
+    if exact is not None:
+        return exact.name
+    base = re.sub(r"-v\d+$", "", gym_id.split("/")[-1]).lower()
+    return base if base in families() else None
 
 
 def collection_task(name: str, config: TaskConfig | Mapping[str, Any] | None) -> Task:

@@ -70,6 +70,7 @@ from cbop_torchrl.trainers.checkpoint import (
     save_policy,
     training_config_hash,
 )
+from cbop_torchrl.trainers.datasize import check_dataset_size, warn_about_terminals
 from cbop_torchrl.trainers.diagnostics import LearningDiagnostics
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
 from cbop_torchrl.trainers.logging import (
@@ -455,13 +456,22 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
             A checkpoint already there is resumed (``resume=auto|true``).
 
     Raises:
+        DatasetError: the data is smaller than a batch or the model's holdout split.
         CheckpointError: ``resume=true`` without a checkpoint, or a checkpoint
             written with other training settings.
         NonFiniteLossError: a stage produced NaN/inf.
     """
+    check_dataset_size(
+        data,
+        info.name,
+        {"bc.batch_size": config.bc.batch_size, "train.batch_size": config.train.batch_size},
+        fqe_batch=("fqe.batch_size", config.fqe.batch_size),
+        dynamics=config.dynamics,
+    )
     run = OfflineRun.open(config, info, run_dir, config.training_dict())
     if (finished := run.finished_results()) is not None:
         return finished
+    warn_about_terminals(data, info.name, run.task)
     run.start(config.to_dict())
     data = run.specs.to_agent_actions(data.to(run.device))
     seed_everything(config.seed)
