@@ -19,6 +19,7 @@ import pytest
 from d4rl_files import write_d4rl_hdf5
 
 from cbop_torchrl.apps import report, select_psi
+from cbop_torchrl.apps.api import compose_config, train_baseline
 from cbop_torchrl.cli import remove_if_only_hydra_files
 from cbop_torchrl.data import DatasetError, load_dataset
 from cbop_torchrl.envs import TaskError
@@ -294,3 +295,13 @@ def test_bench_refuses_before_benchmarking(
     error = capsys.readouterr().err
     for word in words:
         assert word.format(**values) in error, error
+
+
+def test_baselines_refuse_a_dataset_smaller_than_a_batch(tmp_path: Path) -> None:
+    """On main a baseline trained on a 1-row file and reported a score."""
+    one_row = tmp_path / "hopper-one.hdf5"
+    write_d4rl_hdf5(one_row, episode_lengths=(1,), terminal_episodes=(), timeout_episodes=())
+    cfg = compose_config(["preset=debug", f"env={one_row}", "algo=bc"], command="baseline")
+    with pytest.raises(DatasetError, match=r"1 transition, fewer than one batch \(train.batch_si"):
+        train_baseline(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
