@@ -282,9 +282,11 @@ def test_another_action_box_is_rescaled_in_the_env_and_in_the_data(tmp_path: Pat
 def test_cbop_and_evaluate_on_a_task_with_another_action_box(workspace: dict) -> None:
     path = record_gym_episodes(workspace["root"] / "pendulum-tiny.hdf5", "InvertedPendulum-v4")
     task = ("task.gym_id=InvertedPendulum-v4", "task.termination=none", "estimator.psi=1.0")
+    # random pendulum episodes fall within a few steps: ~24 rows, less than the debug batches
+    batches = ("bc.batch_size=16", "fqe.batch_size=16", "train.batch_size=16")
     done = run(
         workspace, "cbop.py", "preset=debug", f"env={path}", "progress=false",
-        f"hydra.run.dir={workspace['root'] / 'pendulum'}", *task,
+        f"hydra.run.dir={workspace['root'] / 'pendulum'}", *task, *batches,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((workspace["root"] / "pendulum" / "results.json").read_text())
