@@ -277,8 +277,8 @@ def check_output_writable(
     reason = unwritable_reason(value if directory is None else directory)
     if reason is not None:
         refuse(
-            f"{key}={value} cannot be written: {reason}; pass a {key} in a directory you can "
-            "write to",
+            f"{key}={value} cannot be written: {reason}; set {key}= to a path in a "
+            "directory you can write to",
             created_dir,
         )
 
