@@ -160,6 +160,7 @@ class AgentConfig:
     alpha_lr: float | None = None
     alpha_init: float = 1.0
     eta: float = 1.0  # EDAC gradient-diversity weight
+    bc_weight: float = 0.0  # beyond the paper (opt-in): weight of the actor's NLL of data actions
 
 
 @dataclass
@@ -295,8 +296,17 @@ class RunConfig:
             values.pop(key)
         values["train"].pop("log_interval")
         values["train"].pop("checkpoint_interval")
+        # Options added after runs existed count only when set, so that those runs'
+        # checkpoints (hashed from this dict) still resume and their caches still match.
+        for section, key, off in LATER_OPT_INS:
+            if values[section][key] == off:
+                values[section].pop(key)
         return values
 
+
+#: ``(section, key, value that turns it off)`` of opt-in settings added after the first
+#: checkpoints were written (see :meth:`RunConfig.training_dict`).
+LATER_OPT_INS: tuple[tuple[str, str, Any], ...] = (("agent", "bc_weight", 0.0),)
 
 _SECTIONS: dict[str, type] = {
     "agent": AgentConfig,
@@ -534,6 +544,12 @@ def validate(config: RunConfig) -> list[str]:
     if estimator.sampling not in ("shared", "independent"):
         problems.append(
             f"estimator.sampling={estimator.sampling!r} must be one of ('shared', 'independent')"
+        )
+    bc_weight = config.agent.bc_weight
+    if isinstance(bc_weight, bool) or not isinstance(bc_weight, (int, float)) or not bc_weight >= 0:
+        problems.append(
+            f"agent.bc_weight={bc_weight!r} must be a number >= 0 (0: the paper's actor; "
+            "e.g. agent.bc_weight=2.5)"
         )
     if not isinstance(config.fqe.eta, (int, float)) or not config.fqe.eta >= 0:
         problems.append(f"fqe.eta={config.fqe.eta!r} must be a number >= 0 (0: the paper's FQE)")

@@ -340,6 +340,47 @@ def test_eta_scales_the_critic_loss():
     assert out2["edac_penalty"] != 0
 
 
+def test_bc_weight_adds_the_actors_nll_of_the_data_actions():
+    """``bc_weight`` (beyond the paper): loss_actor + w * mean(-log pi(a_data|s)), nothing else."""
+    batch = make_batch()
+    plain, loss = tiny_cbop_loss(), tiny_cbop_loss(bc_weight=3.0)
+    torch.manual_seed(1)  # the same actor samples in both
+    out0 = plain(batch)
+    torch.manual_seed(1)
+    out3 = loss(batch)
+    assert "bc_nll" not in out0.keys()
+    actor = loss.actor_network
+    with loss.actor_network_params.to_module(actor):
+        dist = actor.get_dist(batch.select("observation"))
+    nll = -dist.log_prob(batch["action"].clamp(-1 + 1e-5, 1 - 1e-5)).mean()
+    torch.testing.assert_close(out3["bc_nll"], nll)
+    torch.testing.assert_close(out3["loss_actor"], out0["loss_actor"] + 3.0 * nll)
+    torch.testing.assert_close(out3["loss_qvalue"], out0["loss_qvalue"])
+    with pytest.raises(ValueError, match="bc_weight must be >= 0"):
+        tiny_cbop_loss(bc_weight=-1.0)
+
+
+def test_bc_weight_keeps_the_actor_near_the_data_actions():
+    """Trained on the summed loss, the BC term raises the data actions' likelihood."""
+    batch = make_batch(shape=(64,))
+    start = -float(tiny_cbop_loss(bc_weight=1.0).behaviour_nll(batch).mean().detach())
+    log_likelihood = {}
+    for weight in (0.0, 50.0):
+        loss = tiny_cbop_loss(bc_weight=weight)
+        optimizer = torch.optim.Adam(loss.actor_network_params.values(True, True), lr=1e-2)
+        torch.manual_seed(0)
+        for _ in range(30):
+            out = loss(batch)
+            optimizer.zero_grad()
+            out["loss_actor"].backward()
+            optimizer.step()
+        with torch.no_grad():
+            loss.bc_weight = 1.0
+            log_likelihood[weight] = -float(loss.behaviour_nll(batch).mean())
+    assert log_likelihood[50.0] > start + 0.25, (start, log_likelihood)
+    assert log_likelihood[50.0] > log_likelihood[0.0] + 0.25, (start, log_likelihood)
+
+
 def test_stock_sac_loss_swap_gives_cbop_loss_targets():
     torch.manual_seed(0)
     actor = make_actor(OBS, ACT, hidden_sizes=(16,))

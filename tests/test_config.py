@@ -128,6 +128,7 @@ def test_cpu_preset_takes_psi_from_the_dataset() -> None:
         (["agent.hidden_sizes=[64,0]"], "agent.hidden_sizes=[64, 0] must list layer widths"),
         (["estimator.quantile=1.5"], "must be in (0, 1)"),
         (["eval.episodes=0"], "eval.episodes=0 must be a positive number"),
+        (["agent.bc_weight=-1"], "agent.bc_weight=-1.0 must be a number >= 0"),
     ],
 )
 def test_each_validation_error_is_reported(overrides: list[str], expected: str) -> None:
@@ -265,3 +266,11 @@ def test_keys_added_with_plus_are_found(
     with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
         cfg = compose(config_name, overrides=overrides)
     assert unknown_keys(cfg, CONFIG_SCHEMAS[config_name]) == expected
+
+
+def test_an_opt_in_left_off_does_not_change_the_training_settings() -> None:
+    """Checkpoints written before ``agent.bc_weight`` existed still resume (same hash)."""
+    plain, _ = load()
+    assert "bc_weight" not in plain.training_dict()["agent"]
+    with_bc, _ = load("agent.bc_weight=2.5")
+    assert with_bc.training_dict()["agent"]["bc_weight"] == 2.5

@@ -15,12 +15,16 @@ What CBOPLoss changes:
   loss (it reads the current actor, the TARGET Q parameters and alpha);
 - ``loss_qvalue`` also holds ``eta * L_ES``, EDAC's ensemble-diversity term
   (An et al. 2021, eq. 5 with normalized gradients):
-  ``L_ES = E_(s,a)[ 1/(M-1) * sum_{i != j} cos(grad_a Q_i(s,a), grad_a Q_j(s,a)) ]``.
+  ``L_ES = E_(s,a)[ 1/(M-1) * sum_{i != j} cos(grad_a Q_i(s,a), grad_a Q_j(s,a)) ]``;
+- BEYOND THE PAPER, off by default: with ``bc_weight > 0``, ``loss_actor`` also
+  holds ``bc_weight * E_(s,a)[-log pi(a|s)]`` at the dataset's actions, a
+  behaviour-cloning pull that keeps the actor near the data (docs/learning.md).
 
 Output keys (``reduction="mean"``): ``loss_actor``, ``loss_qvalue`` (MSE sum +
 ``eta * L_ES``), ``loss_alpha``, ``alpha``, ``entropy`` (as SACLoss), plus
 ``edac_penalty`` (``L_ES`` itself, detached), ``qvalue_mse`` (the MSE part,
-detached) and ``cbop`` (the estimator's diagnostics: ``weights`` ``(H+1,)``,
+detached), ``bc_nll`` (with ``bc_weight > 0``: the BC term above, detached)
+and ``cbop`` (the estimator's diagnostics: ``weights`` ``(H+1,)``,
 ``expected_horizon``, ``posterior_std``, ``value_var_share`` ``(H+1,)``,
 ``valid_fraction`` ``(H+1,)``, ``target_mean``). Only ``loss_*`` keys are
 losses: summing them gives the full objective.
@@ -41,6 +45,7 @@ from torchrl.objectives import SACLoss
 from cbop_torchrl._torchrl_compat import SACTargetFromEstimator, vmap_over_params
 from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator
+from cbop_torchrl.objectives.pretrain import ACTION_EPS
 
 
 class CBOPLoss(SACTargetFromEstimator, SACLoss):
@@ -59,6 +64,8 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         compile: on CUDA, compile the target's Q-ensemble with CUDA graphs
             (``CBOPValueEstimator(compile=True)``); ignored on CPU.
         eta: weight of the EDAC diversity term (paper: 1; 0 disables it).
+        bc_weight: BEYOND THE PAPER: weight of the actor's negative log-likelihood
+            of the dataset's actions, in units of Q per nat (0, the paper: none).
         loss_function: SACLoss's critic distance (default ``"l2"``).
         estimator_kwargs: further :class:`CBOPValueEstimator` arguments
             (``fixed_weighting``, ``lmbda``, ``quantile``, ``num_particles``, ...).
@@ -82,6 +89,7 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         seed: int | None = None,
         compile: bool = False,
         eta: float = 1.0,
+        bc_weight: float = 0.0,
         loss_function: str = "l2",
         estimator_kwargs: dict[str, Any] | None = None,
         **sac_kwargs: Any,
@@ -100,6 +108,8 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             )
         if eta < 0:
             raise ValueError(f"eta must be >= 0; got {eta}.")
+        if bc_weight < 0:
+            raise ValueError(f"bc_weight must be >= 0; got {bc_weight}.")
         super().__init__(
             actor_network,
             qvalue_network,
@@ -109,6 +119,7 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             **sac_kwargs,
         )
         self.eta = float(eta)
+        self.bc_weight = float(bc_weight)
         estimator = CBOPValueEstimator.from_sac_loss(
             self,
             dynamics,
@@ -148,9 +159,23 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             (grad,) = torch.autograd.grad(q.sum(), member_action, create_graph=True)
         return gradient_diversity_penalty(grad)  # grad: [M, *batch, A]
 
+    def behaviour_nll(self, tensordict: TensorDictBase) -> Tensor:
+        """``-log pi(a|s)`` of the dataset's actions under the current actor ``[*batch]``."""
+        action = tensordict.get(self.tensor_keys.action)
+        obs = tensordict.select(*self.actor_network.in_keys, strict=False)
+        with self.actor_network_params.to_module(self.actor_network):
+            dist = self.actor_network.get_dist(obs)
+        # log pi is infinite on the box's edges, where recorded actions may sit.
+        return -dist.log_prob(action.clamp(-1.0 + ACTION_EPS, 1.0 - ACTION_EPS))
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """SACLoss's losses with the EDAC term and the CBOP diagnostics (module doc)."""
         td_out = super().forward(tensordict)
+        if self.bc_weight > 0:
+            nll = self._reduce_loss(self.behaviour_nll(tensordict), tensordict=tensordict)
+            td_out.set("loss_actor", td_out.get("loss_actor") + self.bc_weight * nll)
+            if td_out.batch_size == torch.Size([]):
+                td_out.set("bc_nll", nll.detach())
         mse = td_out.get("loss_qvalue")
         if self.eta > 0:
             penalty = self._reduce_loss(self.edac_penalty(tensordict), tensordict=tensordict)

@@ -366,6 +366,7 @@ def build_cbop_loss(
         # "auto" starts in float32; choose_rollout_dtype decides once the networks are loaded.
         rollout_dtype="float32" if estimator.rollout_dtype == "auto" else estimator.rollout_dtype,
         eta=config.agent.eta,
+        bc_weight=config.agent.bc_weight,
         alpha_init=config.agent.alpha_init,
         compile=config.compile,
         estimator_kwargs={
