@@ -60,6 +60,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "cbop-quantile": ("cbop.py", ["estimator.mode=quantile"]),
     # The paper's Algorithm 2 with the authors' 5 rounds (docs/learning.md, Experiment 4).
     "cbop-fqe-rounds5": ("cbop.py", ["fqe.rounds=5"]),
+    # BEYOND THE PAPER (opt-in): a behaviour-cloning term in the actor's loss
+    # (docs/learning.md, Experiment 15), ablated against plain "cbop".
+    "cbop-bc10": ("cbop.py", ["agent.bc_weight=10"]),
     "bc": ("baseline.py", ["algo=bc"]),
     "td3bc": ("baseline.py", ["algo=td3bc"]),
     "iql": ("baseline.py", ["algo=iql"]),
