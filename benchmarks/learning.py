@@ -22,7 +22,7 @@ outside the repository, under ``--runs``). After each finished run its summary
 (final/best normalized score, learning curve, E[h] and target diagnostics,
 the checkpoint-based analysis for CBOP, the exact command, the commit) is
 written to ``<results>/<dataset>/<variant>/seed<k>.json``; commit those, and
-rebuild the tables and figures with ``python scripts/report.py benchmarks/results``.
+rebuild the tables and figures with ``python scripts/report.py paths=benchmarks/results``.
 
 Datasets come from ``$CBOP_TORCHRL_CACHE/generated/<name>.hdf5`` and are
 generated there (``benchmarks/make_datasets.sh``, deterministic) when missing.

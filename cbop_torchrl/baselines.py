@@ -109,7 +109,7 @@ class AlgoConfig:
         if config.name not in ALGOS:
             raise BaselineConfigError(
                 f"algo={config.name!r} is not a baseline; choose one of {', '.join(ALGOS)} "
-                "(CBOP and its ablations run through scripts/cbop.py)"
+                "(CBOP and its ablations run through cbop-train, scripts/cbop.py in a checkout)"
             )
         if config.num_qvalue_nets < 1 or config.policy_delay < 1:
             raise BaselineConfigError(

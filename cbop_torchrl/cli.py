@@ -23,6 +23,7 @@ import enum
 import functools
 import os
 import re
+import shlex
 import shutil
 import sys
 import types
@@ -46,7 +47,7 @@ from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.registry import parse_d4rl_id
 from cbop_torchrl.trainers.dynamics import DynamicsConfig
 from cbop_torchrl.trainers.rundir import LOCK_NAME
-from cbop_torchrl.utils import cache_root, unwritable_reason
+from cbop_torchrl.utils import cache_root, program_command, unwritable_reason
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 """The Hydra configs, inside the package so that an installed wheel has them too."""
@@ -147,12 +148,39 @@ class TrainDynamicsConfig:
     dynamics: DynamicsConfig = field(default_factory=DynamicsConfig)
 
 
+@dataclass
+class SelectPsiConfig:
+    """``cbop-select-psi``: a sweep's runs ranked by fitted Q evaluation of their policies."""
+
+    sweep_dir: str = MISSING  # a multirun's hydra.sweep.dir
+    steps: int | None = None  # null: each run's fqe.steps
+    batch_size: int | None = None  # null: each run's fqe.batch_size
+    qvalue_nets: int = 2
+    device: str = "auto"
+    threads: int | None = None
+    json: str | None = None  # also write the rankings to this file
+    progress: bool = True
+    task: TaskConfig = field(default_factory=TaskConfig)
+
+
+@dataclass
+class ReportConfig:
+    """``cbop-report``: results table, learning curves and the paper's figures."""
+
+    paths: Any = MISSING  # one path or a list of paths (run, sweep or summary directories)
+    out: str = "report"
+    analysis: bool = True  # false: no checkpoint is loaded (no R_h, A/(A+B), conservatism)
+    figure_prefix: str | None = None  # null: out relative to the working directory
+
+
 SCHEMAS: dict[str, type] = {
     "run": RunSchema,
     "baseline": BaselineRunConfig,
     "evaluate": EvaluateConfig,
     "collect": CollectConfig,
     "train_dynamics": TrainDynamicsConfig,
+    "select_psi": SelectPsiConfig,
+    "report": ReportConfig,
 }
 """The ``schema`` config group (package ``_global_``): a YAML config lists ``schema: <name>``
 first in its defaults, and ``baseline.yaml`` overrides the ``run`` schema of the
@@ -166,6 +194,8 @@ CONFIG_SCHEMAS: dict[str, type] = {
     "evaluate": EvaluateConfig,
     "collect": CollectConfig,
     "train_dynamics": TrainDynamicsConfig,
+    "select_psi": SelectPsiConfig,
+    "report": ReportConfig,
 }
 """The schema each entry script's primary config (``configs/<name>.yaml``) is checked against."""
 
@@ -198,6 +228,8 @@ def register_schemas() -> None:
         store.store(group="schema", name=name, node=node, package="_global_")
     OmegaConf.register_new_resolver("cbop_run_name", run_name, replace=True)
     OmegaConf.register_new_resolver("cbop_overrides", lambda text: text or "default", replace=True)
+    # ${cbop_cache:}: where the reporting programs' multiruns keep Hydra's files (not the cwd)
+    OmegaConf.register_new_resolver("cbop_cache", lambda: str(cache_root()), replace=True)
 
 
 def config_values(cfg: DictConfig) -> dict[str, Any]:
@@ -475,6 +507,7 @@ def hydra_entry(
     def decorate(task_function: Callable[[DictConfig], Any]) -> Callable[[], Any]:
         started = False
         user_full_error = "HYDRA_FULL_ERROR" in os.environ
+        raised_by_task: list[BaseException] = []
 
         @functools.wraps(task_function)
         def task(cfg: DictConfig) -> Any:
@@ -501,7 +534,16 @@ def hydra_entry(
                 refuse("; ".join(problems), run_dir)
             if uses_cache:
                 check_cache_writable(run_dir)
-            return task_function(cfg)
+            try:
+                result = task_function(cfg)
+            except Exception as error:
+                raised_by_task.append(error)
+                raise
+            if not user_full_error and not raised_by_task:
+                # A multirun composes its next job's config after this job ends: raised
+                # (not reported by Hydra), a bad value there is refused like the first job's.
+                os.environ["HYDRA_FULL_ERROR"] = "1"
+            return result
 
         hydra_main = hydra.main(
             config_path=str(CONFIG_DIR), config_name=config_name, version_base="1.3"
@@ -524,12 +566,19 @@ def hydra_entry(
                     sys.exit(EXIT_BAD_INPUT)
                 raise
             except Exception as error:
-                message = (
-                    None if started or user_full_error else describe_hydra_error(error, config_name)
-                )
+                # Raised here: Hydra's own failure before a job (a task's failure is reported
+                # by Hydra, HYDRA_FULL_ERROR being off while and after it runs).
+                from_task = any(error is raised for raised in raised_by_task)
+                message = None
+                if not (from_task or user_full_error):
+                    message = describe_hydra_error(error, config_name)
                 if message is None:
                     raise
-                if new_sweep_dir and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}:
+                if (
+                    new_sweep_dir
+                    and sweep_dir.is_dir()
+                    and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}
+                ):
                     shutil.rmtree(sweep_dir)  # the multirun refused its first job's values
                 refuse(message)
             finally:
@@ -539,3 +588,103 @@ def hydra_entry(
         return main
 
     return decorate
+
+
+def run_entry(main: Callable[[], Any], argv: Sequence[str] | None = None) -> int:
+    """Runs a :func:`hydra_entry` program in this process and returns its exit code.
+
+    ``argv``: the command-line arguments (Hydra overrides and flags such as
+    ``-m`` or ``--cfg job``); None reads them from ``sys.argv`` like a console
+    script. For callers that want a code rather than ``SystemExit`` (tests).
+    """
+    saved = sys.argv
+    if argv is not None:
+        sys.argv = [saved[0] if saved else "cbop", *argv]
+    try:
+        main()
+    except SystemExit as exit_:
+        code = exit_.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+HYDRA_FLAGS_WITH_VALUE = frozenset(
+    ("--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp",
+     "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun")
+)  # fmt: skip
+"""Hydra's command-line flags that take the next word as their value."""
+
+
+def _override_value(text: str) -> str:
+    """``text`` as a Hydra override value: quoted when Hydra would read it as more than a string."""
+    if re.fullmatch(r"[\w./~:+@%-]+", text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def translate_old_arguments(
+    argv: Sequence[str], positional: str, options: Mapping[str, str]
+) -> list[str] | None:
+    """Hydra overrides for a command line in the argparse syntax a program had before.
+
+    ``positional``: the key the positional arguments become (``sweep_dir``; a
+    list ``[a,b]`` when there are several); ``options``: ``--flag`` -> the key it sets, or
+    ``key=value`` for a flag without a value (``--no-progress`` ->
+    ``progress=false``). Returns None when ``argv`` has nothing in the old
+    syntax; Hydra's own flags and ``key=value`` words are kept as they are.
+    """
+    words: list[str] = []
+    paths: list[str] = []
+    changed = False
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        index += 1
+        name, equals, value = arg.partition("=")
+        if arg in HYDRA_FLAGS_WITH_VALUE:
+            words.append(arg)
+            if index < len(argv) and "=" not in argv[index] and not argv[index].startswith("-"):
+                words.append(argv[index])
+                index += 1
+        elif name in options:
+            changed = True
+            if "=" in options[name]:
+                words.append(options[name])
+                continue
+            if not equals and index < len(argv):
+                value = argv[index]
+                index += 1
+            words.append(f"{options[name]}={_override_value(value)}")
+        elif not arg.startswith("-") and not equals:
+            changed = True
+            paths.append(arg)
+        else:
+            words.append(arg)
+    if not changed:
+        return None
+    if paths:
+        values = [_override_value(path) for path in paths]
+        joined = values[0] if len(values) == 1 else f"[{','.join(values)}]"
+        words.insert(0, f"{positional}={joined}")
+    return words
+
+
+def refuse_old_arguments(
+    argv: Sequence[str],
+    program: str,
+    config_name: str,
+    positional: str,
+    options: Mapping[str, str],
+) -> None:
+    """Refuses (exit 2) a command line in the program's old argparse syntax, printing the
+    same command in ``key=value`` overrides (:func:`translate_old_arguments`)."""
+    translated = translate_old_arguments(argv, positional, options)
+    if translated is None:
+        return
+    refuse(
+        f"{program} takes key=value settings (Hydra overrides), not bare paths and --options; "
+        f"the same command: {program_command(program)} {shlex.join(translated)}. Every "
+        f"setting and its meaning: {CONFIG_DIR / config_name}.yaml"
+    )

@@ -28,8 +28,8 @@ class SweepError(ValueError):
 def _check_dir(sweep_dir: Path) -> None:
     if not sweep_dir.is_dir():
         raise SweepError(
-            f"sweep directory {str(sweep_dir)!r} does not exist or is not a directory; pass the "
-            "hydra.sweep.dir of a multirun (e.g. multirun/ or sweeps/paper_grid/)"
+            f"sweep directory {str(sweep_dir)!r} does not exist or is not a directory; give the "
+            "hydra.sweep.dir of a multirun (e.g. sweep_dir=multirun or sweep_dir=sweeps/paper_grid)"
         )
 
 

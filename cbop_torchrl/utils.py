@@ -7,6 +7,9 @@ import hashlib
 import json
 import os
 import random
+import shlex
+import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +30,44 @@ def cache_dir(*parts: str) -> Path:
     path = cache_root().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+_running_program: str | None = None
+
+
+def set_running_program(name: str | None) -> None:
+    """Records which of the package's programs this process runs (``cbop-train``, ...).
+
+    Set by :func:`cbop_torchrl.apps.launch` for the console scripts, ``scripts/*.py`` and
+    ``python -m cbop_torchrl <command>``; error messages then suggest that program.
+    """
+    global _running_program
+    _running_program = name
+
+
+def running_program() -> str | None:
+    """The program recorded by :func:`set_running_program`; None from Python (API, notebooks)."""
+    return _running_program
+
+
+def program_command(name: str) -> str:
+    """How to start the package's program ``name`` (``cbop-collect``) from the user's shell.
+
+    Error messages suggest commands built on it, and a suggestion must work as
+    written for a ``pip install`` of the wheel and a checkout set up with
+    ``setup.sh`` (an editable install) alike: both put the console script next
+    to this Python interpreter. Returns the bare name when the shell finds that
+    very script on ``PATH`` (an activated venv), else the script's full path,
+    else (the package imported without being installed)
+    ``<python> -m cbop_torchrl <name>``.
+    """
+    beside = Path(sys.executable).parent / name
+    if beside.is_file():
+        found = shutil.which(name)
+        if found is not None and Path(found).resolve() == beside.resolve():
+            return name
+        return shlex.quote(str(beside))
+    return f"{shlex.quote(sys.executable)} -m cbop_torchrl {name}"
 
 
 def unwritable_reason(path: str | Path) -> str | None:

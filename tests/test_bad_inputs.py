@@ -250,9 +250,12 @@ def load_script(name: str):
     [
         (["task.ref_min_score=abc", "task.ref_max_score=1"], ["task.ref_min_score must be"]),
         (["task.gym_kwargs=3"], ["task.gym_kwargs must be a mapping"]),
-        (["--device", "gpu"], ["--device: device='gpu' is not a device"]),
-        (["--steps", "0"], ["--steps=0 must be a positive integer"]),
-        (["--json", "{unwritable}/x.json"], ["cannot be written", "{unwritable_part}"]),
+        (["task.ref_min_score=3"], ["task.ref_min_score=3.0 and task.ref_max_score=null"]),
+        (["device=gpu"], ["device=gpu: device='gpu' is not a device"]),
+        (["steps=0"], ["steps=0 must be a positive integer"]),
+        (["qvalue_nets=abc"], ["qvalue_nets must be an integer, e.g. qvalue_nets=2"]),
+        (["json={unwritable}/x.json"], ["cannot be written", "{unwritable_part}", "set json="]),
+        (["json="], ["json is an empty string"]),
     ],
 )
 def test_select_psi_checks_every_argument_before_reading_runs(
@@ -261,7 +264,7 @@ def test_select_psi_checks_every_argument_before_reading_runs(
     """The sweep directory does not even exist: each refusal comes before it is looked at."""
     unwritable, blocking = unwritable_dir(tmp_path)
     values = {"unwritable": unwritable, "unwritable_part": blocking}
-    argv = [str(tmp_path / "no_sweep"), *(a.format(**values) for a in argv)]
+    argv = [f"sweep_dir={tmp_path / 'no_sweep'}", *(a.format(**values) for a in argv)]
     assert select_psi.main(argv) == 2
     error = capsys.readouterr().err
     assert "no_sweep" not in error
@@ -273,9 +276,9 @@ def test_report_names_an_unwritable_output_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     unwritable, blocking = unwritable_dir(tmp_path)
-    assert report.main([str(tmp_path), "--out", str(unwritable)]) == 2
+    assert report.main([f"paths={tmp_path}", f"out={unwritable}"]) == 2
     error = capsys.readouterr().err
-    assert f"--out {unwritable} cannot be written" in error and str(blocking) in error
+    assert f"out={unwritable} cannot be written" in error and str(blocking) in error
 
 
 @pytest.mark.parametrize(

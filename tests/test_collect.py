@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -337,6 +338,20 @@ def test_bad_requests_get_clear_errors(tmp_path):
     assert "env=swimmer is not a known family" in result.stderr
     assert "task.gym_id=Swimmer-v4" in result.stderr
     assert "Traceback" not in result.stderr
+    # the suggested command runs as printed (the console script, which a wheel has too),
+    # here with 2,000 instead of 1M random transitions
+    suggested = shlex.split(result.stderr.split("`")[1])
+    assert Path(suggested[0]).name == "cbop-collect"
+    done = subprocess.run(
+        [*suggested, "rollout_transitions=2000", "progress=false"],
+        capture_output=True, text=True,
+        env={"CBOP_TORCHRL_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (written,) = map(Path, done.stdout.split())
+    assert written == tmp_path / "generated" / "swimmer-random-gen.hdf5"
+    with h5py.File(written) as handle:
+        assert handle["observations"].shape == (2000, 8)  # Swimmer-v4's observations
 
 
 def test_a_run_too_short_for_a_checkpoint_is_refused_up_front(tmp_path):

@@ -234,6 +234,10 @@ def test_cli_reports_a_bad_value_without_a_traceback(tmp_path: Path) -> None:
         ("collect", ["compression=zip"], "compression must be null or one of gzip, lzf"),
         ("collect", ["sac.hidden_sizes=[x]"], "sac.hidden_sizes must be a list of integers"),
         ("train_dynamics", ["dynamics.lr=fast"], "dynamics.lr must be a number"),
+        ("select_psi", ["qvalue_nets=two"], "qvalue_nets must be an integer, e.g. qvalue_nets=2"),
+        ("select_psi", ["task.ref_max_score=x"], "task.ref_max_score must be null or a number"),
+        ("report", ["analysis=maybe"], "analysis must be true or false"),
+        ("report", ["output=x"], "output is not a setting of this script (did you mean out?)"),
     ],
 )
 def test_hydra_errors_become_one_paragraph_naming_the_key_and_what_it_takes(
@@ -256,6 +260,8 @@ def test_hydra_errors_become_one_paragraph_naming_the_key_and_what_it_takes(
         ("collect", ["+sac.lr2=1"], ["sac.lr2"]),
         ("train_dynamics", [], []),
         ("baseline", ["+algo.beta2=1"], ["algo.beta2"]),
+        ("select_psi", ["+task.gym_kwargs.x=1", "+step=3"], ["step"]),
+        ("report", ["+outdir=x"], ["outdir"]),
     ],
 )
 def test_keys_added_with_plus_are_found(

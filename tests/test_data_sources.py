@@ -10,6 +10,7 @@ import shutil
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import gymnasium as gym
 import minari
@@ -22,7 +23,7 @@ from torchrl.data.datasets import D4RLExperienceReplay
 
 import cbop_torchrl.data.sources as sources
 from cbop_torchrl.data import DatasetError, dataset_info, load_dataset, load_dataset_with_info
-from cbop_torchrl.utils import cache_dir
+from cbop_torchrl.utils import cache_dir, program_command
 
 D4RL_ID = "hopper-medium-replay-v2"
 TERMINAL_ROW, TIMEOUT_ROW = 5, 10  # of write_d4rl_hdf5's default episodes (6, 5, 4)
@@ -104,7 +105,11 @@ def test_d4rl_id_offline_without_cache_explains_what_to_place_where(no_network, 
     text = str(err.value)
     assert str(torchrl_root / "d4rl" / D4RL_ID) in text
     assert str(cache_dir("d4rl") / "hopper_medium_replay-v2.hdf5") in text
-    assert "python scripts/collect.py env=hopper kind=medium-replay" in text
+    # the console script beside this interpreter (a wheel's and setup.sh's editable install alike)
+    collect = Path(sys.executable).parent / "cbop-collect"
+    assert collect.is_file()
+    assert f"{program_command('cbop-collect')} env=hopper kind=medium-replay" in text
+    assert program_command("cbop-collect") in ("cbop-collect", str(collect))
     assert not (torchrl_root / "d4rl" / D4RL_ID).exists()
 
 
@@ -202,8 +207,9 @@ def test_unknown_minari_dataset_offline_is_a_dataset_error(monkeypatch, tmp_path
 
 def test_demo_source(monkeypatch, tmp_path):
     monkeypatch.setattr(sources, "DEMO_DATASET_PATH", tmp_path / "absent.hdf5")
-    with pytest.raises(DatasetError, match="demo dataset is missing.*python scripts/collect.py"):
+    with pytest.raises(DatasetError, match="demo dataset is missing.*cbop-collect env=hop") as err:
         load_dataset("demo")
+    assert f"out_dir={tmp_path} " in str(err.value)  # where the package looks for the file
     demo = write_d4rl_hdf5(tmp_path / "hopper-demo-medium-replay-gen.hdf5")
     monkeypatch.setattr(sources, "DEMO_DATASET_PATH", demo)
     info = dataset_info("demo")

@@ -4,8 +4,9 @@ The wheel is built from a copy of the package's files, installed with
 ``--no-deps --no-index`` into a fresh venv that sees the project venv's
 site-packages (torch and the other dependencies; nothing is downloaded), and
 run from an empty directory: ``cbop-train`` trains the debug preset end to end,
-``--cfg job`` composes the paper preset for a D4RL id, and every console script
-answers ``--help``.
+``--cfg job`` composes the paper preset for a D4RL id, every console script is a
+Hydra app (``--help``, ``--cfg job``, bash completion), ``python -m cbop_torchrl``
+lists and runs them, and an error's suggested command names the installed script.
 """
 
 from __future__ import annotations
@@ -88,25 +89,39 @@ import contextlib, io, json, os, sys
 from importlib.metadata import distribution
 
 import cbop_torchrl
+from cbop_torchrl.__main__ import main as module_main
+from cbop_torchrl.utils import program_command
 
-report = {"package": cbop_torchrl.__file__, "runs": {}}
+report = {"package": cbop_torchrl.__file__, "runs": {},
+          "program_command": program_command("cbop-collect")}
 scripts = {ep.name: ep for ep in distribution("cbop-torchrl").entry_points
            if ep.group == "console_scripts"}
 calls = [(name, ["--help"]) for name in sorted(scripts)]
 calls.append(("cbop-train", ["env=hopper-medium-v2", "--cfg", "job"]))
-calls.append(("cbop-train", ["--shell-completion", "install=bash"]))
-calls.append(("cbop-train", ["--shell-completion", "query=bash"]))
-os.environ["COMP_LINE"] = "cbop-train preset=d"  # what bash passes while completing
-os.environ["COMP_POINT"] = str(len(os.environ["COMP_LINE"]))
+calls.append(("cbop-select-psi", ["sweep_dir=multirun", "steps=5", "--cfg", "job"]))
+calls.append(("cbop-report", ["paths=[runs/a,runs/b]", "--cfg", "job"]))
+calls += [(name, ["--shell-completion", "install=bash"]) for name in sorted(scripts)]
+# what bash passes while completing (COMP_LINE up to the cursor) -> the word Hydra offers
+completions = {"cbop-train": "preset=d", "cbop-select-psi": "qvalue", "cbop-report": "analy"}
+calls += [(name, ["--shell-completion", "query=bash"]) for name in completions]
+calls.append(("cbop-collect", ["env=swimmer", "progress=false"]))  # refused: names the fix
+calls.append(("python -m cbop_torchrl", []))
+calls.append(("python -m cbop_torchrl", ["cbop-report", "paths=x", "--cfg", "job"]))
 for name, args in calls:
+    os.environ["COMP_LINE"] = f"{name} {completions.get(name, '')}"
+    os.environ["COMP_POINT"] = str(len(os.environ["COMP_LINE"]))
     sys.argv = [name, *args]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = scripts[name].load()()
+            if name.startswith("python"):
+                code = module_main(args)
+            else:
+                code = scripts[name].load()()
         except SystemExit as exit_:
             code = exit_.code
-    report["runs"][" ".join([name, *args])] = {"code": code or 0, "out": out.getvalue()}
+    report["runs"][" ".join([name, *args])] = {
+        "code": code or 0, "out": out.getvalue(), "err": err.getvalue()}
 print(json.dumps(report))
 """
 
@@ -150,19 +165,37 @@ def test_console_scripts_run_outside_the_checkout(installed, tmp_path: Path) -> 
     package = Path(report["package"]).resolve()
     assert bin_dir.parent in package.parents and ROOT not in package.parents
     runs = report["runs"]
-    assert len(runs) == len(COMMANDS) + 3
-    for command in COMMANDS:
+    assert len(runs) == 2 * len(COMMANDS) + 3 + 3 + 1 + 2
+    for command in COMMANDS:  # every program is a Hydra app: --help, --cfg, completion
         result = runs[f"{command.name} --help"]
         assert result["code"] == 0, (command.name, result)
-        assert "Powered by Hydra" in result["out"] or "usage:" in result["out"], command.name
+        assert "Powered by Hydra" in result["out"] and "== Config ==" in result["out"]
+        completion = runs[f"{command.name} --shell-completion install=bash"]
+        assert completion["code"] == 0, (command.name, completion)
+        assert "complete -o nospace -o default -F" in completion["out"]
+        assert completion["out"].rstrip().endswith(f"hydra_bash_completion {command.name}")
     job = runs["cbop-train env=hopper-medium-v2 --cfg job"]
     assert job["code"] == 0 and "preset: paper" in job["out"]
     assert "env: hopper-medium-v2" in job["out"]
-    completion = runs["cbop-train --shell-completion install=bash"]
-    assert completion["code"] == 0 and "complete -o nospace -o default -F" in completion["out"]
-    query = runs["cbop-train --shell-completion query=bash"]
-    assert query["code"] == 0 and query["out"].split() == ["preset=debug"]
-    assert list(empty.iterdir()) == []  # --help, --cfg and -sc wrote nothing
+    job = runs["cbop-select-psi sweep_dir=multirun steps=5 --cfg job"]
+    assert job["code"] == 0 and "sweep_dir: multirun\nsteps: 5\n" in job["out"]
+    job = runs["cbop-report paths=[runs/a,runs/b] --cfg job"]
+    assert job["code"] == 0 and "paths:\n- runs/a\n- runs/b\nout: report\n" in job["out"]
+    for name, word in (("cbop-train", "preset=debug"), ("cbop-select-psi", "qvalue_nets="),
+                       ("cbop-report", "analysis=")):  # fmt: skip
+        query = runs[f"{name} --shell-completion query=bash"]
+        assert query["code"] == 0 and query["out"].split() == [word], (name, query)
+    # an error's suggestion names the installed console script (there is no scripts/ here)
+    script = str(bin_dir / "cbop-collect")  # the venv is not activated: its full path
+    assert report["program_command"] == script
+    refused = runs["cbop-collect env=swimmer progress=false"]
+    assert refused["code"] == 2 and "Traceback" not in refused["err"]
+    assert f"`{script} env=swimmer task.gym_id=Swimmer-v4 kind=random`" in refused["err"]
+    overview = runs["python -m cbop_torchrl"]
+    assert overview["code"] == 0 and all(c.name in overview["out"] for c in COMMANDS)
+    job = runs["python -m cbop_torchrl cbop-report paths=x --cfg job"]
+    assert job["code"] == 0 and "paths: x\n" in job["out"]
+    assert list(empty.iterdir()) == []  # --help, --cfg, -sc and the refusal wrote nothing
 
     done = subprocess.run(
         [str(bin_dir / "cbop-train"), "preset=debug", "logger=none", "progress=false"],

@@ -1,7 +1,8 @@
 """The report command on two tiny debug CBOP runs, and the report's building blocks.
 
 Two ``scripts/cbop.py preset=debug`` runs (seeds 0 and 1, one Hydra multirun
-process) on a small generated D4RL-format file feed ``scripts/report.py``;
+process) on a small generated D4RL-format file feed ``scripts/report.py``
+(``paths=[...] out=...``);
 the tests check the files it writes and that the committed-summary route
 (``summarize_run`` -> JSON -> report) gives the same table.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -68,7 +70,8 @@ def report(debug_runs: dict, *args: str) -> subprocess.CompletedProcess:
 
 def test_report_command_writes_tables_and_figures(debug_runs: dict) -> None:
     out = debug_runs["root"] / "report"
-    done = report(debug_runs, *map(str, debug_runs["runs"]), "--out", str(out))
+    paths = ",".join(map(str, debug_runs["runs"]))
+    done = report(debug_runs, f"paths=[{paths}]", f"out={out}")
     assert done.returncode == 0, done.stderr
 
     table = (out / "results.md").read_text()
@@ -129,11 +132,19 @@ def test_summaries_rebuild_the_same_table(
     assert all("analysis" in s for s in from_summaries)  # stored: no checkpoint needed
 
 
-def test_report_cli_rejects_a_missing_path(capsys: pytest.CaptureFixture) -> None:
+def test_report_cli_rejects_a_missing_path(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from cbop_torchrl.apps import report as module
 
-    assert module.main(["no/such/dir"]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    assert module.main(["paths=no/such/dir"]) == 2
+    assert "does not exist; paths= takes" in capsys.readouterr().err
+    assert module.main(["paths={a: 1}"]) == 2
+    assert "paths={'a': 1} must be a path or a list of paths" in capsys.readouterr().err
+    assert module.main([]) == 2
+    assert "paths must be given on the command line" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no report/, no Hydra files
 
 
 def _summary(variant: str, seed: int, final: float, dataset: str = "d") -> dict:
@@ -148,6 +159,45 @@ def _summary(variant: str, seed: int, final: float, dataset: str = "d") -> dict:
         "curve": [[10, final]],
         "diagnostics": {},
     }
+
+
+def test_report_sweeps_and_refuses_a_later_jobs_bad_value_and_the_old_syntax(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-m`` runs one report per job, keeping Hydra's files out of the working directory;
+    a bad value in a job composed after an earlier one ran is still the project's error."""
+    from cbop_torchrl.apps import report as module
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CBOP_TORCHRL_CACHE", str(tmp_path / "cache"))
+    for variant, seed, final in (("cbop", 0, 50.0), ("bc", 0, 40.0)):
+        target = tmp_path / "summaries" / variant / f"seed{seed}.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(_summary(variant, seed, final)))
+
+    assert module.main(["-m", "paths=summaries", "out=a,b", "analysis=false"]) == 0
+    for out in ("a", "b"):
+        table = (tmp_path / out / "results.md").read_text()
+        assert "| d | cbop | 1 (0) | 10 | 50.0 ± 0.0 |" in table
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a", "b", "cache", "summaries"]
+    capsys.readouterr()
+
+    # hydra.sweeper.max_batch_size=1: Hydra composes job 2 after job 1 has run
+    argv = ["-m", "paths=summaries", "out=c", "analysis=false,abc"]
+    assert module.main([*argv, "hydra.sweeper.max_batch_size=1"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: analysis=abc: analysis must be true or false"), error
+    assert "Traceback" not in error and error.count("\n") == 1
+    assert (tmp_path / "c" / "results.md").is_file()  # job 1's report
+
+    # the argparse syntax of old: refused with the same command in overrides, which runs
+    assert module.main(["summaries", "--out", "d", "--no-analysis"]) == 2
+    error = capsys.readouterr().err
+    suggested = shlex.split(error.split("the same command: ")[1].split(". Every setting")[0])
+    assert Path(suggested[0]).name == "cbop-report"
+    assert suggested[1:] == ["paths=summaries", "out=d", "analysis=false"]
+    assert module.main(suggested[1:]) == 0
+    assert (tmp_path / "d" / "results.md").is_file()
 
 
 def test_score_rows_mean_std_and_order() -> None:

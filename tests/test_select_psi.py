@@ -47,7 +47,7 @@ HIDDEN = [16, 16]
 
 @pytest.fixture(autouse=True)
 def restore_torch_threads():
-    """select_psi --threads and the FQE test set torch's global thread count; put it back."""
+    """select_psi threads= and the FQE test set torch's global thread count; put it back."""
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
@@ -211,8 +211,8 @@ def test_select_psi_ranks_policies_by_their_offline_value(
     hand_made_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     report = tmp_path / "selection.json"
-    arguments = [str(hand_made_sweep), "--steps", "150", "--batch-size", "128", "--threads", "1"]
-    assert select_psi([*arguments, "--no-progress", "--json", str(report)]) == 0
+    arguments = [f"sweep_dir={hand_made_sweep}", "steps=150", "batch_size=128", "threads=1"]
+    assert select_psi([*arguments, "progress=false", f"json={report}"]) == 0
     out = capsys.readouterr().out
     assert "selected by FQE: estimator.psi=2.0" in out
     assert "Spearman's rho (FQE vs online ranking): 0.50" in out
@@ -229,21 +229,45 @@ def test_select_psi_ranks_policies_by_their_offline_value(
     assert episode_starts(data).sum() == 8  # the FQE score averaged over the 8 episode starts
 
 
+def test_select_psi_sweeps_its_own_settings_with_hydra(
+    hand_made_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``-m`` over FQE budgets, one rankings file per job (an interpolation in json=), and
+    nothing of Hydra's in the working directory; ``--cfg job`` shows the composed settings."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("CBOP_TORCHRL_CACHE", str(tmp_path / "cache"))
+    argv = ["-m", f"sweep_dir={hand_made_sweep}", "steps=10,20", "threads=1", "progress=false",
+            "json=fqe_${steps}.json"]  # fmt: skip
+    assert select_psi(argv) == 0
+    assert capsys.readouterr().out.count("selected by FQE:") == 2
+    assert sorted(path.name for path in work.iterdir()) == ["fqe_10.json", "fqe_20.json"]
+    for steps in (10, 20):
+        (ranking,) = json.loads((work / f"fqe_{steps}.json").read_text())
+        assert len(ranking["candidates"]) == 3
+    assert select_psi(["sweep_dir=x", "steps=7", "--cfg", "job"]) == 0
+    shown = capsys.readouterr().out
+    assert "sweep_dir: x" in shown and "steps: 7" in shown and "qvalue_nets: 2" in shown
+    assert sorted(path.name for path in work.iterdir()) == ["fqe_10.json", "fqe_20.json"]
+
+
 def test_select_psi_bad_input_exits_with_a_message(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    assert select_psi([str(tmp_path / "missing")]) == 2
+    assert select_psi([f"sweep_dir={tmp_path / 'missing'}"]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert select_psi([str(tmp_path)]) == 2
+    assert select_psi([f"sweep_dir={tmp_path}"]) == 2
     assert "no trained runs" in capsys.readouterr().err
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text("{}")  # a run that never saved a checkpoint
-    assert select_psi([str(tmp_path)]) == 2
+    assert select_psi([f"sweep_dir={tmp_path}"]) == 2
     assert "no trained runs" in capsys.readouterr().err
     (run / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    assert select_psi([str(tmp_path), "--no-progress"]) == 2
+    assert select_psi([f"sweep_dir={tmp_path}", "progress=false"]) == 2
     assert "names no dataset" in capsys.readouterr().err
     (run / "config.json").write_text(json.dumps({"env": "demo"}))
-    assert select_psi([str(tmp_path), "--no-progress"]) == 2
+    assert select_psi([f"sweep_dir={tmp_path}", "progress=false"]) == 2
     assert "error:" in capsys.readouterr().err

@@ -40,7 +40,7 @@ select_psi = select_psi_program.main
 
 @pytest.fixture(autouse=True)
 def restore_torch_threads():
-    """select_psi --threads and the FQE test set torch's global thread count; put it back."""
+    """select_psi threads= and the FQE test set torch's global thread count; put it back."""
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
@@ -225,8 +225,8 @@ def test_relaunched_job_continues_in_its_run_directory(tiny_sweep: dict) -> None
 def test_select_psi_on_the_sweep(tiny_sweep: dict, capsys: pytest.CaptureFixture) -> None:
     """FQE of the sweep's two trained policies; online scores come from results.json."""
     report = tiny_sweep["root"] / "selection.json"
-    arguments = ["--steps", "20", "--threads", "1", "--no-progress", "--json", str(report)]
-    assert select_psi([str(tiny_sweep["sweep_dir"]), *arguments]) == 0
+    arguments = ["steps=20", "threads=1", "progress=false", f"json={report}"]
+    assert select_psi([f"sweep_dir={tiny_sweep['sweep_dir']}", *arguments]) == 0
     out = capsys.readouterr().out
     assert "hopper-medium-replay-tiny" in out and "Spearman's rho" in out
     (ranking,) = json.loads(report.read_text())

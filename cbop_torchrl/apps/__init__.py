@@ -56,6 +56,9 @@ def launch(module: str) -> Any:
     # when torch loads, so it is set before the program's module imports torch.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     warnings.filterwarnings("ignore", message=".*compiled extension.*")
+    from cbop_torchrl.utils import set_running_program  # imports torch: after OMP_WAIT_POLICY
+
+    set_running_program(next(c.name for c in COMMANDS if c.module == module))
     return importlib.import_module(f"cbop_torchrl.apps.{module}").main()
 
 

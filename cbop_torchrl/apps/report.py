@@ -1,12 +1,12 @@
 """``cbop-report`` (``scripts/report.py``): the analysis report: results table, learning
 curves and the paper's figures.
 
-    cbop-report benchmarks/results                     # the committed summaries
-    cbop-report runs/hopper-medium-replay-gen/cpu --out report/
-    cbop-report multirun/ runs/x/cpu/default --no-analysis
+    cbop-report paths=benchmarks/results                     # the committed summaries
+    cbop-report paths=runs/hopper-medium-replay-gen/cpu out=report/
+    cbop-report paths=[multirun/,runs/x/cpu/default] analysis=false
 
-Arguments are run directories (holding results.json), sweep directories or
-folders of benchmark summaries, in any mix. Writes into --out: results.md/.csv
+``paths`` are run directories (holding results.json), sweep directories or
+folders of benchmark summaries, in any mix. Writes into ``out``: results.md/.csv
 (normalized score mean +- std over seeds, final and best), runs.csv,
 curves_<dataset>.png, horizon_<dataset>.png (E[h], paper Fig. 1 right),
 rh_<dataset>_<variant>.png (R_h at one state, Fig. 5), share_<...>.png
@@ -14,57 +14,76 @@ rh_<dataset>_<variant>.png (R_h at one state, Fig. 5), share_<...>.png
 (IQM, optimality gap, probability of improvement; needs rliable) and
 README_results.md (the README's results section). The checkpoint-based figures
 come from a run directory's checkpoint, or from a summary that stored them.
+Every setting: ``cbop_torchrl/configs/report.yaml``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+from omegaconf import DictConfig, ListConfig
+
+from cbop_torchrl.cli import (
+    check_output_writable,
+    hydra_entry,
+    refuse,
+    refuse_old_arguments,
+    run_entry,
+)
 from cbop_torchrl.config import ConfigError
 from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs import filter_env_warnings
 from cbop_torchrl.evaluation.report import ReportError, load_summaries, write_report
 from cbop_torchrl.trainers.checkpoint import CheckpointError
-from cbop_torchrl.utils import unwritable_reason
+
+OLD_OPTIONS = {
+    "--out": "out",
+    "--figure-prefix": "figure_prefix",
+    "--no-analysis": "analysis=false",
+}
+"""The argparse options this program had -> the settings that replace them."""
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="+", help="run dirs, sweep dirs or summary folders")
-    parser.add_argument("--out", default="report", help="output directory (default: report/)")
-    parser.add_argument(
-        "--no-analysis",
-        action="store_true",
-        help="do not load checkpoints of run directories (no R_h, A/(A+B), conservatism)",
-    )
-    parser.add_argument(
-        "--figure-prefix",
-        default=None,
-        help="prefix of figure links in README_results.md (default: --out relative to cwd)",
-    )
-    return parser.parse_args(argv)
+def report_paths(value: object) -> list[str]:
+    """``paths=`` (one path or a list of paths) as a list; refuses (exit 2) anything else."""
+    items = list(value) if isinstance(value, (ListConfig, list, tuple)) else [value]
+    if not items or any(item is None or isinstance(item, (DictConfig, dict)) for item in items):
+        refuse(
+            f"paths={value} must be a path or a list of paths, e.g. paths=benchmarks/results "
+            "or paths=[runs/a,multirun/b]"
+        )
+    return [str(item) for item in items]
 
 
-def main(argv: list[str] | None = None) -> int:
-    filter_env_warnings()
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    if (reason := unwritable_reason(args.out)) is not None:
-        print(f"error: --out {args.out} cannot be written: {reason}", file=sys.stderr)
-        return 2
+def run(cfg: DictConfig) -> None:
+    """The Hydra task: load the runs and summaries, write the report, print its table."""
+    paths = report_paths(cfg.paths)
+    check_output_writable("out", cfg.out)
     try:
-        summaries = load_summaries(args.paths, analysis=not args.no_analysis)
-        prefix = args.figure_prefix
+        summaries = load_summaries(paths, analysis=cfg.analysis)
+        prefix = cfg.figure_prefix
         if prefix is None:
-            prefix = os.path.relpath(args.out).rstrip("/") + "/"
-        report = write_report(summaries, args.out, figure_prefix=prefix)
+            prefix = os.path.relpath(cfg.out).rstrip("/") + "/"
+        report = write_report(summaries, cfg.out, figure_prefix=prefix)
     except (ReportError, ConfigError, DatasetError, CheckpointError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(Path(args.out, "results.md").read_text(), end="")
-    print(f"[report] {len(summaries)} runs; {len(report['files'])} files in {args.out}/")
+        refuse(error)
+    print(Path(cfg.out, "results.md").read_text(), end="")
+    print(f"[report] {len(summaries)} runs; {len(report['files'])} files in {cfg.out}/")
     if report["rliable"] is None:
         print("[report] rliable is not installed: no IQM/optimality gap (pip install rliable)")
-    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the program on ``argv`` (Hydra overrides and flags; default: the command line)
+    and returns its exit code."""
+    filter_env_warnings()
+    words = sys.argv[1:] if argv is None else list(argv)
+
+    def program() -> None:
+        refuse_old_arguments(words, "cbop-report", "report", "paths", OLD_OPTIONS)
+        hydra_entry("report")(run)()
+
+    return run_entry(program, words)

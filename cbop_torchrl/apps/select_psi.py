@@ -1,10 +1,11 @@
 """``cbop-select-psi`` (``scripts/select_psi.py``): offline choice of psi (or any swept
 setting) by fitted Q evaluation of each trained policy.
 
-    cbop-select-psi sweeps/paper_grid
-    cbop-select-psi multirun --steps 20000 --device cuda
-    cbop-select-psi multirun --json selection.json
-    cbop-select-psi multirun task.ref_min_score=0 task.ref_max_score=360
+    cbop-select-psi sweep_dir=sweeps/paper_grid
+    cbop-select-psi sweep_dir=multirun steps=20000 device=cuda
+    cbop-select-psi sweep_dir=multirun json=selection.json
+    cbop-select-psi sweep_dir=multirun task.ref_min_score=0 task.ref_max_score=360
+    cbop-select-psi -m sweep_dir=multirun steps=5000,20000 'json=fqe_${steps}.json'
 
 For every run under the sweep directory the trained policy is evaluated
 offline (paper appendix C): a fresh Q-ensemble is fitted to the policy's
@@ -18,115 +19,82 @@ a task without reference scores (``task.ref_min_score``/``task.ref_max_score``
 given here normalize it). The other ``task.*`` keys are accepted like in every
 entry script, but offline selection never runs the environment. Fits are
 cached in each run directory, so a second call is fast and an interrupted
-one resumes.
+one resumes. Every setting: ``cbop_torchrl/configs/select_psi.yaml``.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import sys
-import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
-import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
-from cbop_torchrl.cli import describe_type
+from cbop_torchrl.cli import (
+    config_values,
+    hydra_entry,
+    refuse,
+    refuse_old_arguments,
+    run_entry,
+)
 from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.evaluation.selection import DatasetRanking, rank_runs, score_runs
 from cbop_torchrl.sweeps import SweepError, find_runs
 from cbop_torchrl.trainers.checkpoint import CheckpointError
-from cbop_torchrl.utils import atomic_write, resolve_device, unwritable_reason
+from cbop_torchrl.utils import atomic_write, program_command, resolve_device, unwritable_reason
+
+OLD_OPTIONS = {
+    "--steps": "steps",
+    "--batch-size": "batch_size",
+    "--qvalue-nets": "qvalue_nets",
+    "--device": "device",
+    "--threads": "threads",
+    "--json": "json",
+    "--no-progress": "progress=false",
+}
+"""The argparse options this program had -> the settings that replace them."""
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Rank the runs of a sweep by FQE of their policies (offline selection).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("sweep_dir", type=Path, help="a sweep's hydra.sweep.dir")
-    parser.add_argument(
-        "--steps", type=int, default=None, help="FQE gradient steps (default: each run's fqe.steps)"
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        help="FQE batch (default: each run's fqe.batch_size)",
-    )
-    parser.add_argument("--qvalue-nets", type=int, default=2, help="FQE ensemble size")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:<index>")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (1 is fastest for tiny nets)"
-    )
-    parser.add_argument("--json", type=Path, default=None, help="also write the rankings here")
-    parser.add_argument("--no-progress", action="store_true", help="no FQE progress bars")
-    parser.add_argument(
-        "task", nargs="*", metavar="task.KEY=VALUE",
-        help="task.* values as in scripts/cbop.py (task.ref_min_score=0 task.ref_max_score=360)",
-    )  # fmt: skip
-    return parser.parse_intermixed_args(argv)
+def check_task(values: Mapping[str, Any]) -> TaskConfig:
+    """The ``task`` section as a :class:`TaskConfig`, its reference scores checked.
 
-
-def parse_task_overrides(items: list[str]) -> TaskConfig:
-    """``["task.ref_min_score=0", ...]`` -> a validated :class:`TaskConfig` (values as YAML).
-
-    Each value is checked against the field's type, as Hydra's schema does for
-    the other entry scripts (``task.ref_min_score=abc`` is refused here, before any fit).
+    Raises:
+        SweepError: only one reference score, or two equal ones.
     """
-    fields = {f.name: f for f in dataclasses.fields(TaskConfig)}
-    hints = typing.get_type_hints(TaskConfig)
-    schema = OmegaConf.structured(TaskConfig)
-    for item in items:
-        key, sep, text = item.partition("=")
-        name = key.removeprefix("task.")
-        if not sep or not key.startswith("task.") or name not in fields:
-            raise SweepError(
-                f"{item!r} is not a task setting; pass task.KEY=VALUE with KEY one of "
-                f"{', '.join(sorted(fields))} (e.g. task.ref_min_score=0 task.ref_max_score=360)"
-            )
-        try:
-            schema = OmegaConf.merge(schema, {name: yaml.safe_load(text)})
-        except (OmegaConfBaseException, yaml.YAMLError):
-            raise SweepError(
-                f"{item}: task.{name} must be {describe_type(hints[name])} "
-                "(e.g. task.ref_min_score=0 task.ref_max_score=360)"
-            ) from None
-    config = TaskConfig.from_dict(OmegaConf.to_container(schema))
+    config = TaskConfig.from_dict(values)
     refs = (config.ref_min_score, config.ref_max_score)
     if (refs[0] is None) != (refs[1] is None) or (refs[0] is not None and refs[0] == refs[1]):
+        shown = ["null" if ref is None else ref for ref in refs]
         raise SweepError(
-            f"task.ref_min_score={refs[0]} and task.ref_max_score={refs[1]}: give both, "
+            f"task.ref_min_score={shown[0]} and task.ref_max_score={shown[1]}: give both, "
             "different (the returns that normalize to 0 and 100), or neither"
         )
     return config
 
 
-def check_arguments(args: argparse.Namespace) -> tuple[torch.device, TaskConfig]:
-    """Every argument checked before any run is read: the device and the task settings.
+def check_settings(cfg: DictConfig) -> tuple[torch.device, TaskConfig]:
+    """Every setting checked before any run is read: sizes, the output, the device, the task.
 
     Raises:
-        SweepError: naming the argument and what it takes.
+        SweepError: naming the setting and what it takes.
     """
-    for name, value in (("--steps", args.steps), ("--batch-size", args.batch_size)):
-        if value is not None and value < 1:
-            raise SweepError(f"{name}={value} must be a positive integer")
-    if args.qvalue_nets < 1:
-        raise SweepError(f"--qvalue-nets={args.qvalue_nets} must be a positive integer")
-    if args.threads is not None and args.threads < 1:
-        raise SweepError(f"--threads={args.threads} must be a positive integer")
-    if args.json is not None and (reason := unwritable_reason(args.json.absolute().parent)):
-        raise SweepError(f"--json {args.json} cannot be written: {reason}")
+    for key in ("steps", "batch_size", "qvalue_nets", "threads"):
+        if cfg[key] is not None and cfg[key] < 1:
+            raise SweepError(f"{key}={cfg[key]} must be a positive integer (or null)")
+    if cfg.json is not None and (reason := unwritable_reason(Path(cfg.json).absolute().parent)):
+        raise SweepError(
+            f"json={cfg.json} cannot be written: {reason}; set json= to a path in a "
+            "directory you can write to"
+        )
     try:
-        device = resolve_device(args.device)
+        device = resolve_device(cfg.device)
     except RuntimeError as error:
-        raise SweepError(f"--device: {error}") from None
-    return device, parse_task_overrides(args.task)
+        raise SweepError(f"device={cfg.device}: {error}") from None
+    return device, check_task(config_values(cfg.task))
 
 
 def format_ranking(ranking: DatasetRanking) -> str:
@@ -195,41 +163,51 @@ def ranking_record(ranking: DatasetRanking) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(cfg: DictConfig) -> None:
+    """The Hydra task: fit FQE for every run of the sweep, print (and write) the rankings."""
     try:
-        device, task = check_arguments(args)
-        runs = find_runs(args.sweep_dir)
+        device, task = check_settings(cfg)
+        runs = find_runs(Path(cfg.sweep_dir))
         if not runs:
             raise SweepError(
-                f"no trained runs under {str(args.sweep_dir)!r}: a run directory holds "
-                "config.json and policy.pt (or checkpoint.pt while training). Pass the "
-                "hydra.sweep.dir of a multirun of scripts/cbop.py whose jobs have started"
+                f"no trained runs under sweep_dir={cfg.sweep_dir}: a run directory holds "
+                "config.json and policy.pt (or checkpoint.pt while training). Set sweep_dir= "
+                f"to the hydra.sweep.dir of a multirun of {program_command('cbop-train')} whose "
+                "jobs have started"
             )
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        progress = not args.no_progress
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
 
         def announce(index: int, run_dir: Path) -> None:
-            if progress:
+            if cfg.progress:
                 print(f"[select] FQE {index + 1}/{len(runs)}: {run_dir}", flush=True)
 
         scores = score_runs(
             runs,
             device,
-            progress,
+            cfg.progress,
             announce,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            num_qvalue_nets=args.qvalue_nets,
+            steps=cfg.steps,
+            batch_size=cfg.batch_size,
+            num_qvalue_nets=cfg.qvalue_nets,
             task=task,
         )
     except (SweepError, DatasetError, CheckpointError, FloatingPointError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        refuse(error)
     rankings = rank_runs(scores)
     print("\n\n".join(format_ranking(ranking) for ranking in rankings))
-    if args.json is not None:
+    if cfg.json is not None:
         text = json.dumps([ranking_record(r) for r in rankings], indent=2)
-        atomic_write(args.json, lambda tmp: tmp.write_text(text))
-    return 0
+        atomic_write(cfg.json, lambda tmp: tmp.write_text(text))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the program on ``argv`` (Hydra overrides and flags; default: the command line)
+    and returns its exit code."""
+    words = sys.argv[1:] if argv is None else list(argv)
+
+    def program() -> None:
+        refuse_old_arguments(words, "cbop-select-psi", "select_psi", "sweep_dir", OLD_OPTIONS)
+        hydra_entry("select_psi")(run)()
+
+    return run_entry(program, words)

@@ -13,7 +13,6 @@ from cbop_torchrl.data.errors import GENERATE_COMMAND, DatasetError, generate_co
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.data.replay import make_replay_buffer
 from cbop_torchrl.data.sources import (
-    DEMO_COMMAND,
     DEMO_DATASET_PATH,
     dataset_info,
     load_dataset,
@@ -23,7 +22,6 @@ from cbop_torchrl.data.transitions import DATASET_KEYS, build_transitions
 
 __all__ = [
     "DATASET_KEYS",
-    "DEMO_COMMAND",
     "DEMO_DATASET_PATH",
     "GENERATE_COMMAND",
     "DatasetError",

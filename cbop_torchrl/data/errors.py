@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-GENERATE_COMMAND = "python scripts/collect.py env={family} kind={kind}"
-"""Generator command (issue 3) that writes a D4RL look-alike ``<family>-<kind>-gen.hdf5``.
+from cbop_torchrl.utils import program_command
+
+GENERATE_COMMAND = "cbop-collect env={family} kind={kind}"
+"""Generator command (issue 3) that writes a D4RL look-alike ``<family>-<kind>-gen.hdf5``
+(``python scripts/collect.py ...`` in a checkout).
 
 Kept in one place so every error message names the same, current command.
 """
@@ -17,5 +20,7 @@ class DatasetError(ValueError):
 
 
 def generate_command(family: str = "hopper", kind: str = "medium-replay") -> str:
-    """The generator command for one family and D4RL kind, e.g. for error messages."""
-    return GENERATE_COMMAND.format(family=family, kind=kind)
+    """The generator command for one family and D4RL kind, as the user's shell runs it
+    (:func:`cbop_torchrl.utils.program_command`), e.g. for error messages."""
+    command = GENERATE_COMMAND.format(family=family, kind=kind)
+    return command.replace("cbop-collect", program_command("cbop-collect"), 1)

@@ -165,7 +165,7 @@ def _read_and_validate(handle: h5py.File, path: Path) -> dict[str, np.ndarray]:
         raise DatasetError(
             f"{where} lacks the key(s) {missing}; a D4RL-format file needs {list(REQUIRED_KEYS)} "
             f"(it has {sorted(handle.keys())}). Write next_observations explicitly (D4RL v2 "
-            "files and scripts/collect.py do) and timeouts as all-False if no episode was cut."
+            "files and cbop-collect do) and timeouts as all-False if no episode was cut."
         )
     shapes = {key: tuple(handle[key].shape) for key in REQUIRED_KEYS}
 

@@ -23,18 +23,21 @@ from cbop_torchrl.data.errors import DatasetError
 from cbop_torchrl.data.hdf5 import check_family_name, load_hdf5
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.registry import d4rl_ids, parse_d4rl_id
+from cbop_torchrl.utils import program_command
 
 DEMO_DATASET_PATH = (
     Path(__file__).resolve().parents[1] / "assets" / "hopper-demo-medium-replay-gen.hdf5"
 )
 """The bundled default dataset (``load_dataset("demo")``)."""
 
-DEMO_COMMAND = (
-    "python scripts/collect.py env=hopper kind=medium-replay seed=0 tag=demo "
-    "out_dir=cbop_torchrl/assets sac.total_steps=100000 sac.eval_episodes=5 "
-    "medium_reference=best medium_min_normalized=null stop_at_medium=false"
-)
-"""The command that made the demo file (also in the provenance file beside it)."""
+def demo_command() -> str:
+    """The command that makes the demo file where the package looks for it, for the user's
+    shell (the provenance file beside the file records the same settings)."""
+    return (
+        f"{program_command('cbop-collect')} env=hopper kind=medium-replay seed=0 tag=demo "
+        f"out_dir={DEMO_DATASET_PATH.parent} sac.total_steps=100000 sac.eval_episodes=5 "
+        "medium_reference=best medium_min_normalized=null stop_at_medium=false"
+    )
 
 MINARI_PREFIX = "minari:"
 
@@ -101,8 +104,8 @@ def _dispatch(
         if not DEMO_DATASET_PATH.is_file():
             raise DatasetError(
                 f"the bundled demo dataset is missing: expected {str(DEMO_DATASET_PATH)!r}. "
-                f"Regenerate it with `{DEMO_COMMAND}` (the provenance file in "
-                "cbop_torchrl/assets/ records the seed and size), "
+                f"Regenerate it with `{demo_command()}` (the provenance file beside it "
+                "records the seed and size), "
                 "or pass another source: a D4RL id, a D4RL-format HDF5 path or minari:<id>."
             )
         return _from_hdf5(DEMO_DATASET_PATH, family, "demo", with_data)

@@ -4,8 +4,8 @@ A dataset of a known family (D4RL's MuJoCo locomotion tasks, recognised from
 the dataset's name or metadata) needs no settings. For any other gymnasium
 task, the command line says what the data cannot:
 
-    python scripts/cbop.py env=/data/swimmer.hdf5 task.gym_id=Swimmer-v4 \
-        task.termination=none estimator.psi=1.0
+    cbop-train env=/data/swimmer.hdf5 task.gym_id=Swimmer-v4 task.termination=none \
+        estimator.psi=1.0
 
 ``task.ref_min_score``/``task.ref_max_score`` turn returns into normalized
 scores; without them results report the raw return only.
@@ -14,6 +14,8 @@ scores; without them results report the raw return only.
 from __future__ import annotations
 
 import re
+import shlex
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from cbop_torchrl.registry import (
     get_family,
     termination_names,
 )
+from cbop_torchrl.utils import program_command, running_program
 
 
 class TaskError(DatasetError):
@@ -63,12 +66,25 @@ class TaskConfig:
         return cls(**values)
 
 
-def example_command(info: DatasetInfo, gym_id: str = "<gymnasium id>") -> str:
-    """A complete command that trains on ``info``'s data once its task is named."""
-    return (
-        f"python scripts/cbop.py env={info.source} task.gym_id={gym_id} "
-        "task.termination=none estimator.psi=1.0"
-    )
+TASK_KEYS = ("task.gym_id", "task.termination")
+
+
+def example_command(info: DatasetInfo, gym_id: str) -> str:
+    """A complete command that runs on ``info``'s data once its task is named.
+
+    Run from one of the package's programs, it is the user's own command line with
+    ``task.gym_id``/``task.termination`` set (and psi for ``cbop-train``, whose paper
+    table knows D4RL data only); from Python, a ``cbop-train`` command. Either is
+    written for the user's shell (:func:`cbop_torchrl.utils.program_command`).
+    """
+    program = running_program()
+    words = [w for w in sys.argv[1:] if w.partition("=")[0].lstrip("+~") not in TASK_KEYS]
+    if program is None:
+        program, words = "cbop-train", [f"env={info.source}"]
+    words += [f"task.gym_id={gym_id}", "task.termination=none"]
+    if program == "cbop-train" and not any(w.startswith("estimator.psi=") for w in words):
+        words.append("estimator.psi=1.0")
+    return f"{program_command(program)} {shlex.join(words)}"
 
 
 def resolve_task(config: TaskConfig | Mapping[str, Any] | None, info: DatasetInfo) -> Task:
@@ -149,7 +165,7 @@ def resolve_task(config: TaskConfig | Mapping[str, Any] | None, info: DatasetInf
 def override_task(task: Task, config: TaskConfig | Mapping[str, Any] | None) -> Task:
     """``task`` (e.g. the one a policy was trained on) with the ``task.*`` values that are set.
 
-    Used where the task is already known, as in ``scripts/evaluate.py``: a given
+    Used where the task is already known, as in ``cbop-evaluate``: a given
     ``task.gym_id`` evaluates elsewhere, given ``task.ref_*`` scores normalize.
     """
     if not isinstance(config, TaskConfig):
@@ -197,7 +213,7 @@ def _family_of(gym_id: str) -> str | None:
 
 
 def collection_task(name: str, config: TaskConfig | Mapping[str, Any] | None) -> Task:
-    """The task ``scripts/collect.py env=<name>`` generates data on.
+    """The task ``cbop-collect env=<name>`` generates data on.
 
     A known family (``hopper``) with any ``task.*`` values replaced; any other
     ``name`` needs ``task.gym_id`` (the files are then called ``<name>-<kind>-gen.hdf5``).
@@ -209,8 +225,8 @@ def collection_task(name: str, config: TaskConfig | Mapping[str, Any] | None) ->
     if config.gym_id is None:
         raise TaskError(
             f"env={name} is not a known family ({', '.join(sorted(families()))}); to generate "
-            f"data on another gymnasium task, name it: `python scripts/collect.py env={name} "
-            "task.gym_id=Swimmer-v4 kind=random`."
+            f"data on another gymnasium task, name it: `{program_command('cbop-collect')} "
+            f"env={name} task.gym_id=Swimmer-v4 kind=random`."
         )
     try:
         return Task(

@@ -224,8 +224,8 @@ def load_summaries(paths: Iterable[str | Path], analysis: bool = True) -> list[d
         path = Path(raw)
         if not path.exists():
             raise ReportError(
-                f"{str(path)!r} does not exist; pass run directories (holding results.json), "
-                "a sweep directory, or a results folder such as benchmarks/results"
+                f"{str(path)!r} does not exist; paths= takes run directories (holding "
+                "results.json), sweep directories or results folders such as benchmarks/results"
             )
         files = [path] if path.is_file() else sorted(path.rglob("*.json"))
         for file in files:

@@ -494,7 +494,8 @@ def score_runs(
         if "env" not in config:
             raise SweepError(
                 f"{str(Path(run_dir) / 'config.json')!r} names no dataset ('env'); it was not "
-                "written by scripts/cbop.py. Remove that directory from the sweep directory"
+                "written by cbop-train (scripts/cbop.py). Remove that directory from the sweep "
+                "directory"
             )
         env = str(config["env"])
         if env not in datasets:
