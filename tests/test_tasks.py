@@ -344,3 +344,31 @@ def test_select_psi_task_arguments_are_checked(capsys: pytest.CaptureFixture) ->
     assert module.main(["sweep_dir=no_sweep", "task.foo=1"]) == 2
     error = capsys.readouterr().err
     assert "task.foo" in error and "ref_min_score" in error and "no_sweep" not in error
+
+
+def test_a_suggested_command_is_the_users_own_with_the_task_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a program: its command line with task.* set (psi for cbop-train only, the
+    others have no estimator); from Python: a cbop-train command."""
+    from cbop_torchrl.envs.task import example_command
+    from cbop_torchrl.utils import program_command, running_program, set_running_program
+
+    path = write_d4rl_hdf5(tmp_path / "robot.hdf5", "swimmer")
+    info = dataset_info(path)
+    typed = [f"env={path}", "output_dir=out", "task.gym_id=Bad-v0"]
+    monkeypatch.setattr(sys, "argv", ["cbop-train-dynamics", *typed])
+    assert running_program() is None
+    set_running_program("cbop-train-dynamics")
+    try:
+        command = example_command(info, "Swimmer-v4")
+    finally:
+        set_running_program(None)
+    assert command == (
+        f"{program_command('cbop-train-dynamics')} env={path} output_dir=out "
+        "task.gym_id=Swimmer-v4 task.termination=none"
+    )
+    assert example_command(info, "Swimmer-v4") == (
+        f"{program_command('cbop-train')} env={path} task.gym_id=Swimmer-v4 "
+        "task.termination=none estimator.psi=1.0"
+    )

@@ -1,14 +1,15 @@
 """The programs: console scripts (``cbop-train``, ...), ``scripts/*.py`` and the Python API.
 
-The top of the package's stack: the modules here turn a Hydra config (or an
-argparse command line) into calls of the layers below, print, and map errors
-to exit code 2. ``scripts/<name>.py`` in a checkout and the console script
-installed with the package run the same :func:`launch` and accept the same
-Hydra overrides; :mod:`cbop_torchrl.apps.api` is the same work as Python
-functions that return the results instead of printing them.
+The top of the package's stack: the modules here turn a Hydra config (every
+program is a Hydra app with a typed schema, :mod:`cbop_torchrl.cli`) into calls
+of the layers below, print, and map errors to exit code 2.
+``scripts/<name>.py`` in a checkout and the console script installed with the
+package run the same :func:`launch` and accept the same Hydra overrides;
+:mod:`cbop_torchrl.apps.api` is the same work as Python functions that return
+the results instead of printing them.
 
-This module imports nothing heavy, so :func:`launch` runs before torch is
-imported.
+This module imports nothing heavy, so :func:`launch` sets the environment
+before torch is imported.
 """
 
 from __future__ import annotations
