@@ -131,17 +131,29 @@ _INPLACE_ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
     nn.Tanh: torch.tanh_,
     nn.SiLU: lambda x: F.silu(x, inplace=True),
 }
+#: The same activations out of place, for paths that autograd differentiates.
+_ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
+    nn.ReLU: torch.relu,
+    nn.Tanh: torch.tanh,
+    nn.SiLU: F.silu,
+}
 
 
 def _plain_mlp_plan(
-    qvalue_network: TensorDictModuleBase, obs_key: str, action_key: str, q_value_key: str
+    qvalue_network: TensorDictModuleBase,
+    obs_key: str,
+    action_key: str,
+    q_value_key: str,
+    inplace: bool = True,
 ) -> list[tuple[str, Any]] | None:
     """``[("linear", name) | ("act", fn), ...]`` if the network is a plain MLP, else None.
 
     Plain means: reads ``[obs_key, action_key]`` (concatenated in that order, as
     TorchRL's ``MLP`` does), writes ``[q_value_key]``, and its ``module`` is an
-    ``nn.Sequential`` of ``nn.Linear`` and ReLU/Tanh/SiLU layers only.
+    ``nn.Sequential`` of ``nn.Linear`` and ReLU/Tanh/SiLU layers only. The
+    activations run in place unless ``inplace=False`` (under autograd).
     """
+    activations = _INPLACE_ACTIVATIONS if inplace else _ACTIVATIONS
     if list(getattr(qvalue_network, "in_keys", [])) != [obs_key, action_key]:
         return None
     if list(getattr(qvalue_network, "out_keys", [])) != [q_value_key]:
@@ -153,8 +165,8 @@ def _plain_mlp_plan(
     for name, child in module.named_children():
         if type(child) is nn.Linear and child.bias is not None:
             plan.append(("linear", name))
-        elif type(child) in _INPLACE_ACTIVATIONS:
-            plan.append(("act", _INPLACE_ACTIVATIONS[type(child)]))
+        elif type(child) in activations:
+            plan.append(("act", activations[type(child)]))
         else:
             return None
     if plan[0][0] != "linear" or plan[-1][0] != "linear":

@@ -20,6 +20,15 @@ What CBOPLoss changes:
   holds ``bc_weight * E_(s,a)[-log pi(a|s)]`` at the dataset's actions, a
   behaviour-cloning pull that keeps the actor near the data (docs/learning.md).
 
+How the step is computed (the same numbers as SACLoss's passes plus a separate
+EDAC pass, with less work): the critic's MSE and EDAC's action gradients come
+from ONE Q-ensemble forward on ``(s, a)`` (SACLoss and a separate EDAC pass
+would run it twice), the BC term reuses the actor loss's policy distribution,
+and when the Q-networks are plain MLPs (:func:`make_qvalue_ensemble`) every
+Q-ensemble pass is one ``baddbmm`` per layer on the stacked ``[M, ...]``
+parameters instead of ``torch.vmap`` over a TensorDict module
+(``fused_q=False``: SACLoss's ``vmap`` route).
+
 Output keys (``reduction="mean"``): ``loss_actor``, ``loss_qvalue`` (MSE sum +
 ``eta * L_ES``), ``loss_alpha``, ``alpha``, ``entropy`` (as SACLoss), plus
 ``edac_penalty`` (``L_ES`` itself, detached), ``qvalue_mse`` (the MSE part,
@@ -40,12 +49,46 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import Tensor
 from torchrl.data import TensorSpec
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.modules.distributions.utils import rsample_and_log_prob
 from torchrl.objectives import SACLoss
+from torchrl.objectives.utils import distance_loss
 
 from cbop_torchrl._torchrl_compat import SACTargetFromEstimator, vmap_over_params
 from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
-from cbop_torchrl.objectives.estimator import CBOPValueEstimator
+from cbop_torchrl.objectives.estimator import CBOPValueEstimator, _plain_mlp_plan
 from cbop_torchrl.objectives.pretrain import ACTION_EPS
+
+
+def stacked_mlp_forward(
+    inputs: Tensor, params: TensorDictBase, plan: list[tuple[str, Any]], detach: bool = False
+) -> Tensor:
+    """M plain MLPs with stacked parameters, differentiable: ``-> [M, R]``.
+
+    Args:
+        inputs: ``[R, in]`` shared by all members (broadcast, not copied) or
+            ``[M, R, in]``, one row block per member.
+        params: ``[M, ...]`` parameters, ``("module", name, "weight")`` ``[M, out, in]``
+            and ``("module", name, "bias")`` ``[M, out]`` for each Linear of ``plan``.
+        plan: from ``_plain_mlp_plan(..., inplace=False)``.
+        detach: use the parameters detached (gradients reach the inputs only).
+
+    One ``baddbmm`` per Linear layer (bias fused, weights read transposed in
+    place), the same maths as ``torch.vmap`` over the members' ``nn.Linear``s.
+    """
+    hidden = inputs
+    for kind, item in plan:
+        if kind == "act":
+            hidden = item(hidden)
+            continue
+        weight = params.get(("module", item, "weight"))
+        bias = params.get(("module", item, "bias"))
+        if detach:
+            weight, bias = weight.detach(), bias.detach()
+        if hidden.dim() == 2:
+            hidden = hidden.expand(weight.shape[0], *hidden.shape)
+        hidden = torch.baddbmm(bias.unsqueeze(1), hidden, weight.transpose(1, 2))
+    return hidden.squeeze(-1)
 
 
 class CBOPLoss(SACTargetFromEstimator, SACLoss):
@@ -67,6 +110,9 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         bc_weight: BEYOND THE PAPER: weight of the actor's negative log-likelihood
             of the dataset's actions, in units of Q per nat (0, the paper: none).
         loss_function: SACLoss's critic distance (default ``"l2"``).
+        fused_q: evaluate the Q-ensemble of plain-MLP Q-networks with stacked
+            ``baddbmm`` (loss and estimator); ``False`` uses ``torch.vmap``
+            (any Q-network uses it). Results agree to float rounding.
         estimator_kwargs: further :class:`CBOPValueEstimator` arguments
             (``fixed_weighting``, ``lmbda``, ``quantile``, ``num_particles``, ...).
         **sac_kwargs: further ``SACLoss`` arguments (``alpha_init``, ...).
@@ -91,6 +137,7 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         eta: float = 1.0,
         bc_weight: float = 0.0,
         loss_function: str = "l2",
+        fused_q: bool = True,
         estimator_kwargs: dict[str, Any] | None = None,
         **sac_kwargs: Any,
     ) -> None:
@@ -120,6 +167,19 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         )
         self.eta = float(eta)
         self.bc_weight = float(bc_weight)
+        self._q_plan = None
+        if fused_q and not self.deactivate_vmap:
+            self._q_plan = _plain_mlp_plan(
+                self.qvalue_network,
+                self.qvalue_network.in_keys[0],
+                self.tensor_keys.action,
+                self.tensor_keys.state_action_value,
+                inplace=False,
+            )
+        # What qvalue_v2_loss/actor_loss computed for forward() (EDAC term, BC NLL).
+        self._extras: dict[str, Tensor] = {}
+        estimator_kwargs = dict(estimator_kwargs or {})
+        estimator_kwargs.setdefault("fused_q", fused_q)
         estimator = CBOPValueEstimator.from_sac_loss(
             self,
             dynamics,
@@ -131,9 +191,59 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             rollout_dtype=rollout_dtype,
             seed=seed,
             compile=compile,
-            **(estimator_kwargs or {}),
+            **estimator_kwargs,
         )
         self.make_value_estimator(estimator)
+
+    def _member_q(
+        self, tensordict: TensorDictBase, action: Tensor, params: TensorDictBase, detach: bool
+    ) -> Tensor:
+        """``Q_m(s, action)`` ``[M, *batch]``; ``action`` ``[*batch, A]`` or ``[M, *batch, A]``."""
+        obs_key = self.qvalue_network.in_keys[0]
+        batch_shape = tensordict.batch_size
+        per_member = action.dim() == len(batch_shape) + 2
+        if self._q_plan is not None:
+            obs = tensordict.get(obs_key).reshape(-1, *tensordict.get(obs_key).shape[-1:])
+            if per_member:
+                flat_action = action.reshape(action.shape[0], -1, action.shape[-1])
+                obs = obs.expand(action.shape[0], *obs.shape)
+                inputs = torch.cat([obs, flat_action], dim=-1)
+            else:
+                inputs = torch.cat([obs, action.reshape(-1, action.shape[-1])], dim=-1)
+            q = stacked_mlp_forward(inputs, params, self._q_plan, detach=detach)
+            return q.reshape(q.shape[0], *batch_shape)
+        td = tensordict.select(*self.qvalue_network.in_keys, strict=False)
+        if per_member:
+            td = td.expand(action.shape[0], *batch_shape).clone(False)
+        td.set(self.tensor_keys.action, action)
+        member_q = vmap_over_params(
+            self.qvalue_network,
+            (0 if per_member else None, 0),
+            self.vmap_randomness,
+            loop=self.deactivate_vmap,
+        )
+        params = params.detach() if detach else params
+        return member_q(td, params).get(self.tensor_keys.state_action_value).squeeze(-1)
+
+    def _q_and_action_gradients(
+        self, tensordict: TensorDictBase, with_gradients: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``Q_m(s, a)`` ``[M, *batch]`` at the data's actions and, if asked, ``grad_a Q_m``.
+
+        The gradients ``[M, *batch, A]`` are differentiable in the Q parameters
+        (``create_graph``) and come from the same forward as the Q values.
+        """
+        params = self.qvalue_network_params
+        action = tensordict.get(self.tensor_keys.action)
+        if not with_gradients:
+            return self._member_q(tensordict, action, params, detach=False), None
+        with torch.enable_grad():  # the action gradient is needed even under no_grad
+            action = action.detach().requires_grad_()
+            # A broadcast view: autograd gives the gradient of each member slice separately.
+            member_action = action.unsqueeze(0).expand(self.num_qvalue_nets, *action.shape)
+            q = self._member_q(tensordict, member_action, params, detach=False)
+            (grad,) = torch.autograd.grad(q.sum(), member_action, create_graph=True)
+        return q, grad
 
     def edac_penalty(self, tensordict: TensorDictBase) -> Tensor:
         """EDAC's ``1/(M-1) sum_{i != j} cos(g_i, g_j)`` per sample ``[*batch]``.
@@ -142,43 +252,78 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         Q parameters (``create_graph``). Uses ``||sum_m n_m||^2 - sum_m ||n_m||^2
         = sum_{i != j} <n_i, n_j>`` for the normalized ``n_m``: O(M) instead of O(M^2).
         """
-        num_members = self.num_qvalue_nets
-        td = tensordict.select(*self.qvalue_network.in_keys, strict=False)
-        with torch.enable_grad():  # the action gradient is needed even under no_grad
-            action = td.get(self.tensor_keys.action).detach().requires_grad_()
-            # A broadcast view: autograd gives the gradient of each member slice separately.
-            member_action = action.unsqueeze(0).expand(num_members, *action.shape)
-            td = td.expand(num_members, *td.batch_size).clone(False)
-            td.set(self.tensor_keys.action, member_action)
-            # Members on their own copy of the input (in_dims (0, 0)): per-member gradients.
-            member_q = vmap_over_params(
-                self.qvalue_network, (0, 0), self.vmap_randomness, loop=self.deactivate_vmap
-            )
-            q = member_q(td, self.qvalue_network_params)
-            q = q.get(self.tensor_keys.state_action_value)
-            (grad,) = torch.autograd.grad(q.sum(), member_action, create_graph=True)
+        _, grad = self._q_and_action_gradients(tensordict, with_gradients=True)
         return gradient_diversity_penalty(grad)  # grad: [M, *batch, A]
 
-    def behaviour_nll(self, tensordict: TensorDictBase) -> Tensor:
-        """``-log pi(a|s)`` of the dataset's actions under the current actor ``[*batch]``."""
+    def qvalue_v2_loss(self, tensordict: TensorDictBase) -> tuple[Tensor, dict[str, Tensor]]:
+        """SACLoss's summed critic MSE on the CBOP target; the EDAC term from the same Q pass.
+
+        Returns the MSE part and ``{"td_error": max_m |Q_m - y|}`` as SACLoss;
+        the (unreduced) EDAC penalty goes to :meth:`forward`.
+        """
+        weights = self._maybe_get_priority_weight(tensordict)
+        target_value = self._compute_target_v2(tensordict)  # [*batch]
+        pred_val, grad = self._q_and_action_gradients(tensordict, with_gradients=self.eta > 0)
+        if grad is not None:
+            self._extras["edac_penalty"] = gradient_diversity_penalty(grad)
+        td_error = (pred_val - target_value).abs()
+        loss_qval = distance_loss(
+            pred_val, target_value.expand_as(pred_val), loss_function=self.loss_function
+        ).sum(0)
+        loss_qval = self._reduce_loss(loss_qval, tensordict=tensordict, weights=weights)
+        return loss_qval, {"td_error": td_error.detach().max(0)[0]}
+
+    def actor_loss(self, tensordict: TensorDictBase) -> tuple[Tensor, dict[str, Tensor]]:
+        """SACLoss's ``alpha log pi(a~|s) - min_m Q_m(s, a~)``; the BC NLL from the same policy."""
+        weights = self._maybe_get_priority_weight(tensordict)
+        with (
+            set_exploration_type(ExplorationType.RANDOM),
+            self.actor_network_params.to_module(self.actor_network),
+        ):
+            dist = self.actor_network.get_dist(tensordict)
+            action, log_prob = rsample_and_log_prob(dist)
+            if self.bc_weight > 0:
+                self._extras["bc_nll"] = self._nll(dist, tensordict)
+        q = self._member_q(tensordict, action, self.qvalue_network_params, detach=True)
+        loss_actor = self._current_alpha() * log_prob - q.min(0)[0]
+        loss_actor = self._reduce_loss(loss_actor, tensordict=tensordict, weights=weights)
+        return loss_actor, {"log_prob": log_prob.detach()}
+
+    def _current_alpha(self) -> Tensor:
+        """``exp(log_alpha)`` within the loss's bounds, detached (SACLoss's alpha)."""
+        log_alpha = self.log_alpha.detach()
+        if self.min_log_alpha is not None or self.max_log_alpha is not None:
+            log_alpha = log_alpha.clamp(self.min_log_alpha, self.max_log_alpha)
+        return log_alpha.exp()
+
+    def _nll(self, dist: Any, tensordict: TensorDictBase) -> Tensor:
         action = tensordict.get(self.tensor_keys.action)
-        obs = tensordict.select(*self.actor_network.in_keys, strict=False)
-        with self.actor_network_params.to_module(self.actor_network):
-            dist = self.actor_network.get_dist(obs)
         # log pi is infinite on the box's edges, where recorded actions may sit.
         return -dist.log_prob(action.clamp(-1.0 + ACTION_EPS, 1.0 - ACTION_EPS))
 
+    def behaviour_nll(self, tensordict: TensorDictBase) -> Tensor:
+        """``-log pi(a|s)`` of the dataset's actions under the current actor ``[*batch]``."""
+        obs = tensordict.select(*self.actor_network.in_keys, strict=False)
+        with self.actor_network_params.to_module(self.actor_network):
+            dist = self.actor_network.get_dist(obs)
+        return self._nll(dist, tensordict)
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """SACLoss's losses with the EDAC term and the CBOP diagnostics (module doc)."""
-        td_out = super().forward(tensordict)
+        self._extras.clear()
+        try:
+            td_out = super().forward(tensordict)
+            extras = dict(self._extras)
+        finally:
+            self._extras.clear()  # holds graph tensors: not kept past the call
         if self.bc_weight > 0:
-            nll = self._reduce_loss(self.behaviour_nll(tensordict), tensordict=tensordict)
+            nll = self._reduce_loss(extras["bc_nll"], tensordict=tensordict)
             td_out.set("loss_actor", td_out.get("loss_actor") + self.bc_weight * nll)
             if td_out.batch_size == torch.Size([]):
                 td_out.set("bc_nll", nll.detach())
         mse = td_out.get("loss_qvalue")
         if self.eta > 0:
-            penalty = self._reduce_loss(self.edac_penalty(tensordict), tensordict=tensordict)
+            penalty = self._reduce_loss(extras["edac_penalty"], tensordict=tensordict)
             td_out.set("loss_qvalue", mse + self.eta * penalty)
         else:
             penalty = torch.zeros_like(mse)
