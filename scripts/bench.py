@@ -728,6 +728,21 @@ def print_size(result: dict) -> None:
     )
 
 
+#: ``--large-dataset-dynamics-rows`` default: the README's ``large_dataset.py`` command.
+LARGE_DATASET_DYNAMICS_ROWS = 200_000
+#: ``benchmarks/large_dataset.py`` refuses fewer dynamics rows than one episode.
+LARGE_DATASET_MIN_ROWS = 1000
+
+
+def large_dataset_command(transitions: int, dynamics_rows: int, out: Path) -> list[str]:
+    """The ``benchmarks/large_dataset.py`` command line (``dynamics_rows`` 0: all rows)."""
+    script = REPO / "benchmarks" / "large_dataset.py"
+    command = [sys.executable, str(script), "--transitions", str(transitions)]
+    if dynamics_rows:
+        command += ["--dynamics-rows", str(dynamics_rows)]
+    return [*command, "--json", str(out)]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
@@ -754,6 +769,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         metavar="N",
         help="also run benchmarks/large_dataset.py on N transitions (D4RL full-replay: 2000000)",
+    )
+    parser.add_argument(
+        "--large-dataset-dynamics-rows",
+        type=int,
+        default=LARGE_DATASET_DYNAMICS_ROWS,
+        metavar="N",
+        help="with --large-dataset: time the dynamics epoch on the first N rows and scale it to "
+        f"all rows (default {LARGE_DATASET_DYNAMICS_ROWS:,}, as in the README; 0: all rows)",
     )
     parser.add_argument(
         "--no-extras",
@@ -793,6 +816,14 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             print(f"{flag} {value}: give a positive integer.", file=sys.stderr)
             return 2
+    rows = args.large_dataset_dynamics_rows
+    if rows != 0 and rows < LARGE_DATASET_MIN_ROWS:
+        print(
+            f"--large-dataset-dynamics-rows {rows}: give at least {LARGE_DATASET_MIN_ROWS} rows "
+            f"(one episode), or 0 for all rows (default {LARGE_DATASET_DYNAMICS_ROWS}).",
+            file=sys.stderr,
+        )
+        return 2
     if args.json and (reason := unwritable_reason(args.json.absolute().parent)) is not None:
         print(f"--json {args.json} cannot be written: {reason}.", file=sys.stderr)
         return 2
@@ -860,9 +891,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.large_dataset:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "large.json"
-            script = REPO / "benchmarks" / "large_dataset.py"
-            command = [sys.executable, str(script), "--transitions", str(args.large_dataset)]
-            subprocess.run([*command, "--json", str(out)], check=True)
+            command = large_dataset_command(
+                args.large_dataset, args.large_dataset_dynamics_rows, out
+            )
+            subprocess.run(command, check=True)
             large = json.loads(out.read_text())
         report.update({k: v for k, v in large.items() if k.startswith("large_dataset_")})
         report["large_dataset_transitions"] = large["transitions"]

@@ -68,3 +68,18 @@ def test_cpu_preset_sizes_come_from_the_config(bench):
 def test_bad_arguments_are_explained(bench, capsys):
     assert bench.main(["--sizes", "huge"]) == 2
     assert "unknown size" in capsys.readouterr().err
+
+
+def test_large_dataset_run_passes_the_dynamics_rows(bench, tmp_path, capsys):
+    out = tmp_path / "large.json"
+    default = bench.parse_args(["--large-dataset", "2000000"])
+    command = bench.large_dataset_command(
+        default.large_dataset, default.large_dataset_dynamics_rows, out
+    )
+    assert command[1].endswith("benchmarks/large_dataset.py")
+    assert command[2:] == [
+        "--transitions", "2000000", "--dynamics-rows", "200000", "--json", str(out),
+    ]  # fmt: skip
+    assert "--dynamics-rows" not in bench.large_dataset_command(2000000, 0, out)
+    assert bench.main(["--large-dataset", "5000", "--large-dataset-dynamics-rows", "10"]) == 2
+    assert "--large-dataset-dynamics-rows 10: give at least 1000" in capsys.readouterr().err

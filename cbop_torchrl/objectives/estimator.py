@@ -604,15 +604,18 @@ class CBOPValueEstimator(ValueEstimatorBase):
     def _sample_action(
         self, obs: torch.Tensor, with_log_prob: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``a ~ pi(.|obs)`` ``[*b, A]`` (and ``log pi`` ``[*b]``); dist maths in fp32."""
+        """``a ~ pi(.|obs)`` ``[*b, A]`` (and ``log pi`` ``[*b]``); dist maths in fp32.
+
+        Runs the actor as it is: callers load the actor parameters first
+        (:meth:`_actor_loaded`, once per rollout rather than once per step).
+        """
         actor = self.actor_network
         td = TensorDict({self.obs_key: obs}, batch_size=obs.shape[:-1])
-        params = self._actor_params()
-        with params.to_module(actor) if params is not None else contextlib.nullcontext():
-            with self._autocast(obs.device):
-                dist_params = actor.get_dist_params(td)
+        with self._autocast(obs.device):
+            dist_params = actor.get_dist_params(td)
+        if self.rollout_dtype != torch.float32:
             dist_params = dist_params.apply(lambda x: x.float() if x.is_floating_point() else x)
-            dist = actor.build_dist_from_params(dist_params)
+        dist = actor.build_dist_from_params(dist_params)
         if with_log_prob:
             action, log_prob = rsample_and_log_prob(dist)
             return action, log_prob
@@ -636,6 +639,13 @@ class CBOPValueEstimator(ValueEstimatorBase):
             out = self._vmap_q(td, params)
         return out.get(self.q_value_key).squeeze(-1).float()
 
+    def _actor_loaded(self):
+        """A context in which ``actor_network`` runs with the parameters to use (loss's or own)."""
+        params = self._actor_params()
+        if params is None:
+            return contextlib.nullcontext()
+        return params.to_module(self.actor_network)
+
     @torch.no_grad()
     def rollout_returns(
         self, next_obs: torch.Tensor, target_params: TensorDictBase | None = None
@@ -650,6 +660,14 @@ class CBOPValueEstimator(ValueEstimatorBase):
             ``returns`` ``(N, H+1, K, M)``, ``valid`` bool ``(N, H+1)`` (horizons
             before any particle's termination) and ``log pi(a'|s')`` ``[N]``.
         """
+        # Loading a loss's (locked) parameters into the actor costs about a millisecond on
+        # a CPU: once for the rollout's H + 1 actor passes.
+        with self._actor_loaded():
+            return self._rollout_returns(next_obs, target_params)
+
+    def _rollout_returns(
+        self, next_obs: torch.Tensor, target_params: TensorDictBase | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         H, K = self.horizon, self.num_particles
         N = next_obs.shape[0]
         gamma = self.gamma
