@@ -134,19 +134,31 @@ def sync(device: torch.device) -> None:
 
 
 def time_interleaved(
-    calls: dict[str, Callable[[], object]], rounds: int, device: torch.device
+    calls: dict[str, Callable[[], object]],
+    rounds: int,
+    device: torch.device,
+    cpu_seconds: dict[str, float] | None = None,
 ) -> dict[str, float]:
-    """Median seconds per call of each callable; one warm-up, then ``rounds`` interleaved rounds."""
+    """Median seconds per call of each callable; one warm-up, then ``rounds`` interleaved rounds.
+
+    With ``cpu_seconds`` given, it also receives each call's median CPU time of
+    this process (all its threads): on a shared machine, where other jobs take
+    the cores, that moves much less than the wall-clock time.
+    """
     samples: dict[str, list[float]] = {name: [] for name in calls}
+    cpu_samples: dict[str, list[float]] = {name: [] for name in calls}
     for fn in calls.values():  # warm-up (allocator, autotuning, compilation)
         fn()
     sync(device)
     for _ in range(rounds):
         for name, fn in calls.items():
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             fn()
             sync(device)
             samples[name].append(time.perf_counter() - start)
+            cpu_samples[name].append(time.process_time() - cpu_start)
+    if cpu_seconds is not None:
+        cpu_seconds.update({name: statistics.median(v) for name, v in cpu_samples.items()})
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -469,13 +481,22 @@ _BEFORE_MODULES = (
 )
 
 
-def load_before_modules() -> dict[str, types.ModuleType] | None:
-    """The ``BEFORE_COMMIT`` versions of the update's modules, or None without git."""
+#: The loss and estimator before the update's work-removal pass (one Q pass for the critic
+#: and EDAC, stacked-baddbmm Q-ensembles in the loss, one actor-parameter load per
+#: rollout), timed with today's step: what that pass gains (``..._previous``).
+PREVIOUS_COMMIT = "12f2a4a"
+
+
+def load_before_modules(
+    commit: str = BEFORE_COMMIT, modules: tuple[tuple[str, str], ...] = _BEFORE_MODULES
+) -> dict[str, types.ModuleType] | None:
+    """The ``commit`` versions of the update's ``modules``, or None without git."""
     loaded: dict[str, types.ModuleType] = {}
-    for short, path in _BEFORE_MODULES:
+    prefix = f"cbop_{commit}"
+    for short, path in modules:
         try:
             source = subprocess.run(
-                ["git", "-C", str(REPO), "show", f"{BEFORE_COMMIT}:{path}"],
+                ["git", "-C", str(REPO), "show", f"{commit}:{path}"],
                 check=True,
                 capture_output=True,
                 text=True,
@@ -483,10 +504,10 @@ def load_before_modules() -> dict[str, types.ModuleType] | None:
         except (OSError, subprocess.CalledProcessError):
             return None
         for other in loaded:  # the old loss imports the old estimator
-            source = source.replace(f"cbop_torchrl.{other}", f"cbop_before.{other}")
-        module = types.ModuleType(f"cbop_before.{short}")
+            source = source.replace(f"cbop_torchrl.{other}", f"{prefix}.{other}")
+        module = types.ModuleType(f"{prefix}.{short}")
         sys.modules[module.__name__] = module
-        exec(compile(source, f"{BEFORE_COMMIT}:{path}", "exec"), module.__dict__)
+        exec(compile(source, f"{commit}:{path}", "exec"), module.__dict__)
         loaded[short] = module
     return loaded
 
@@ -609,6 +630,14 @@ def bench_preset_steps(device: torch.device, rounds: int, steps_per_round: int =
             size, dynamics, device, "float32",
         )  # fmt: skip
         steps["before"] = before_step(old_loss, buffer)
+    previous = load_before_modules(PREVIOUS_COMMIT, _BEFORE_MODULES[1:])
+    if previous is not None:
+        steps["previous"] = after_step(
+            _preset_loss(
+                previous["objectives.loss"].CBOPLoss, make_actor, size, dynamics, device, "float32"
+            ),
+            buffer,
+        )
     syncs = {}
     for name, step in steps.items():
         step()
@@ -619,17 +648,26 @@ def bench_preset_steps(device: torch.device, rounds: int, steps_per_round: int =
     def rounds_of(step):
         return lambda: [step() for _ in range(steps_per_round)]
 
-    seconds = time_interleaved({k: rounds_of(v) for k, v in steps.items()}, rounds, device)
+    cpu: dict[str, float] = {}
+    seconds = time_interleaved({k: rounds_of(v) for k, v in steps.items()}, rounds, device, cpu)
     result = {
         "cpu_preset_steps_per_s": steps_per_round / seconds["now_fp32"],
         "cpu_preset_steps_per_s_bf16": steps_per_round / seconds["now_bf16"],
+        # CPU time per step (all threads): with --threads 1, the wall time of an idle core.
+        "cpu_preset_cpu_ms_per_step": 1e3 * cpu["now_fp32"] / steps_per_round,
+        "cpu_preset_cpu_ms_per_step_bf16": 1e3 * cpu["now_bf16"] / steps_per_round,
         "host_syncs_per_step": syncs["now_fp32"],
         "host_syncs_per_step_bf16": syncs["now_bf16"],
         "cpu_preset_before_commit": BEFORE_COMMIT if before is not None else None,
     }
     if before is not None:
         result["cpu_preset_steps_per_s_before"] = steps_per_round / seconds["before"]
+        result["cpu_preset_cpu_ms_per_step_before"] = 1e3 * cpu["before"] / steps_per_round
         result["host_syncs_per_step_before"] = syncs["before"]
+    if previous is not None:
+        result["cpu_preset_previous_commit"] = PREVIOUS_COMMIT
+        result["cpu_preset_steps_per_s_previous"] = steps_per_round / seconds["previous"]
+        result["cpu_preset_cpu_ms_per_step_previous"] = 1e3 * cpu["previous"] / steps_per_round
     return result
 
 
@@ -865,6 +903,14 @@ def main(argv: list[str] | None = None) -> int:
             f"({report['cpu_preset_before_commit']}); host syncs per step "
             f"{report['host_syncs_per_step']} now, "
             f"{report.get('host_syncs_per_step_before', 'n/a')} before"
+        )
+        print(
+            f"CPU time per step (all threads): {report['cpu_preset_cpu_ms_per_step']:.1f} ms now, "
+            f"{report['cpu_preset_cpu_ms_per_step_bf16']:.1f} with bf16 rollouts, "
+            f"{report.get('cpu_preset_cpu_ms_per_step_before', math.nan):.1f} before, "
+            f"{report.get('cpu_preset_cpu_ms_per_step_previous', math.nan):.1f} at "
+            f"{report.get('cpu_preset_previous_commit')} "
+            f"({report.get('cpu_preset_steps_per_s_previous', math.nan):.1f} steps/s)"
         )
 
     if not args.no_extras:
