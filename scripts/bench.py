@@ -23,6 +23,12 @@ For each size it times (ms per call, median over rounds):
   EDAC term, actor, alpha, Adam), and ``sac_update``: a stock TorchRL
   ``SACLoss`` step with the same M, the floor without model rollouts.
 
+With the CPU-preset size it also times the CBOP stage's whole step (sample, loss,
+guarded Adam step, target update, metrics) now, with bf16 rollouts, at
+``BEFORE_COMMIT`` and with the loss/estimator of ``PREVIOUS_COMMIT``, in
+gradient steps/s and in CPU milliseconds per step (``cpu_preset_*``), and the
+host synchronisations per step.
+
 FLOPs are the design's nominal count ``(H+1) K B (M f_Q + f_pi) + H K B f_f``
 (``f`` = 2 x multiply-adds of one row through a network), the same for every
 target variant, so GFLOP/s compare the time to do the same useful work. The
