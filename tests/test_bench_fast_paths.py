@@ -47,6 +47,9 @@ def test_q_row_chunks_do_not_change_the_q_values(dtype):
     q_whole = whole._q_values(obs, action, params)
     assert q_whole.shape == (3, 10) and q_whole.dtype == torch.float32
     torch.testing.assert_close(chunked._q_values(obs, action, params), q_whole)
+    with torch.no_grad():  # as in the rollout: blocks written into reused buffers
+        torch.testing.assert_close(chunked._q_values(obs, action, params), q_whole)
+        torch.testing.assert_close(whole._q_values(obs, action, params), q_whole)
 
 
 def test_bf16_q_output_layer_is_not_rounded_to_bf16():
