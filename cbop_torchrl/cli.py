@@ -190,12 +190,7 @@ first in its defaults, and ``baseline.yaml`` overrides the ``run`` schema of the
 CONFIG_SCHEMAS: dict[str, type] = {
     "config": RunSchema,
     "config_paper": RunSchema,
-    "baseline": BaselineRunConfig,
-    "evaluate": EvaluateConfig,
-    "collect": CollectConfig,
-    "train_dynamics": TrainDynamicsConfig,
-    "select_psi": SelectPsiConfig,
-    "report": ReportConfig,
+    **{name: schema for name, schema in SCHEMAS.items() if name != "run"},
 }
 """The schema each entry script's primary config (``configs/<name>.yaml``) is checked against."""
 

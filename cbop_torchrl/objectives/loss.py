@@ -57,7 +57,7 @@ from torchrl.objectives.utils import distance_loss
 from cbop_torchrl._torchrl_compat import SACTargetFromEstimator, vmap_over_params
 from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator, _plain_mlp_plan
-from cbop_torchrl.objectives.pretrain import ACTION_EPS
+from cbop_torchrl.objectives.pretrain import data_action_log_prob
 
 
 def stacked_mlp_forward(
@@ -297,9 +297,7 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         return log_alpha.exp()
 
     def _nll(self, dist: Any, tensordict: TensorDictBase) -> Tensor:
-        action = tensordict.get(self.tensor_keys.action)
-        # log pi is infinite on the box's edges, where recorded actions may sit.
-        return -dist.log_prob(action.clamp(-1.0 + ACTION_EPS, 1.0 - ACTION_EPS))
+        return -data_action_log_prob(dist, tensordict.get(self.tensor_keys.action))
 
     def behaviour_nll(self, tensordict: TensorDictBase) -> Tensor:
         """``-log pi(a|s)`` of the dataset's actions under the current actor ``[*batch]``."""

@@ -23,6 +23,18 @@ from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
 ACTION_EPS = 1e-5
 """Dataset actions are clipped to ``[-1 + eps, 1 - eps]``: a TanhNormal has no density at +-1."""
 
+
+
+def data_action_log_prob(
+    dist: torch.distributions.Distribution, action: torch.Tensor
+) -> torch.Tensor:
+    """``log pi(a|s)`` of recorded actions ``[*batch, A] -> [*batch]``, clipped by ``ACTION_EPS``.
+
+    Recorded actions may sit on the box's edges, where a TanhNormal's log-density is infinite.
+    """
+    return dist.log_prob(action.clamp(-1.0 + ACTION_EPS, 1.0 - ACTION_EPS))
+
+
 ROW_KEY = "row"
 """Key holding each transition's dataset row, used to look up its bootstrap weights."""
 
@@ -44,8 +56,7 @@ class BehaviourCloningLoss(LossModule):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         dist = self.actor_network.get_dist(tensordict.select("observation"))
-        action = tensordict.get("action").clamp(-1.0 + ACTION_EPS, 1.0 - ACTION_EPS)
-        log_prob = dist.log_prob(action)
+        log_prob = data_action_log_prob(dist, tensordict.get("action"))
         return TensorDict(
             {"loss_bc": -log_prob.mean(), "log_prob": log_prob.detach().mean()},
             batch_size=[],
