@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist each worker already has a core; torch's default (one thread per
+    # core in every worker) would oversubscribe the machine.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
