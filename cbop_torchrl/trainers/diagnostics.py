@@ -50,6 +50,11 @@ from cbop_torchrl.trainers.logging import log_scalars
 MC_TAIL = 300
 """Steps of return-to-go required before a time limit (0.99^300 < 5% of the tail is lost)."""
 
+#: Margin from the action box's edges (where log pi is infinite) for the logged
+#: ``bc_logprob``. Training clips by ``objectives.pretrain.ACTION_EPS`` (1e-5); this stays
+#: 1e-4, the value every logged curve so far was measured with, so curves stay comparable.
+LOGGED_ACTION_EPS = 1e-4
+
 
 class LearningDiagnostics(TrainerHookBase):
     """Measures value error, policy drift, model error and the LCB at evaluation steps.
@@ -146,8 +151,7 @@ class LearningDiagnostics(TrainerHookBase):
         actor = self.loss.actor_network
         with self.loss.actor_network_params.to_module(actor):
             dist = actor.get_dist(TensorDict({"observation": obs}, batch_size=obs.shape[:1]))
-            # log pi is infinite at the box's edges; the data's actions may sit on them.
-            inside = data_action.clamp(-1 + 1e-4, 1 - 1e-4)
+            inside = data_action.clamp(-1 + LOGGED_ACTION_EPS, 1 - LOGGED_ACTION_EPS)
             log_prob = dist.log_prob(inside)
         return {
             "q_data": float(q_data.mean()),
