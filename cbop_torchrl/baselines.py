@@ -59,6 +59,7 @@ from cbop_torchrl.trainers.offline import (
     build_offline_training,
     common_results,
     final_evaluation,
+    restore_final_records,
 )
 from cbop_torchrl.utils import seed_everything
 
@@ -365,6 +366,7 @@ def run_baseline(
         buffer=buffer, generator=generator, actor=parts.actor, eval_env=eval_env,
         target_update=SoftUpdate(parts.loss, tau=config.agent.tau) if parts.has_targets else None,
     )  # fmt: skip
+    restore_final_records(run, training)
     if config.progress:
         start = training.start_step
         print(

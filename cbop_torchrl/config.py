@@ -279,8 +279,11 @@ class RunConfig:
         """The settings that change what is trained (not where or how it is reported).
 
         Resuming a run whose checkpoint was written with other training
-        settings is refused; device, logger, evaluation and progress display
-        may change between a run and its resumption.
+        settings is refused, except a larger budget (``train.epochs``,
+        ``train.steps_per_epoch``: the run continues to the new last step, see
+        :func:`~cbop_torchrl.trainers.checkpoint.check_resumable`); device,
+        logger, evaluation and progress display may change between a run and
+        its resumption.
         """
         values = self.to_dict()
         for key in (

@@ -5,7 +5,9 @@ numbers, strings and lists, so ``torch.load(path, weights_only=True)`` reads
 it and a checkpoint file cannot run code:
 
 - ``format``, ``step``, ``total_steps``: where the run stands;
-- ``training_config`` and its hash: resuming with other settings is refused;
+- ``training_config`` and its hash: resuming with other settings is refused,
+  except a larger budget (``train.epochs``, ``train.steps_per_epoch``): the run
+  then continues from its step to the new last step;
 - ``policy``: what :func:`load_policy` needs to rebuild the actor (task,
   sizes, dataset name) and ``actor``, the actor's weights;
 - ``trainer``: TorchRL ``Trainer.state_dict()``: the loss module (actor,
@@ -234,23 +236,72 @@ class CheckpointHook(TrainerHookBase):
         trainer.register_op("post_steps", self)
 
 
+#: The training settings that only say how long a run trains (``train.epochs *
+#: train.steps_per_epoch`` gradient steps). The steps up to any step s do not depend on
+#: them, so a run resumed with a larger budget continues from s; they are left out of
+#: the hash and of the comparison.
+BUDGET_KEYS: tuple[tuple[str, str], ...] = (("train", "epochs"), ("train", "steps_per_epoch"))
+
+
+def without_budget(training_config: dict[str, Any]) -> dict[str, Any]:
+    """``training_config`` without :data:`BUDGET_KEYS` (a copy; the input is unchanged)."""
+    values = copy.deepcopy(dict(training_config))
+    for section, key in BUDGET_KEYS:
+        if isinstance(values.get(section), dict):
+            values[section].pop(key, None)
+    return values
+
+
 def training_config_hash(training_config: dict[str, Any]) -> str:
-    """Hash stored in checkpoints to refuse resuming with other training settings."""
-    return config_hash(training_config, length=16)
+    """Hash stored in checkpoints to refuse resuming with other training settings.
+
+    The budget (:data:`BUDGET_KEYS`) is not in it. Checkpoints written before
+    that hashed the whole dict; :func:`check_resumable` compares their stored
+    ``training_config`` instead.
+    """
+    return config_hash(without_budget(training_config), length=16)
 
 
 def check_resumable(state: dict[str, Any], training_config: dict[str, Any], path: Path) -> None:
-    """Raises :class:`CheckpointError` when ``state`` was written with other settings."""
-    if state.get("training_config_hash") == training_config_hash(training_config):
+    """Raises :class:`CheckpointError` unless ``training_config`` may continue ``state``.
+
+    Every training setting must match except the budget, and the budget's last
+    step (``train.epochs * train.steps_per_epoch``) must not be before the
+    checkpoint's step: a run is continued to a larger budget, never shortened.
+    """
+    wanted = training_config_hash(training_config)
+    stored = state.get("training_config")
+    same = state.get("training_config_hash") == wanted or (
+        # written before the budget left the hash: compare the stored settings themselves
+        isinstance(stored, dict) and training_config_hash(stored) == wanted
+    )
+    if not same:
+        stored = without_budget(stored) if isinstance(stored, dict) else {}
+        differences = sorted(_diff(stored, without_budget(training_config)))
+        shown = ", ".join(differences[:8]) + (" ..." if len(differences) > 8 else "")
+        raise CheckpointError(
+            f"the run directory's checkpoint {str(path)!r} was written with other training "
+            f"settings (differing: {shown or 'unknown'}). Resume with the original settings, "
+            "choose another run directory (hydra.run.dir=...), or pass resume=false to start "
+            "over in this one."
+        )
+    check_budget(int(state["step"]), training_config, path)
+
+
+def check_budget(step: int, training_config: dict[str, Any], path: Path) -> None:
+    """Raises :class:`CheckpointError` when the budget ends before the checkpoint's ``step``."""
+    train = training_config["train"]
+    epochs, steps_per_epoch = int(train["epochs"]), int(train["steps_per_epoch"])
+    if epochs * steps_per_epoch >= step:
         return
-    stored = state.get("training_config", {})
-    differences = sorted(_diff(stored, training_config))
-    shown = ", ".join(differences[:8]) + (" ..." if len(differences) > 8 else "")
+    needed = -(-step // steps_per_epoch)  # the fewest epochs that reach the checkpoint's step
     raise CheckpointError(
-        f"the run directory's checkpoint {str(path)!r} was written with other training "
-        f"settings (differing: {shown or 'unknown'}). Resume with the original settings, "
-        "choose another run directory (hydra.run.dir=...), or pass resume=false to start over "
-        "in this one."
+        f"the run directory's checkpoint {str(path)!r} is at gradient step {step}, past "
+        f"this command's last step {epochs * steps_per_epoch} (train.epochs={epochs} x "
+        f"train.steps_per_epoch={steps_per_epoch}); a run can be continued to a larger "
+        f"budget, not shortened. Run the same command with train.epochs={needed} (or more) "
+        f"to resume it at step {step}, or with resume=false to start over in this "
+        "directory (its checkpoint, results and logs are removed)."
     )
 
 

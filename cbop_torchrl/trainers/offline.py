@@ -28,7 +28,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -458,8 +458,10 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
 
     Raises:
         DatasetError: the data is smaller than a batch or the model's holdout split.
-        CheckpointError: ``resume=true`` without a checkpoint, or a checkpoint
-            written with other training settings.
+        CheckpointError: ``resume=true`` without a checkpoint, a checkpoint
+            written with other training settings, or a budget
+            (``train.epochs * train.steps_per_epoch``) that ends before the
+            checkpoint's step. A larger budget continues the run.
         NonFiniteLossError: a stage produced NaN/inf.
     """
     check_dataset_size(
@@ -571,15 +573,42 @@ class OfflineRun:
         return int(self.resume_state["step"]) if self.resume_state is not None else None
 
     def finished_results(self) -> dict[str, Any] | None:
-        """The results of a run that already reached its last step, else None."""
-        step = self.resume_step
-        if step is None or step < self.config.train.total_steps or not self.results_path.is_file():
+        """The results of a run that already reached its last step, else None.
+
+        A ``results.json`` of another budget (the one of a run being continued to
+        more steps, killed after its last checkpoint) does not count.
+        """
+        step, total_steps = self.resume_step, self.config.train.total_steps
+        if step is None or step < total_steps:
+            return None
+        previous = self.previous_results()
+        if previous is None or previous.get("gradient_steps") != total_steps:
             return None
         if self.config.progress:
             print(f"[cbop] {self.run_dir} holds a finished run; nothing to do", flush=True)
         if self.lock is not None:
             self.lock.release()
+        return previous
+
+    def previous_results(self) -> dict[str, Any] | None:
+        """The run directory's ``results.json``, or None when there is none."""
+        if not self.results_path.is_file():
+            return None
         return json.loads(self.results_path.read_text())
+
+    @property
+    def continues_finished_run(self) -> bool:
+        """Whether this session continues a run that had reached its last step to a larger budget.
+
+        That run's final evaluation at its last step came after its last
+        checkpoint (see :func:`restore_final_records`).
+        """
+        state = self.resume_state
+        return (
+            state is not None
+            and int(state["step"]) == int(state.get("total_steps", -1))
+            and int(state["step"]) < self.config.train.total_steps
+        )
 
     def start(self, config_record: dict[str, Any]) -> None:
         """Writes ``config.json`` and opens the logger."""
@@ -736,6 +765,39 @@ def build_offline_training(
     return training
 
 
+def restore_final_records(
+    run: OfflineRun, training: OfflineTraining, diagnostics: LearningDiagnostics | None = None
+) -> None:
+    """Puts the final evaluation of a run being continued to a larger budget back in its history.
+
+    A run's final evaluation (and diagnostics) at its last step s is made after
+    its last checkpoint, so the checkpoint's histories end before s; the
+    records are in its ``results.json``, from which they are taken (and not
+    logged again: the logs hold them already). When that file is missing (the
+    run was killed before writing it) they are measured again at s and logged.
+    No-op unless :attr:`OfflineRun.continues_finished_run`.
+    """
+    if not run.continues_finished_run:
+        return
+    step = training.start_step
+    previous = run.previous_results() or {}
+    if previous.get("gradient_steps") != step:
+        previous = {}  # none, or the results of another budget
+
+    def restore(hook: Any, key: str, measure: Callable[[int], Any]) -> None:
+        if any(record["step"] == step for record in hook.history):
+            return
+        records = [r for r in previous.get(key) or [] if r.get("step") == step]
+        if records:
+            hook.history.append(dict(records[-1]))
+        else:
+            measure(step)
+
+    restore(training.evaluation, "eval_history", training.evaluation.evaluate)
+    if diagnostics is not None:
+        restore(diagnostics, "diagnostics_history", diagnostics.measure)
+
+
 @dataclass
 class CBOPStage:
     """The CBOP stage's loss, dynamics model and training state."""
@@ -826,6 +888,7 @@ def cbop_stage(
         # The curves' reference point: the BC actor and the FQE critic, before any CBOP step.
         training.evaluation.evaluate(0)
         diagnostics[0].measure(0)
+    restore_final_records(run, training, diagnostics[0] if diagnostics else None)
     training.train(config.train.total_steps)
     return CBOPStage(
         loss, dynamics, training, diagnostics[0] if diagnostics else None, rollout_choice
@@ -935,6 +998,7 @@ __all__ = [
     "final_evaluation",
     "fitted_q_evaluation_stage",
     "make_optimizer",
+    "restore_final_records",
     "run_pipeline",
     "write_cbop_results",
 ]
