@@ -133,6 +133,37 @@ def cpu_preset_size() -> Size:
     )
 
 
+# --------------------------------------------------------------------------- host
+#: CPU flags that decide the bf16 figures: AMX tiles run bf16 matmuls at several times the
+#: fp32 rate; avx512_bf16 alone at about twice; without either bf16 is emulated.
+CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f")
+
+
+def host_cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
+    """``cpu_model`` and ``cpu_has_<flag>`` for :data:`CPU_FLAGS`, from ``cpuinfo`` (Linux).
+
+    Keys are absent where the file is missing or has no such line (other systems),
+    so figures from different hosts can be told apart without guessing.
+    ``torch_cpu_capability`` is the instruction set torch's CPU kernels dispatch to.
+    """
+    info: dict = {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return info
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:  # the first processor's lines
+            fields[key.strip()] = value.strip()
+    if "model name" in fields:
+        info["cpu_model"] = fields["model name"]
+    if "flags" in fields:
+        flags = set(fields["flags"].split())
+        info.update({f"cpu_has_{flag}": flag in flags for flag in CPU_FLAGS})
+    return info
+
+
 # --------------------------------------------------------------------------- timing
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -536,7 +567,9 @@ def preset_dataset(size: Size, device: torch.device, n: int = 8192) -> TensorDic
     )
 
 
-def _preset_loss(loss_cls, actor_fn, size: Size, dynamics, device, rollout_dtype: str):
+def _preset_loss(
+    loss_cls, actor_fn, size: Size, dynamics, device, rollout_dtype: str, **kwargs
+):
     obs_dim, act_dim = env_sizes(size.family)
     torch.manual_seed(1)
     actor = actor_fn(obs_dim, act_dim, size.hidden, device=device)
@@ -550,6 +583,7 @@ def _preset_loss(loss_cls, actor_fn, size: Size, dynamics, device, rollout_dtype
             action_spec=action_spec(act_dim, device),
             horizon=size.horizon,
             rollout_dtype=rollout_dtype,
+            **kwargs,
         ).to(device)
 
 
@@ -674,6 +708,114 @@ def bench_preset_steps(device: torch.device, rounds: int, steps_per_round: int =
         result["cpu_preset_previous_commit"] = PREVIOUS_COMMIT
         result["cpu_preset_steps_per_s_previous"] = steps_per_round / seconds["previous"]
         result["cpu_preset_cpu_ms_per_step_previous"] = 1e3 * cpu["previous"] / steps_per_round
+    return result
+
+
+def _cpu_seconds_with_children() -> float:
+    """User + system CPU seconds of this process and its finished children (compile workers)."""
+    import resource
+
+    own, children = (resource.getrusage(who) for who in (0, -1))  # RUSAGE_SELF, _CHILDREN
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def bench_compiled_target(
+    device: torch.device,
+    rounds: int,
+    steps_per_round: int = 10,
+    main_job_steps: int = 4000,
+    dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+) -> dict:
+    """``CBOPLoss(compile=True)`` on a CPU (inductor, static shapes) at the CPU preset.
+
+    ``compile=True`` compiles the estimator's tensor part of the target
+    (:meth:`CBOPValueEstimator._target_tensors`: actor, dynamics and Q-ensemble rollout,
+    returns, posterior; one graph, no breaks). Times the CBOP stage's whole step with it
+    against the eager step in the same process, for each rollout dtype in ``dtypes``, and
+    checks the targets on one batch with the same seed (random draws are eager ones). The
+    compile time is measured from an empty inductor cache (a temporary
+    ``TORCHINDUCTOR_CACHE_DIR``), the first dtype's being a first compile in the process,
+    and again for the first dtype from the filled cache after ``torch._dynamo.reset()``
+    (``compile_s_warm``; a later process reads the same cache from disk).
+    ``compile_break_even_steps``: steps after which the CPU time saved per step repays
+    the compile's CPU time (cold).
+    """
+    import torch._dynamo
+
+    size = cpu_preset_size()
+    _, _, dynamics, _ = build_models(size, device)
+    buffer = make_replay_buffer(preset_dataset(size, device), size.batch, device=device, seed=0)
+    check_batch = buffer.sample()
+    suffixes = {"float32": "", "bfloat16": "_bf16"}
+    result: dict = {"compile_main_job_steps": main_job_steps, "compile_order": list(dtypes)}
+    steps: dict[str, Callable[[], None]] = {}
+    previous_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+    def compiled_loss(dtype: str):
+        return _preset_loss(CBOPLoss, make_actor, size, dynamics, device, dtype, compile=True)
+
+    def first_call(loss, suffix: str) -> None:
+        start, cpu_start = time.perf_counter(), _cpu_seconds_with_children()
+        with torch.random.fork_rng():
+            loss.value_estimator.compute_target(check_batch)
+        result[f"compile_s{suffix}"] = time.perf_counter() - start
+        result[f"compile_cpu_s{suffix}"] = _cpu_seconds_with_children() - cpu_start
+
+    try:
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+            for dtype in dtypes:
+                suffix = suffixes[dtype]
+                eager = _preset_loss(CBOPLoss, make_actor, size, dynamics, device, dtype)
+                compiled = compiled_loss(dtype)
+                first_call(compiled, suffix)
+                targets = []
+                for loss in (eager, compiled):
+                    with torch.random.fork_rng():
+                        torch.manual_seed(0)
+                        targets.append(loss.value_estimator.compute_target(check_batch)[0])
+                eager_y, compiled_y = targets
+                std = float(eager_y.std())
+                result[f"compiled_target_max_abs_diff{suffix}"] = float(
+                    (compiled_y - eager_y).abs().max()
+                )
+                result[f"compiled_target_rel_diff{suffix}"] = float(
+                    (compiled_y - eager_y).abs().mean() / max(std, 1e-12)
+                )
+                steps[f"eager{suffix}"] = after_step(eager, buffer)
+                steps[f"compiled{suffix}"] = after_step(compiled, buffer)
+            torch._dynamo.reset()
+            first_call(compiled_loss(dtypes[0]), "_warm")
+
+            def rounds_of(step):
+                return lambda: [step() for _ in range(steps_per_round)]
+
+            cpu: dict[str, float] = {}
+            seconds = time_interleaved(
+                {k: rounds_of(v) for k, v in steps.items()}, rounds, device, cpu
+            )
+    finally:
+        if previous_cache is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous_cache
+    for suffix in (suffixes[dtype] for dtype in dtypes):
+        eager_ms = 1e3 * cpu[f"eager{suffix}"] / steps_per_round
+        compiled_ms = 1e3 * cpu[f"compiled{suffix}"] / steps_per_round
+        result[f"cpu_preset_cpu_ms_per_step_eager{suffix}"] = eager_ms
+        result[f"cpu_preset_cpu_ms_per_step_compiled{suffix}"] = compiled_ms
+        result[f"cpu_preset_steps_per_s_eager{suffix}"] = (
+            steps_per_round / seconds[f"eager{suffix}"]
+        )
+        result[f"cpu_preset_steps_per_s_compiled{suffix}"] = (
+            steps_per_round / seconds[f"compiled{suffix}"]
+        )
+        saved_s = (eager_ms - compiled_ms) / 1e3
+        cold = result[f"compile_cpu_s{suffix}"]
+        result[f"compile_break_even_steps{suffix}"] = cold / saved_s if saved_s > 0 else None
+        result[f"compile_pays_in_main_job{suffix}"] = bool(
+            saved_s > 0 and cold / saved_s < main_job_steps
+        )
     return result
 
 
@@ -823,6 +965,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"all rows (default {LARGE_DATASET_DYNAMICS_ROWS:,}, as in the README; 0: all rows)",
     )
     parser.add_argument(
+        "--compile-cpu",
+        action="store_true",
+        help="with the cpu size: also time the CBOP step with torch.compile of the target "
+        "(inductor) against the eager step, fp32 and bf16, and the compile time (minutes)",
+    )
+    parser.add_argument(
         "--no-extras",
         action="store_true",
         help="skip the dynamics-training and evaluation benchmarks",
@@ -881,12 +1029,18 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(device),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        **host_cpu_info(),
         "load_average_start": list(load),
         "command": " ".join(["python", "scripts/bench.py", *(argv or sys.argv[1:])]),
     }
     matmul_n = 256 if tiny else (2048 if args.quick else 4096)
     report["peak_fp32_gflops"] = matmul_peak(torch.float32, matmul_n, device, rounds + 2)
     report["peak_bf16_gflops"] = matmul_peak(torch.bfloat16, matmul_n, device, rounds + 2)
+    cpu_flags = [flag for flag in CPU_FLAGS if report.get(f"cpu_has_{flag}")]
+    print(
+        f"CPU {report.get('cpu_model', 'unknown')} (flags: {', '.join(cpu_flags) or 'none'} of "
+        f"{', '.join(CPU_FLAGS)}; torch dispatch {report['torch_cpu_capability']})"
+    )
     print(
         f"device {device}, {report['threads']} threads, load average {load[0]:.2f}; "
         f"matmul peak {report['peak_fp32_gflops']:.0f} GFLOP/s fp32, "
@@ -917,6 +1071,25 @@ def main(argv: list[str] | None = None) -> int:
             f"{report.get('cpu_preset_cpu_ms_per_step_previous', math.nan):.1f} at "
             f"{report.get('cpu_preset_previous_commit')} "
             f"({report.get('cpu_preset_steps_per_s_previous', math.nan):.1f} steps/s)"
+        )
+
+    if args.compile_cpu and "cpu" in names:
+        report.update(bench_compiled_target(device, rounds))
+        for suffix, label in (("", "fp32"), ("_bf16", "bf16")):
+            print(
+                f"torch.compile of the target ({label} rollouts): CPU time per step "
+                f"{report['cpu_preset_cpu_ms_per_step_compiled' + suffix]:.1f} ms compiled, "
+                f"{report['cpu_preset_cpu_ms_per_step_eager' + suffix]:.1f} eager; compile "
+                f"{report['compile_s' + suffix]:.0f} s ({report['compile_cpu_s' + suffix]:.0f} s "
+                f"CPU) from an empty cache; |dy| max "
+                f"{report['compiled_target_max_abs_diff' + suffix]:.2e}, mean/std(y) "
+                f"{report['compiled_target_rel_diff' + suffix]:.2e}; pays within "
+                f"{report['compile_main_job_steps']} steps: "
+                f"{report['compile_pays_in_main_job' + suffix]}"
+            )
+        print(
+            f"compile from the filled cache: {report['compile_s_warm']:.0f} s "
+            f"({report['compile_cpu_s_warm']:.0f} s CPU)"
         )
 
     if not args.no_extras:

@@ -83,3 +83,18 @@ def test_large_dataset_run_passes_the_dynamics_rows(bench, tmp_path, capsys):
     assert "--dynamics-rows" not in bench.large_dataset_command(2000000, 0, out)
     assert bench.main(["--large-dataset", "5000", "--large-dataset-dynamics-rows", "10"]) == 2
     assert "--large-dataset-dynamics-rows 10: give at least 1000" in capsys.readouterr().err
+
+
+def test_host_cpu_flags_are_read_from_cpuinfo(bench, tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx512f amx_tile amx_bf16\n\n"
+        "processor\t: 1\nmodel name\t: Some Xeon\nflags\t\t: fpu avx512f amx_tile amx_bf16\n"
+    )
+    info = bench.host_cpu_info(cpuinfo)
+    assert info["cpu_model"] == "Some Xeon"
+    assert info["cpu_has_amx_bf16"] and info["cpu_has_amx_tile"] and info["cpu_has_avx512f"]
+    assert info["cpu_has_avx512_bf16"] is False
+    missing = bench.host_cpu_info(tmp_path / "absent")  # not Linux: keys absent, not guessed
+    assert "cpu_model" not in missing and "cpu_has_amx_bf16" not in missing
+    assert missing["torch_cpu_capability"]

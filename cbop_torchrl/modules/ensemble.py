@@ -78,7 +78,8 @@ class EnsembleLinear(nn.Module):
             return self.weight, self.bias
         building_graph = torch.is_grad_enabled() and self.weight.requires_grad
         key = None
-        if not building_graph:
+        # Under torch.compile the gathered copies are part of the graph: no cache to key.
+        if not building_graph and not torch.compiler.is_compiling():
             key = (
                 self.weight.data_ptr(),
                 self.weight._version,

@@ -42,7 +42,9 @@ the dynamics model to the loss's device yourself.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -326,8 +328,15 @@ class CBOPValueEstimator(ValueEstimatorBase):
             fp32). Results do not depend on it.
         compile: on CUDA, run the fused Q-ensemble through ``torch.compile``
             with ``mode="reduce-overhead"`` (CUDA graphs: the per-layer kernels
-            are replayed without launch overhead). Ignored on CPU, where the
-            fused path is already matmul-bound and compiling costs minutes.
+            are replayed without launch overhead). On CPU, compile the whole
+            target's tensor part (rollout, returns, posterior; one graph) with
+            inductor, static shapes: the matmuls stay the same, the small
+            elementwise ops between them fuse. It needs a C++ compiler, costs
+            tens of CPU seconds at the first call (seconds once inductor's cache
+            holds the graph) and recompiles for a new batch size or
+            ``rollout_dtype``; random draws are eager ones (``fallback_random``),
+            so targets equal the eager ones up to float rounding
+            (``scripts/bench.py --compile-cpu`` measures it).
     """
 
     def __init__(
@@ -435,6 +444,8 @@ class CBOPValueEstimator(ValueEstimatorBase):
         self.q_chunk_rows = None if q_chunk_rows is None else int(q_chunk_rows)
         self.compile = bool(compile)
         self._compiled_q: Callable[..., torch.Tensor] | None = None
+        self._compiled_target: Callable[..., Any] | None = None
+        self._eager_only = False  # set while measure_bf16_error runs (no compile per dtype)
         self._seed_stream = None if seed is None else random.Random(int(seed))
         #: Detached diagnostics of the last call (a TensorDict with batch ``[]``).
         self.last_diagnostics: TensorDictBase | None = None
@@ -561,7 +572,8 @@ class CBOPValueEstimator(ValueEstimatorBase):
 
         The global RNG is forked (left untouched); ``rollout_dtype`` is restored.
         """
-        previous = self.rollout_dtype
+        previous, previous_eager = self.rollout_dtype, self._eager_only
+        self._eager_only = True  # one-off calls in two dtypes: not worth two compilations
         targets = []
         try:
             for dtype in (torch.float32, torch.bfloat16):
@@ -572,7 +584,7 @@ class CBOPValueEstimator(ValueEstimatorBase):
                     torch.manual_seed(seed)
                     targets.append(self.compute_target(tensordict)[0])
         finally:
-            self.rollout_dtype = previous
+            self.rollout_dtype, self._eager_only = previous, previous_eager
         y32, y16 = targets
         return float((y16 - y32).abs().mean() / y32.std().clamp_min(1e-12))
 
@@ -828,8 +840,42 @@ class CBOPValueEstimator(ValueEstimatorBase):
         next_obs = flat.get(("next", self.obs_key))
         reward = flat.get(("next", self.tensor_keys.reward)).float().reshape(-1)
         terminated = flat.get(("next", self.tensor_keys.terminated)).reshape(-1)
+        target_fn = self._target_function(next_obs.device)
         with self._rng_context(next_obs.device):
-            returns, valid, log_prob = self.rollout_returns(next_obs, target_params)
+            target, diagnostics = target_fn(next_obs, reward, terminated, target_params)
+        diagnostics = TensorDict(diagnostics, batch_size=[])
+        return target.reshape(*batch_shape, 1), diagnostics
+
+    def _target_function(self, device: torch.device) -> Callable[..., Any]:
+        """:meth:`_target_tensors`, compiled with inductor with ``compile`` on a CPU."""
+        if not self.compile or device.type != "cpu" or self._eager_only:
+            return self._target_tensors
+        if self._compiled_target is None:
+            compilers = (os.environ.get("CXX"), "g++", "c++", "clang++")
+            if not any(shutil.which(name) for name in compilers if name):
+                raise RuntimeError(
+                    "compile=true on a CPU compiles the CBOP target with torch.compile "
+                    "(inductor), which needs a C++ compiler; none was found (CXX, g++, c++, "
+                    "clang++). Install one (e.g. apt-get install g++) or run with compile=false."
+                )
+            self._compiled_target = torch.compile(
+                self._target_tensors, dynamic=False, options={"fallback_random": True}
+            )
+        return self._compiled_target
+
+    def _target_tensors(
+        self,
+        next_obs: torch.Tensor,
+        reward: torch.Tensor,
+        terminated: torch.Tensor,
+        target_params: TensorDictBase | None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``y`` ``[N]`` and the diagnostics from ``s'`` ``[N, O]``, ``r``, ``terminated`` ``[N]``.
+
+        The target's tensor part, without TensorDict inputs or outputs: what a
+        ``torch.compile`` of the target would wrap (``scripts/bench.py --compile-cpu``).
+        """
+        returns, valid, log_prob = self.rollout_returns(next_obs, target_params)
         post = gaussian_posterior(returns, valid, self.var_floor)
         sigma = post.var.sqrt()
         if self.mode == "lcb":
@@ -848,15 +894,12 @@ class CBOPValueEstimator(ValueEstimatorBase):
 
         horizons = torch.arange(self.horizon + 1, device=value.device, dtype=value.dtype)
         total_var = post.var_value + post.var_model
-        diagnostics = TensorDict(
-            {
-                "weights": post.weights.mean(0),
-                "expected_horizon": (post.weights * horizons).sum(-1).mean(),
-                "posterior_std": sigma.mean(),
-                "value_var_share": (post.var_value / total_var.clamp_min(1e-12)).mean(0),
-                "valid_fraction": valid.float().mean(0),
-                "target_mean": target.mean(),
-            },
-            batch_size=[],
-        )
-        return target.reshape(*batch_shape, 1), diagnostics
+        diagnostics = {
+            "weights": post.weights.mean(0),
+            "expected_horizon": (post.weights * horizons).sum(-1).mean(),
+            "posterior_std": sigma.mean(),
+            "value_var_share": (post.var_value / total_var.clamp_min(1e-12)).mean(0),
+            "valid_fraction": valid.float().mean(0),
+            "target_mean": target.mean(),
+        }
+        return target, diagnostics
