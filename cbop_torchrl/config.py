@@ -257,7 +257,7 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     threads: int | None = None  # torch CPU threads; None: torch's default (all cores)
-    compile: bool = False  # CUDA only: torch.compile + CUDA graphs for the target's Q-ensemble
+    compile: bool = False  # torch.compile of the target (CUDA graphs on CUDA, inductor on CPU)
     resume: str = "auto"
     progress: bool = True
     agent: AgentConfig = field(default_factory=AgentConfig)

@@ -27,7 +27,10 @@ With the CPU-preset size it also times the CBOP stage's whole step (sample, loss
 guarded Adam step, target update, metrics) now, with bf16 rollouts, at
 ``BEFORE_COMMIT`` and with the loss/estimator of ``PREVIOUS_COMMIT``, in
 gradient steps/s and in CPU milliseconds per step (``cpu_preset_*``), and the
-host synchronisations per step.
+host synchronisations per step. ``--compile-cpu`` adds the step with
+``compile=True`` (inductor) against the eager one and the compile time
+(:func:`bench_compiled_target`). The JSON records the host's CPU model and its
+AMX/avx512_bf16 flags (:func:`host_cpu_info`).
 
 FLOPs are the design's nominal count ``(H+1) K B (M f_Q + f_pi) + H K B f_f``
 (``f`` = 2 x multiply-adds of one row through a network), the same for every
@@ -948,7 +951,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument(
-        "--compile", action="store_true", help="compile=True in the estimator and loss (CUDA only)"
+        "--compile",
+        action="store_true",
+        help="compile=True in the estimator and loss (CUDA: CUDA graphs; CPU: inductor)",
     )
     parser.add_argument(
         "--large-dataset",

@@ -104,8 +104,9 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         num_qvalue_nets: M (default: ``len(qvalue_network)``).
         gamma, horizon, psi, mode, termination, rollout_dtype, seed: estimator
             settings, see :class:`CBOPValueEstimator`.
-        compile: on CUDA, compile the target's Q-ensemble with CUDA graphs
-            (``CBOPValueEstimator(compile=True)``); ignored on CPU.
+        compile: compile the target (``CBOPValueEstimator(compile=True)``): its
+            Q-ensemble with CUDA graphs on CUDA, its whole tensor part with
+            inductor on CPU.
         eta: weight of the EDAC diversity term (paper: 1; 0 disables it).
         bc_weight: BEYOND THE PAPER: weight of the actor's negative log-likelihood
             of the dataset's actions, in units of Q per nat (0, the paper: none).
