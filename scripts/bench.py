@@ -735,7 +735,8 @@ def bench_compiled_target(
     (:meth:`CBOPValueEstimator._target_tensors`: actor, dynamics and Q-ensemble rollout,
     returns, posterior; one graph, no breaks). Times the CBOP stage's whole step with it
     against the eager step in the same process, for each rollout dtype in ``dtypes``, and
-    checks the targets on one batch with the same seed (random draws are eager ones). The
+    checks the targets on one batch with the same seed (random draws are eager ones; in
+    bf16 also each against the eager fp32 target, ``*_target_bf16_rel_error``). The
     compile time is measured from an empty inductor cache (a temporary
     ``TORCHINDUCTOR_CACHE_DIR``), the first dtype's being a first compile in the process,
     and again for the first dtype from the filled cache after ``torch._dynamo.reset()``
@@ -785,6 +786,17 @@ def bench_compiled_target(
                 result[f"compiled_target_rel_diff{suffix}"] = float(
                     (compiled_y - eager_y).abs().mean() / max(std, 1e-12)
                 )
+                if dtype == "bfloat16":  # both bf16 targets against the eager fp32 one
+                    reference = _preset_loss(
+                        CBOPLoss, make_actor, size, dynamics, device, "float32"
+                    ).value_estimator
+                    with torch.random.fork_rng():
+                        torch.manual_seed(0)
+                        fp32_y = reference.compute_target(check_batch)[0]
+                    for name, y in (("eager", eager_y), ("compiled", compiled_y)):
+                        result[f"{name}_target_bf16_rel_error"] = float(
+                            (y - fp32_y).abs().mean() / fp32_y.std().clamp_min(1e-12)
+                        )
                 steps[f"eager{suffix}"] = after_step(eager, buffer)
                 steps[f"compiled{suffix}"] = after_step(compiled, buffer)
             torch._dynamo.reset()
