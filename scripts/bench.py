@@ -65,7 +65,7 @@ if __name__ == "__main__":  # before torch starts its thread pool; not when impo
 
 import torch  # noqa: E402
 import yaml  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
+from tensordict import TensorDict, TensorDictBase  # noqa: E402
 from torchrl.objectives import SACLoss, SoftUpdate  # noqa: E402
 
 from cbop_torchrl.data import make_replay_buffer  # noqa: E402
@@ -165,6 +165,21 @@ def host_cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict:
         flags = set(fields["flags"].split())
         info.update({f"cpu_has_{flag}": flag in flags for flag in CPU_FLAGS})
     return info
+
+
+def relative_error(
+    y: torch.Tensor, reference: torch.Tensor, scale: torch.Tensor | None = None
+) -> float:
+    """``mean|y - reference| / std(scale)``; ``scale`` defaults to ``reference``."""
+    scale = reference if scale is None else scale
+    return float((y - reference).abs().mean() / scale.std().clamp_min(1e-12))
+
+
+def seeded_target(estimator, batch: TensorDictBase, seed: int = 0) -> torch.Tensor:
+    """``estimator``'s target ``y`` for ``batch`` after ``torch.manual_seed(seed)``; RNG kept."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return estimator.compute_target(batch)[0]
 
 
 # --------------------------------------------------------------------------- timing
@@ -455,9 +470,9 @@ def bench_size(
 
     y32 = est_fp32.compute_target(batch)[0]
     y16 = est_bf16.compute_target(batch)[0]
-    rel_error = float((y16 - y32).abs().mean() / y32.std().clamp_min(1e-12))
+    rel_error = relative_error(y16, y32)
     bootstrap = y32 - batch.get(("next", "reward"))  # gamma (V - alpha log pi), the model part
-    rel_error_bootstrap = float((y16 - y32).abs().mean() / bootstrap.std().clamp_min(1e-12))
+    rel_error_bootstrap = relative_error(y16, y32, scale=bootstrap)
 
     calls = {
         "reference_target": lambda: reference(batch),
@@ -773,30 +788,19 @@ def bench_compiled_target(
                 eager = _preset_loss(CBOPLoss, make_actor, size, dynamics, device, dtype)
                 compiled = compiled_loss(dtype)
                 first_call(compiled, suffix)
-                targets = []
-                for loss in (eager, compiled):
-                    with torch.random.fork_rng():
-                        torch.manual_seed(0)
-                        targets.append(loss.value_estimator.compute_target(check_batch)[0])
-                eager_y, compiled_y = targets
-                std = float(eager_y.std())
+                eager_y = seeded_target(eager.value_estimator, check_batch)
+                compiled_y = seeded_target(compiled.value_estimator, check_batch)
                 result[f"compiled_target_max_abs_diff{suffix}"] = float(
                     (compiled_y - eager_y).abs().max()
                 )
-                result[f"compiled_target_rel_diff{suffix}"] = float(
-                    (compiled_y - eager_y).abs().mean() / max(std, 1e-12)
-                )
+                result[f"compiled_target_rel_diff{suffix}"] = relative_error(compiled_y, eager_y)
                 if dtype == "bfloat16":  # both bf16 targets against the eager fp32 one
                     reference = _preset_loss(
                         CBOPLoss, make_actor, size, dynamics, device, "float32"
                     ).value_estimator
-                    with torch.random.fork_rng():
-                        torch.manual_seed(0)
-                        fp32_y = reference.compute_target(check_batch)[0]
+                    fp32_y = seeded_target(reference, check_batch)
                     for name, y in (("eager", eager_y), ("compiled", compiled_y)):
-                        result[f"{name}_target_bf16_rel_error"] = float(
-                            (y - fp32_y).abs().mean() / fp32_y.std().clamp_min(1e-12)
-                        )
+                        result[f"{name}_target_bf16_rel_error"] = relative_error(y, fp32_y)
                 steps[f"eager{suffix}"] = after_step(eager, buffer)
                 steps[f"compiled{suffix}"] = after_step(compiled, buffer)
             torch._dynamo.reset()
