@@ -7,6 +7,8 @@ simply cut (the next row starts a new episode with neither flag set).
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -99,3 +101,28 @@ def write_d4rl_hdf5(
         for key, value in (metadata or {}).items():
             handle.create_dataset(f"metadata/{key}", data=value)
     return path
+
+
+def pipeline_workspace(root: Path) -> dict:
+    """The small hopper medium-replay file the end-to-end CBOP tests train on.
+
+    Returns ``{"root", "dataset", "env"}``: ``env`` is this process's environment with
+    ``CBOP_TORCHRL_CACHE`` under ``root`` and W&B offline, for ``subprocess.run``.
+    """
+    dataset = write_d4rl_hdf5(
+        root / "hopper-medium-replay-tiny.hdf5",
+        episode_lengths=[150] * 8,
+        terminal_episodes=(0, 3),
+        timeout_episodes=(1,),
+    )
+    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(root / "cache"), "WANDB_MODE": "offline"}
+    return {"root": root, "dataset": dataset, "env": env}
+
+
+def debug_cbop_command(workspace: dict, run_dir: Path, *overrides: str) -> list[str]:
+    """``scripts/cbop.py`` at the debug preset on ``workspace``'s file, in ``run_dir``."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "cbop.py"
+    return [
+        sys.executable, str(script), "preset=debug", f"env={workspace['dataset']}",
+        f"hydra.run.dir={run_dir}", "progress=false", *overrides,
+    ]  # fmt: skip

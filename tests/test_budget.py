@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from d4rl_files import write_d4rl_hdf5
+from d4rl_files import debug_cbop_command, pipeline_workspace
 
 from cbop_torchrl.trainers.checkpoint import (
     CheckpointError,
@@ -30,28 +28,14 @@ from cbop_torchrl.trainers.checkpoint import (
 )
 from cbop_torchrl.utils import config_hash
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "cbop.py"
-
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("budget")
-    dataset = write_d4rl_hdf5(
-        root / "hopper-medium-replay-tiny.hdf5",
-        episode_lengths=[150] * 8,
-        terminal_episodes=(0, 3),
-        timeout_episodes=(1,),
-    )
-    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(root / "cache"), "WANDB_MODE": "offline"}
-    return {"root": root, "dataset": dataset, "env": env}
+    return pipeline_workspace(tmp_path_factory.mktemp("budget"))
 
 
 def run(workspace: dict, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable, str(SCRIPT), "preset=debug", f"env={workspace['dataset']}",
-        f"hydra.run.dir={run_dir}", "progress=false", *overrides,
-    ]  # fmt: skip
+    command = debug_cbop_command(workspace, run_dir, *overrides)
     return subprocess.run(command, env=workspace["env"], capture_output=True, text=True)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from batches import random_transitions
 from tensordict import TensorDict
 
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
@@ -22,18 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
 
 
 def _batch(rows: int = 12) -> TensorDict:
-    g = torch.Generator().manual_seed(1)
-    return TensorDict(
-        {
-            "observation": torch.randn(rows, OBS, generator=g),
-            "action": torch.rand(rows, ACT, generator=g) * 2 - 1,
-            ("next", "observation"): torch.randn(rows, OBS, generator=g),
-            ("next", "reward"): torch.randn(rows, 1, generator=g),
-            ("next", "terminated"): torch.zeros(rows, 1, dtype=torch.bool),
-            ("next", "done"): torch.zeros(rows, 1, dtype=torch.bool),
-        },
-        batch_size=[rows],
-    )
+    return random_transitions((rows,), OBS, ACT)
 
 
 def _loss(compile: bool, rollout_dtype: str = "float32") -> CBOPLoss:

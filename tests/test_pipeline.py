@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from d4rl_files import write_d4rl_hdf5
+from d4rl_files import debug_cbop_command as cli
+from d4rl_files import pipeline_workspace
 
 from cbop_torchrl.trainers.checkpoint import (
     CheckpointError,
@@ -28,32 +28,11 @@ from cbop_torchrl.trainers.checkpoint import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "cbop.py"
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("pipeline")
-    dataset = write_d4rl_hdf5(
-        root / "hopper-medium-replay-tiny.hdf5",
-        episode_lengths=[150] * 8,
-        terminal_episodes=(0, 3),
-        timeout_episodes=(1,),
-    )
-    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(root / "cache"), "WANDB_MODE": "offline"}
-    return {"root": root, "dataset": dataset, "env": env}
-
-
-def cli(workspace: dict, run_dir: Path, *overrides: str) -> list[str]:
-    return [
-        sys.executable,
-        str(SCRIPT),
-        "preset=debug",
-        f"env={workspace['dataset']}",
-        f"hydra.run.dir={run_dir}",
-        "progress=false",
-        *overrides,
-    ]
+    return pipeline_workspace(tmp_path_factory.mktemp("pipeline"))
 
 
 @pytest.fixture(scope="module")

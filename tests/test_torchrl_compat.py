@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from batches import random_transitions
 from tensordict import TensorDict
 from torchrl.objectives import SACLoss
 
@@ -29,18 +30,7 @@ def _parts():
 
 
 def _batch(n: int = 8) -> TensorDict:
-    g = torch.Generator().manual_seed(1)
-    return TensorDict(
-        {
-            "observation": torch.randn(n, OBS, generator=g),
-            "action": torch.rand(n, ACT, generator=g) * 2 - 1,
-            ("next", "observation"): torch.randn(n, OBS, generator=g),
-            ("next", "reward"): torch.randn(n, 1, generator=g),
-            ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool),
-            ("next", "done"): torch.zeros(n, 1, dtype=torch.bool),
-        },
-        batch_size=[n],
-    )
+    return random_transitions((n,), OBS, ACT)
 
 
 def _swap(loss_cls):

@@ -15,6 +15,7 @@ import copy
 
 import pytest
 import torch
+from batches import random_transitions
 from tensordict import TensorDict
 from torch import nn
 from torchrl.modules import ValueOperator
@@ -38,18 +39,7 @@ def _parts():
 
 
 def _batch(shape=(12,)) -> TensorDict:
-    g = torch.Generator().manual_seed(1)
-    return TensorDict(
-        {
-            "observation": torch.randn(*shape, OBS, generator=g),
-            "action": torch.rand(*shape, ACT, generator=g) * 2 - 1,
-            ("next", "observation"): torch.randn(*shape, OBS, generator=g),
-            ("next", "reward"): torch.randn(*shape, 1, generator=g),
-            ("next", "terminated"): torch.zeros(*shape, 1, dtype=torch.bool),
-            ("next", "done"): torch.zeros(*shape, 1, dtype=torch.bool),
-        },
-        batch_size=shape,
-    )
+    return random_transitions(shape, OBS, ACT)
 
 
 def _edac_by_pairs(loss, batch: TensorDict) -> torch.Tensor:
