@@ -35,6 +35,7 @@ def test_quick_tiny_run_writes_every_figure(bench, tmp_path, monkeypatch):
     assert 0 <= tiny["target_bf16_rel_error"] < 0.05
     assert report["dynamics_training"]["dynamics_train_samples_per_s"] > 0
     assert report["evaluation"]["eval_vectorized_steps_per_s"] > 0
+    assert report["goals"] == {}  # tiny sizes measure none of the goals' figures
 
 
 def test_reference_design_computes_the_same_kind_of_target(bench):
@@ -98,3 +99,46 @@ def test_host_cpu_flags_are_read_from_cpuinfo(bench, tmp_path):
     missing = bench.host_cpu_info(tmp_path / "absent")  # not Linux: keys absent, not guessed
     assert "cpu_model" not in missing and "cpu_has_amx_bf16" not in missing
     assert missing["torch_cpu_capability"]
+
+
+def test_goals_say_which_are_met_and_by_how_much_the_others_miss(bench):
+    report = {
+        "threads": 2,
+        "peak_fp32_gflops": 170.0,
+        "peak_bf16_gflops": 340.0,
+        "cpu_preset_steps_per_s": 10.0,
+        "cpu_preset_cpu_ms_per_step": 200.0,
+        "cpu_preset_steps_per_s_bf16": 12.5,
+        "cpu_preset_cpu_ms_per_step_bf16": 160.0,
+        "cpu_preset_cpu_ms_per_step_compiled": 150.0,
+        "host_syncs_per_step": 0,
+        "sizes": {
+            "paper": {
+                "target_bf16_peak_share": 0.4,
+                "target_bf16_gflops": 136.0,
+                "peak_bf16_gflops": 340.0,
+                "peak_fp32_gflops": 170.0,
+            }
+        },
+        "large_dataset_load_s": 30.0,
+        "large_dataset_peak_rss_ratio": 4.5,
+        "large_dataset_samples_per_s": 100_000.0,
+        "large_dataset_goals": {
+            "load_s": {"goal": 60.0, "met": True},
+            "peak_rss_ratio": {"goal": 3.0, "met": False},
+            "samples_per_s": {"goal": 50_000.0, "met": True},
+        },
+    }
+    goals = bench.speed_goals(report)
+    steps = goals["cpu_preset_steps_per_s"]
+    assert not steps["met"] and steps["miss"] == pytest.approx(2.0)
+    assert "<= 100 ms" in steps["why"] and "best: compiled fp32" in steps["why"]
+    assert goals["host_syncs_per_step"]["met"]
+    share = goals["paper_target_bf16_peak_share"]
+    assert not share["met"] and share["miss"] == pytest.approx(1.25)
+    assert "2.0x fp32" in share["why"]
+    assert goals["large_dataset_peak_rss_ratio"]["miss"] == pytest.approx(1.5)
+    assert goals["large_dataset_samples_per_s"]["met"]
+    assert goals["large_dataset_load_s"]["miss"] == pytest.approx(0.5)
+    # A run that measured only some figures states only those goals.
+    assert set(bench.speed_goals({"host_syncs_per_step": 3})) == {"host_syncs_per_step"}
