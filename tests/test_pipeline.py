@@ -124,6 +124,7 @@ def test_killed_run_resumes_to_the_same_parameters(workspace: dict, reference_ru
     for index, state in expected["optimizer"]["state"].items():
         assert torch.equal(state["exp_avg_sq"], actual["optimizer"]["state"][index]["exp_avg_sq"])
     assert expected["state"]["_optim_count"] == actual["state"]["_optim_count"] == 40
+
     # Rows logged between the checkpoint and the kill are not written twice.
     def rows(run: Path, name: str) -> str:
         return (run / "logs" / run.name / "scalars" / f"{name}.csv").read_text()

@@ -230,7 +230,9 @@ def test_select_psi_ranks_policies_by_their_offline_value(
 
 
 def test_select_psi_sweeps_its_own_settings_with_hydra(
-    hand_made_sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+    hand_made_sweep: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``-m`` over FQE budgets, one rankings file per job (an interpolation in json=), and

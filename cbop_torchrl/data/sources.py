@@ -30,6 +30,7 @@ DEMO_DATASET_PATH = (
 )
 """The bundled default dataset (``load_dataset("demo")``)."""
 
+
 def demo_command() -> str:
     """The command that makes the demo file where the package looks for it, for the user's
     shell (the provenance file beside the file records the same settings)."""
@@ -38,6 +39,7 @@ def demo_command() -> str:
         f"out_dir={DEMO_DATASET_PATH.parent} sac.total_steps=100000 sac.eval_episodes=5 "
         "medium_reference=best medium_min_normalized=null stop_at_medium=false"
     )
+
 
 MINARI_PREFIX = "minari:"
 

@@ -55,6 +55,8 @@ def final_window_score(curve: Sequence[Sequence[float]], fallback: float) -> flo
     """
     points = sorted(curve, key=lambda point: point[0])[-FINAL_EVALUATIONS:]
     return statistics.fmean(float(score) for _, score in points) if points else float(fallback)
+
+
 TRAIN_CURVE_KEYS = (
     "cbop/expected_horizon",
     "cbop/target_mean",

@@ -809,9 +809,12 @@ class CBOPValueEstimator(ValueEstimatorBase):
         bootstrap = torch.where(torch.stack(done_alive), discount_h[:, None, None], 0.0)
         returns_h = torch.stack(done_partial) + bootstrap * q_h  # [M, H, K, N]
         returns = torch.cat([returns_0, returns_h.permute(3, 1, 2, 0)], dim=1)
-        valid = torch.cat([torch.ones(1, N, dtype=torch.bool, device=device), *(
-            v.unsqueeze(0) for v in done_valid
-        )]).t()
+        valid = torch.cat(
+            [
+                torch.ones(1, N, dtype=torch.bool, device=device),
+                *(v.unsqueeze(0) for v in done_valid),
+            ]
+        ).t()
         if self.termination == "absorb":
             valid = torch.ones_like(valid)
         return returns, valid

@@ -346,4 +346,3 @@ class SACLossWithCBOPTarget(SACTargetFromEstimator, SACLoss):
     (``loss_qvalue`` is SACLoss's summed MSE, as :class:`CBOPLoss` with ``eta=0``);
     :class:`CBOPLoss` adds it.
     """
-

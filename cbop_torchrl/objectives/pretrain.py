@@ -24,7 +24,6 @@ ACTION_EPS = 1e-5
 """Dataset actions are clipped to ``[-1 + eps, 1 - eps]``: a TanhNormal has no density at +-1."""
 
 
-
 def data_action_log_prob(
     dist: torch.distributions.Distribution, action: torch.Tensor
 ) -> torch.Tensor:
