@@ -38,7 +38,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from cbop_torchrl.baselines import AlgoConfig
 from cbop_torchrl.config import Choice, EvalBackend, RunConfig, not_a_number_or_empty, run_name
@@ -443,6 +443,16 @@ def describe_hydra_error(error: BaseException, config_name: str) -> str | None:
             if line.strip() and not re.match(r"\s*(full_key|reference_type|object_type)", line)
         ]
         return f"{' '.join(lines)} {see}"
+    if isinstance(error, InterpolationKeyError) and "hydra" in sys.argv[1:]:
+        # --cfg hydra --resolve: Hydra resolves its own node alone, but the run directory
+        # names the job's settings (${env}, ${preset}, ...), which that node does not hold.
+        reason = str(error).splitlines()[0].rstrip(".")
+        return (
+            f"--cfg hydra --resolve cannot resolve Hydra's settings on their own: {reason} "
+            "(hydra.run.dir and hydra.sweep.dir are built from the job's settings). Use "
+            "--cfg all --resolve to see them resolved with the job's settings, or --cfg hydra "
+            "without --resolve"
+        )
     if isinstance(error, OSError) and error.filename is not None:
         key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(sys.argv[1:]) else "hydra.run.dir"
         return (

@@ -208,6 +208,21 @@ def test_cli_reports_a_bad_value_without_a_traceback(tmp_path: Path) -> None:
     assert not (tmp_path / "checkpoint.pt").exists()
 
 
+def test_cfg_hydra_resolve_is_explained_and_its_suggestion_works(tmp_path: Path) -> None:
+    def cbop(*flags: str) -> subprocess.CompletedProcess:
+        script = str(ROOT / "scripts" / "cbop.py")
+        return subprocess.run(
+            [sys.executable, script, *flags], capture_output=True, text=True, cwd=tmp_path
+        )
+
+    refused = cbop("--cfg", "hydra", "--resolve")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "Use --cfg all --resolve" in refused.stderr
+    shown = cbop("--cfg", "all", "--resolve")
+    assert shown.returncode == 0 and "dir: runs/demo/cpu/default" in shown.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("config_name", "overrides", "expected"),
     [
