@@ -175,7 +175,7 @@ class EstimatorConfig:
     quantile: float = 0.3085
     termination: Termination = Termination.zero_precision
     sampling: Sampling = Sampling.shared  # shared | independent rollouts per horizon
-    rollout_dtype: RolloutDtype = RolloutDtype.float32
+    rollout_dtype: RolloutDtype = RolloutDtype.auto
 
 
 @dataclass
