@@ -106,8 +106,10 @@ def test_goals_say_which_are_met_and_by_how_much_the_others_miss(bench):
         "threads": 2,
         "peak_fp32_gflops": 170.0,
         "peak_bf16_gflops": 340.0,
+        "cpu_preset_rollout_dtype": "float32",
         "cpu_preset_steps_per_s": 10.0,
-        "cpu_preset_cpu_ms_per_step": 200.0,
+        "cpu_preset_cpu_ms_per_step": 150.0,
+        "cpu_preset_cpu_ms_per_step_fp32": 150.0,
         "cpu_preset_steps_per_s_bf16": 12.5,
         "cpu_preset_cpu_ms_per_step_bf16": 160.0,
         "cpu_preset_cpu_ms_per_step_compiled": 150.0,
@@ -132,7 +134,13 @@ def test_goals_say_which_are_met_and_by_how_much_the_others_miss(bench):
     goals = bench.speed_goals(report)
     steps = goals["cpu_preset_steps_per_s"]
     assert not steps["met"] and steps["miss"] == pytest.approx(2.0)
-    assert "<= 100 ms" in steps["why"] and "best: compiled fp32" in steps["why"]
+    assert "100 ms of wall time and 150 ms of CPU time (1.50 of 2 threads" in steps["why"]
+    assert "needs 50 ms of wall time" in steps["why"]
+    assert (
+        "default (float32 rollouts) 150, fp32 rollouts 150, bf16 rollouts 160, compiled fp32 150;"
+        in (steps["why"])
+    )
+    assert "compiled bf16" not in steps["why"]  # not measured in this report
     assert goals["host_syncs_per_step"]["met"]
     share = goals["paper_target_bf16_peak_share"]
     assert not share["met"] and share["miss"] == pytest.approx(1.25)
