@@ -251,13 +251,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[bench] done     {dataset} {variant} seed {seed}: {summary_path}")
                 continue
             print(f"[bench] stale    {summary_path}: {why}")
-            if run_dir.exists() and not args.dry_run:  # other settings: start that run over
+            other_data = stale_reason(stored, provenance, stored.get("gradient_steps", 0))
+            if other_data and run_dir.exists() and not args.dry_run:  # start that run over
                 run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
-        if not args.dry_run and run_steps(run_dir) not in (None, variant_steps(variant, args)):
-            print(f"[bench] moving   {run_dir} aside: started with other gradient steps")
+        started, steps = run_steps(run_dir), variant_steps(variant, args)
+        if started is not None and started > steps and not args.dry_run:
+            # A smaller budget cannot shrink a run: start over (raising it continues the run).
+            print(f"[bench] moving   {run_dir} aside: it ran {started} gradient steps")
             run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
         if args.dry_run:
             state = "resume" if (run_dir / "checkpoint.pt").is_file() else "start"
+            if started is not None and started != steps:
+                state = "extend" if started < steps else "restart"
             print(f"[bench] {state:8} {dataset} {variant} seed {seed} -> {run_dir}")
             continue
         data = ensure_dataset(dataset)

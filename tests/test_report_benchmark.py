@@ -66,3 +66,33 @@ def test_baselines_get_the_gradient_steps_of_cbops_whole_pipeline(tmp_path: Path
     assert driver.variant_steps("iql", args) == 20_000 + 3000 + cpu_fqe_steps
     command = driver.run_command("iql", tmp_path / "d.hdf5", 0, "cpu", tmp_path / "run", args)
     assert "train.epochs=28" in command and "train.steps_per_epoch=1000" in command
+
+
+def test_a_larger_budget_extends_a_run_and_a_smaller_one_restarts_it(
+    tmp_path: Path, isolated_cache: Path, capsys: pytest.CaptureFixture
+) -> None:
+    driver = load_driver()
+    generated = isolated_cache / "generated"
+    generated.mkdir(parents=True)
+    provenance = {"command": "python scripts/collect.py", "data_key": "k1", "sha256": "aaa"}
+    (generated / "hopper-medium-replay-gen.provenance.json").write_text(json.dumps(provenance))
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    run_dir = runs / "hopper-medium-replay-gen" / "k1" / "cpu" / "cbop" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(
+        json.dumps({"train": {"epochs": 20, "steps_per_epoch": 1000}})
+    )
+    summary = results / "hopper-medium-replay-gen" / "cbop" / "seed0.json"
+    summary.parent.mkdir(parents=True)
+    summary.write_text(json.dumps({"dataset_provenance": provenance, "gradient_steps": 20_000}))
+    args = ("--results", str(results), "--runs", str(runs), "--seeds", "0", "--algos", "cbop")
+
+    def state(epochs: str) -> list[str]:
+        assert driver.main(["--dry-run", *args, "--epochs", epochs]) == 0
+        printed = capsys.readouterr().out.splitlines()
+        return [line.split()[1] for line in printed if " stale " not in line]
+
+    assert state("20") == ["done"]
+    assert state("60") == ["extend"]  # the summary is stale; the run continues from 20k
+    assert state("10") == ["restart"]
+    assert run_dir.is_dir()  # a dry run moves nothing
