@@ -564,11 +564,23 @@ def hydra_entry(
                 os.environ["HYDRA_FULL_ERROR"] = "1"
             sweep_dir = _sweep_dir(sys.argv[1:])
             new_sweep_dir = sweep_dir is not None and not sweep_dir.exists()
+
+            def remove_refused_sweep_dir() -> None:
+                # A multirun whose first job's values were refused wrote only multirun.yaml.
+                if (
+                    new_sweep_dir
+                    and sweep_dir.is_dir()
+                    and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}
+                ):
+                    shutil.rmtree(sweep_dir)
+
             try:
                 return hydra_main()
             except SystemExit as exit_:
                 if exit_.code == 1 and not started:
                     sys.exit(EXIT_BAD_INPUT)
+                if exit_.code == EXIT_BAD_INPUT:
+                    remove_refused_sweep_dir()
                 raise
             except Exception as error:
                 # Raised here: Hydra's own failure before a job (a task's failure is reported
@@ -579,12 +591,7 @@ def hydra_entry(
                     message = describe_hydra_error(error, config_name)
                 if message is None:
                     raise
-                if (
-                    new_sweep_dir
-                    and sweep_dir.is_dir()
-                    and {p.name for p in sweep_dir.iterdir()} <= {"multirun.yaml"}
-                ):
-                    shutil.rmtree(sweep_dir)  # the multirun refused its first job's values
+                remove_refused_sweep_dir()
                 refuse(message)
             finally:
                 if not user_full_error:

@@ -50,6 +50,7 @@ CASES = [
     ),
     ("cbop.py", ["train.batch_size=-3"], ["train.batch_size=-3", "positive"]),
     ("cbop.py", ["-m", "seed=abc,1"], ["seed=abc: seed must be an integer"]),  # no multirun/ left
+    ("cbop.py", ["-m", "train.batch_size=-3,1"], ["train.batch_size=-3", "positive"]),  # by the job
     ("cbop.py", ["device=cuda"], ["device=cuda", "device=auto", "device=cpu"]),
     (
         "cbop.py",
