@@ -164,10 +164,15 @@ def dataset_provenance(name: str) -> dict:
     return {key: values.get(key) for key in PROVENANCE_KEYS}
 
 
+def other_dataset(summary: dict, provenance: dict) -> bool:
+    """Whether a stored summary was made on another version of the dataset."""
+    stored = summary.get("dataset_provenance", {})
+    return bool(provenance) and stored.get("sha256") != provenance.get("sha256")
+
+
 def stale_reason(summary: dict, provenance: dict, steps: int) -> str | None:
     """Why a stored summary no longer counts (None: it does)."""
-    stored = summary.get("dataset_provenance", {})
-    if provenance and stored.get("sha256") != provenance.get("sha256"):
+    if other_dataset(summary, provenance):
         return "made on another version of the dataset"
     if summary.get("gradient_steps", steps) != steps:
         return f"{summary['gradient_steps']} gradient steps, the benchmark now runs {steps}"
@@ -251,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[bench] done     {dataset} {variant} seed {seed}: {summary_path}")
                 continue
             print(f"[bench] stale    {summary_path}: {why}")
-            other_data = stale_reason(stored, provenance, stored.get("gradient_steps", 0))
-            if other_data and run_dir.exists() and not args.dry_run:  # start that run over
+            if other_dataset(stored, provenance) and run_dir.exists() and not args.dry_run:
+                # Another dataset: start that run over (another budget extends or restarts it).
                 run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
         started, steps = run_steps(run_dir), variant_steps(variant, args)
         if started is not None and started > steps and not args.dry_run:

@@ -18,6 +18,15 @@ def load_driver():
     return module
 
 
+def write_provenance(cache: Path, sha256: str = "aaa") -> dict:
+    """The generated hopper set's provenance file in ``cache``, as the driver reads it."""
+    generated = cache / "generated"
+    generated.mkdir(parents=True, exist_ok=True)
+    provenance = {"command": "python scripts/collect.py", "data_key": "k1", "sha256": sha256}
+    (generated / "hopper-medium-replay-gen.provenance.json").write_text(json.dumps(provenance))
+    return provenance
+
+
 def plan_lines(capsys: pytest.CaptureFixture, driver, *args: str) -> list[str]:
     assert driver.main(["--dry-run", *args]) == 0
     # "[bench] <state> <dataset> <variant> seed <k>..." -> [state, dataset, variant, k]
@@ -31,10 +40,7 @@ def test_plan_order_skip_and_stale(
     tmp_path: Path, isolated_cache: Path, capsys: pytest.CaptureFixture
 ) -> None:
     driver = load_driver()
-    generated = isolated_cache / "generated"
-    generated.mkdir(parents=True)
-    provenance = {"command": "python scripts/collect.py", "data_key": "k1", "sha256": "aaa"}
-    (generated / "hopper-medium-replay-gen.provenance.json").write_text(json.dumps(provenance))
+    provenance = write_provenance(isolated_cache)
     results = tmp_path / "results"
     args = ("--results", str(results), "--seeds", "0", "1", "--algos", "cbop", "bc", "iql")
 
@@ -50,8 +56,7 @@ def test_plan_order_skip_and_stale(
     assert lines[1] == ["done", "hopper-medium-replay-gen", "bc", "0"]
     assert sum(line[0] == "start" for line in lines) == 5
 
-    provenance["sha256"] = "bbb"  # the dataset was regenerated differently: rerun
-    (generated / "hopper-medium-replay-gen.provenance.json").write_text(json.dumps(provenance))
+    write_provenance(isolated_cache, sha256="bbb")  # the dataset was regenerated: rerun
     assert driver.main(["--dry-run", *args]) == 0
     printed = capsys.readouterr().out
     assert "stale" in printed and printed.count("start ") == 6
@@ -72,10 +77,7 @@ def test_a_larger_budget_extends_a_run_and_a_smaller_one_restarts_it(
     tmp_path: Path, isolated_cache: Path, capsys: pytest.CaptureFixture
 ) -> None:
     driver = load_driver()
-    generated = isolated_cache / "generated"
-    generated.mkdir(parents=True)
-    provenance = {"command": "python scripts/collect.py", "data_key": "k1", "sha256": "aaa"}
-    (generated / "hopper-medium-replay-gen.provenance.json").write_text(json.dumps(provenance))
+    provenance = write_provenance(isolated_cache)
     results, runs = tmp_path / "results", tmp_path / "runs"
     run_dir = runs / "hopper-medium-replay-gen" / "k1" / "cpu" / "cbop" / "seed0"
     run_dir.mkdir(parents=True)
