@@ -103,7 +103,7 @@ def write_d4rl_hdf5(
     return path
 
 
-def pipeline_workspace(root: Path) -> dict:
+def pipeline_workspace(root: Path, episode_lengths: Sequence[int] = (150,) * 8) -> dict:
     """The small hopper medium-replay file the end-to-end CBOP tests train on.
 
     Returns ``{"root", "dataset", "env"}``: ``env`` is this process's environment with
@@ -111,7 +111,7 @@ def pipeline_workspace(root: Path) -> dict:
     """
     dataset = write_d4rl_hdf5(
         root / "hopper-medium-replay-tiny.hdf5",
-        episode_lengths=[150] * 8,
+        episode_lengths=list(episode_lengths),
         terminal_episodes=(0, 3),
         timeout_episodes=(1,),
     )

@@ -138,7 +138,7 @@ def test_goals_say_which_are_met_and_by_how_much_the_others_miss(bench):
     assert "needs 50 ms of wall time" in steps["why"]
     assert (
         "default (float32 rollouts) 150, fp32 rollouts 150, bf16 rollouts 160, compiled fp32 150;"
-        in (steps["why"])
+        in steps["why"]
     )
     assert "compiled bf16" not in steps["why"]  # not measured in this report
     assert goals["host_syncs_per_step"]["met"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from d4rl_files import write_d4rl_hdf5
+from d4rl_files import pipeline_workspace
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -148,14 +147,8 @@ def test_sweep_configs_name_run_directories_like_the_main_config(name: str) -> N
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Two tiny runs (psi 0.5 and 5) by ``scripts/cbop.py -m +sweep=psi_grid`` (basic launcher)."""
-    root = tmp_path_factory.mktemp("sweep")
-    dataset = write_d4rl_hdf5(
-        root / "hopper-medium-replay-tiny.hdf5",
-        episode_lengths=[60] * 6,
-        terminal_episodes=(0, 3),
-        timeout_episodes=(1,),
-    )
-    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(root / "cache"), "WANDB_MODE": "offline"}
+    workspace = pipeline_workspace(tmp_path_factory.mktemp("sweep"), episode_lengths=[60] * 6)
+    root, dataset, env = workspace["root"], workspace["dataset"], workspace["env"]
     sweep_dir = root / "sweep"
     command = [
         sys.executable,
