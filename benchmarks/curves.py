@@ -11,8 +11,9 @@ them (e.g. seeds), and ``--per-run`` prints each run's table instead.
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
+
+from cbop_torchrl.evaluation.report import read_scalar_curves
 
 DEFAULT_KEYS = [
     "eval/normalized_score",
@@ -34,15 +35,13 @@ DEFAULT_KEYS = [
 
 
 def read_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
-    """``{"group/key": {step: value}}`` from every CSV under ``run_dir/logs``."""
-    scalars: dict[str, dict[int, float]] = {}
-    for path in sorted(Path(run_dir, "logs").glob("*/scalars/**/*.csv")):
-        root = next(p for p in path.parents if p.name == "scalars")
-        key = path.relative_to(root).with_suffix("").as_posix()
-        with path.open() as handle:
-            rows = {int(float(r[0])): float(r[1]) for r in csv.reader(handle) if len(r) >= 2}
-        scalars[key] = rows
-    return scalars
+    """``{"group/key": {step: value}}`` from every CSV under ``run_dir/logs``.
+
+    A copied or moved run directory that was resumed (two logger names) reads
+    as one curve; see :func:`read_scalar_curves`.
+    """
+    curves = read_scalar_curves(run_dir, prefix="")
+    return {key: {int(step): value for step, value in points} for key, points in curves.items()}
 
 
 def nearest(values: dict[int, float], step: int) -> float | None:

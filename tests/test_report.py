@@ -29,6 +29,7 @@ from cbop_torchrl.evaluation.report import (
     goal_check,
     load_summaries,
     markdown_table,
+    read_scalar_curves,
     rliable_aggregates,
     score_rows,
     summarize_run,
@@ -262,6 +263,23 @@ def test_goal_check_compares_cbop_with_baselines_behaviour_and_its_best() -> Non
 def test_final_score_is_the_mean_of_the_last_evaluations() -> None:
     assert final_window_score([[3, 30.0], [1, 10.0], [4, 40.0], [2, 20.0]], 0.0) == 30.0
     assert final_window_score([], 7.0) == 7.0
+
+
+def test_scalar_curves_of_a_copied_run_directory_are_merged(tmp_path: Path) -> None:
+    """A run directory copied (or moved) and resumed logs under a second logger name."""
+
+    def write_csv(name: str, rows: list[tuple[int, float]], mtime: float) -> None:
+        path = tmp_path / "logs" / name / "scalars" / "eval" / "normalized_score.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"{step},{value}\n" for step, value in rows))
+        os.utime(path, (mtime, mtime))
+
+    # The original run (newer name sorts first) to step 3; the copy resumed from its
+    # step-2 checkpoint, so steps 3 and 4 come from the copy, written later.
+    write_csv("seed1", [(1, 10.0), (2, 11.0), (3, 12.0)], mtime=1_000)
+    write_csv("cbop-seed1", [(3, 20.0), (4, 21.0)], mtime=2_000)
+    curve = read_scalar_curves(tmp_path, prefix="eval/")["normalized_score"]
+    assert curve == [[1, 10.0], [2, 11.0], [3, 20.0], [4, 21.0]]
 
 
 def test_rollout_from_observations_restarts_the_real_state() -> None:

@@ -102,14 +102,20 @@ def read_scalar_curves(run_dir: Path, prefix: str = "train/") -> dict[str, list[
     """Every CSV scalar log under ``run_dir/logs/*/scalars/<prefix>`` as ``[[step, value], ...]``.
 
     Keys drop the prefix (``cbop/expected_horizon``); a step logged twice (a
-    resumed run) keeps its last value. Empty when the run logged elsewhere.
+    resumed run) keeps its last value. A run directory that was moved or copied
+    and then resumed logs under a second name (the logger is named after the
+    directory): its files are merged into one curve, the most recently written
+    file winning where steps overlap. Empty when the run logged elsewhere.
     """
-    curves: dict[str, list[list[float]]] = {}
-    for scalars in sorted(Path(run_dir).glob("logs/*/scalars")):
+    files: dict[str, list[Path]] = {}
+    for scalars in Path(run_dir).glob("logs/*/scalars"):
         root = scalars / prefix
-        for path in sorted(root.rglob("*.csv")):
-            name = path.relative_to(root).with_suffix("").as_posix()
-            points: dict[int, float] = {}
+        for path in root.rglob("*.csv"):
+            files.setdefault(path.relative_to(root).with_suffix("").as_posix(), []).append(path)
+    curves: dict[str, list[list[float]]] = {}
+    for name in sorted(files):
+        points: dict[int, float] = {}
+        for path in sorted(files[name], key=lambda p: (p.stat().st_mtime, str(p))):
             with open(path, newline="") as handle:
                 for row in csv.reader(handle):
                     if len(row) >= 2:
@@ -117,7 +123,7 @@ def read_scalar_curves(run_dir: Path, prefix: str = "train/") -> dict[str, list[
                             points[int(float(row[0]))] = float(row[1])
                         except ValueError:
                             continue  # a header or a partial last line
-            curves[name] = [[step, points[step]] for step in sorted(points)]
+        curves[name] = [[step, points[step]] for step in sorted(points)]
     return curves
 
 
