@@ -2,10 +2,11 @@
 
 The launcher configs need the plugins of the ``cluster`` extra
 (hydra-submitit-launcher, hydra-ray-launcher, hydra-joblib-launcher). The
-local sweep runs ``scripts/cbop.py -m`` with Hydra's basic launcher on a
-generated D4RL-format file with the debug preset cut down further (a few
-steps per stage), then relaunches one job to check that it lands in the
-same run directory and continues from its checkpoint.
+local sweep runs ``scripts/cbop.py -m`` with the ``local_parallel`` (joblib)
+launcher, two worker processes, on a generated D4RL-format file with the debug
+preset cut down further (a few steps per stage), then relaunches one job with
+Hydra's basic launcher to check that it lands in the same run directory
+whichever launcher started it, and continues from its checkpoint.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def test_sweep_configs_name_run_directories_like_the_main_config(name: str) -> N
 
 @pytest.fixture(scope="module")
 def tiny_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Two tiny runs (psi 0.5 and 5) by ``scripts/cbop.py -m +sweep=psi_grid`` (basic launcher)."""
+    """Two tiny runs (psi 0.5 and 5) by ``scripts/cbop.py -m +sweep=psi_grid``, in parallel."""
     workspace = pipeline_workspace(tmp_path_factory.mktemp("sweep"), episode_lengths=[60] * 6)
     root, dataset, env = workspace["root"], workspace["dataset"], workspace["env"]
     sweep_dir = root / "sweep"
@@ -159,10 +160,12 @@ def tiny_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict:
         f"hydra.sweep.dir={sweep_dir}",
         *TINY,
     ]
+    parallel = ["hydra/launcher=local_parallel", "hydra.launcher.n_jobs=2", "threads=1"]
     done = subprocess.run(
-        [*command, "estimator.psi=0.5,5"], env=env, capture_output=True, text=True
+        [*command, *parallel, "estimator.psi=0.5,5"], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "Joblib.Parallel(n_jobs=2" in done.stdout + done.stderr  # the launcher that ran them
     return {
         "root": root,
         "dataset": dataset,
