@@ -10,9 +10,11 @@ Four algorithms, each a TorchRL loss with a small config (``cbop_torchrl/configs
 - ``cql``: conservative Q-learning (``torchrl.objectives.CQLLoss``), auto-tuned entropy.
 
 Training runs on TorchRL's ``Trainer`` with the same hooks as the CBOP stage
-(:mod:`cbop_torchrl.trainers.offline`): the gradient-step "collector", the
-replay-buffer sampler, periodic evaluation, metrics, the target-network
-updater and the atomic checkpoint, so a baseline run directory holds the same
+(:mod:`cbop_torchrl.trainers.hooks`, registered by
+:func:`cbop_torchrl.trainers.offline.build_offline_training`): the
+gradient-step "collector", the replay-buffer sampler, periodic evaluation,
+metrics, the target-network updater and the atomic checkpoint, so a baseline
+run directory holds the same
 ``results.json``/``config.json``/``checkpoint.pt``/``policy.pt``/CSV logs as a
 CBOP run and resumes the same way. ``results.json`` additionally names the
 ``algo``.

@@ -80,8 +80,8 @@ from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble  # noq
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator  # noqa: E402
 from cbop_torchrl.objectives.loss import CBOPLoss  # noqa: E402
 from cbop_torchrl.registry import get_family  # noqa: E402
+from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper  # noqa: E402
 from cbop_torchrl.trainers.logging import MetricsHook, flatten_metrics  # noqa: E402
-from cbop_torchrl.trainers.offline import GuardedOptimizationStepper  # noqa: E402
 from cbop_torchrl.utils import (  # noqa: E402
     HostSyncCounter,
     atomic_json_dump,

@@ -10,7 +10,7 @@ from cbop_torchrl.envs import describe_score, episode_returns, evaluate_policy, 
 from cbop_torchrl.modules.actor_critic import make_actor
 from cbop_torchrl.registry import Task, get_family
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
-from cbop_torchrl.trainers.offline import GuardedOptimizationStepper
+from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper
 
 
 def test_episode_returns_stop_at_the_first_done() -> None:

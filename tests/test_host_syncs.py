@@ -23,12 +23,12 @@ from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
 from cbop_torchrl.objectives.loss import CBOPLoss
-from cbop_torchrl.trainers.logging import MetricsHook
-from cbop_torchrl.trainers.offline import (
+from cbop_torchrl.trainers.hooks import (
     GradientSteps,
     GuardedOptimizationStepper,
     SampleFromBuffer,
 )
+from cbop_torchrl.trainers.logging import MetricsHook
 from cbop_torchrl.utils import HostSyncCounter
 
 OBS, ACT = 5, 2

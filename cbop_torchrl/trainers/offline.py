@@ -1,23 +1,24 @@
 """The offline pipeline: dynamics -> BC -> FQE -> CBOP, then evaluation and ``results.json``.
 
 The first three stages are cached by data and config (a second run reuses
-them); the CBOP stage runs on TorchRL's :class:`~torchrl.trainers.Trainer`:
+them); the CBOP stage runs on TorchRL's :class:`~torchrl.trainers.Trainer`
+with the offline hooks of :mod:`cbop_torchrl.trainers.hooks`
+(:func:`build_offline_training` registers them):
 
-- the "collector" is :class:`GradientSteps`, an endless iterator of empty
-  TensorDicts, one per gradient step (so the Trainer's frame counter, its
-  progress bar and ``total_frames`` count gradient steps), and
-  :class:`SampleFromBuffer` draws the batch from the dataset's replay buffer
-  at ``process_optim_batch``, where TorchRL's own ``ReplayBufferTrainer``
-  samples;
-- :class:`GuardedOptimizationStepper` does the optimizer step and refuses
-  non-finite losses, targets and gradients;
+- the "collector" is :class:`~cbop_torchrl.trainers.hooks.GradientSteps`, one
+  empty TensorDict per gradient step, and
+  :class:`~cbop_torchrl.trainers.hooks.SampleFromBuffer` draws the batch from
+  the dataset's replay buffer;
+- :class:`~cbop_torchrl.trainers.hooks.GuardedOptimizationStepper` does the
+  optimizer step and refuses non-finite losses, targets and gradients;
 - ``TargetNetUpdaterHook(SoftUpdate)`` updates the target Q-ensemble;
-- :class:`MetricsHook`, :class:`EvaluationHook` and :class:`CheckpointHook`
-  log, evaluate and save.
+- :class:`~cbop_torchrl.trainers.logging.MetricsHook`,
+  :class:`~cbop_torchrl.trainers.hooks.EvaluationHook` and
+  :class:`~cbop_torchrl.trainers.checkpoint.CheckpointHook` log, evaluate and save.
 
 The Trainer's own checkpointing writes either a directory of components or a
 deprecated pickle path; CBOP needs one file that ``torch.load(...,
-weights_only=True)`` reads, so :class:`CheckpointHook` saves
+weights_only=True)`` reads, so ``CheckpointHook`` saves
 ``Trainer.state_dict()`` (which covers every registered stateful hook)
 atomically itself and resuming calls ``Trainer.load_state_dict``.
 """
@@ -26,16 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torchrl.checkpoint import GlobalRNGState
 from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase
@@ -49,21 +49,18 @@ from cbop_torchrl.envs import (
     NO_NORMALIZED_SCORE,
     EnvSpecs,
     check_data_fits_env,
-    evaluate_policy,
     make_eval_env,
     read_env_specs,
     resolve_task,
 )
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.loss import CBOPLoss
-from cbop_torchrl.objectives.pretrain import ensemble_q
 from cbop_torchrl.registry import Task
 from cbop_torchrl.trainers.checkpoint import (
     CHECKPOINT_NAME,
     POLICY_NAME,
     CheckpointError,
     CheckpointHook,
-    NonFiniteLossError,
     check_resumable,
     load_checkpoint,
     policy_metadata,
@@ -73,6 +70,14 @@ from cbop_torchrl.trainers.checkpoint import (
 from cbop_torchrl.trainers.datasize import check_dataset_size, warn_about_terminals
 from cbop_torchrl.trainers.diagnostics import LearningDiagnostics
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
+from cbop_torchrl.trainers.hooks import (
+    EvaluationHook,
+    GradientSteps,
+    GuardedOptimizationStepper,
+    QValueStats,
+    ResumeProgressBar,
+    SampleFromBuffer,
+)
 from cbop_torchrl.trainers.logging import (
     MetricsHook,
     log_final,
@@ -93,229 +98,6 @@ CBOP_KEYS = (
     ("next", "done"),
 )
 """What the CBOP loss reads from a dataset batch."""
-
-
-class GradientSteps:
-    """Stands in for the collector: yields one empty TensorDict per gradient step.
-
-    Offline training collects nothing; the Trainer only needs an iterable
-    that advances its frame counter (one "frame" per step here) and the few
-    collector methods it calls.
-    """
-
-    init_random_frames = 0
-
-    def __iter__(self) -> Iterator[TensorDictBase]:
-        while True:
-            yield TensorDict(batch_size=[])
-
-    def shutdown(self) -> None:
-        return None
-
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        return seed
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
-
-
-class SampleFromBuffer(TrainerHookBase):
-    """Draws each step's batch from the dataset replay buffer (``process_optim_batch``).
-
-    The buffer samples with its own ``torch.Generator``, whose state is
-    checkpointed, so a resumed run draws the same batches.
-    """
-
-    def __init__(self, buffer: ReplayBuffer, generator: torch.Generator) -> None:
-        self.buffer = buffer
-        self.generator = generator
-
-    def __call__(self, batch: TensorDictBase) -> TensorDictBase:
-        return self.buffer.sample()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.generator.set_state(state_dict["generator"].to(self.generator.get_state().device))
-
-    def register(self, trainer: Trainer, name: str = "replay_sampler") -> None:
-        trainer.register_op("process_optim_batch", self)
-        trainer.register_module(name, self)
-
-
-def _all_finite(value: torch.Tensor) -> torch.Tensor:
-    """A 0-dim bool tensor: whether every element of ``value`` is finite (no sync)."""
-    return torch.isfinite(value).all()
-
-
-class GuardedOptimizationStepper(OptimizationStepper):
-    """One Adam step on ``loss_actor + loss_qvalue + loss_alpha``, refusing non-finite values.
-
-    The losses, the CBOP target statistics and the gradient norm are checked
-    before ``optimizer.step()``: a NaN/inf raises :class:`NonFiniteLossError`
-    naming the step and the last good checkpoint, and no parameter changes.
-    """
-
-    def __init__(self, checkpoint: CheckpointHook) -> None:
-        self.checkpoint = checkpoint
-
-    def step(self, trainer: Trainer, sub_batch: TensorDictBase) -> TensorDictBase:
-        losses = trainer.compute_loss(sub_batch)
-        total = sum(value for key, value in losses.items() if key.startswith("loss_"))
-        trainer.optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf)
-        checked = {
-            key: value
-            for key, value in losses.items(True, True)
-            if value.numel() > 0 and value.is_floating_point()
-        }
-        # All checks reduce on the device to one flag: the step's only host synchronisation.
-        finite = torch.stack([torch.isfinite(grad_norm), *map(_all_finite, checked.values())])
-        if not finite.all():
-            bad = sorted(
-                "/".join(key) if isinstance(key, tuple) else key
-                for key, value in checked.items()
-                if not torch.isfinite(value).all()
-            )
-            if not torch.isfinite(grad_norm):
-                bad.append("gradient norm")
-            trainer.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(
-                f"non-finite {', '.join(bad)} at gradient step {trainer.collected_frames} of the "
-                "CBOP stage; the step was not applied and the run stopped. Last good "
-                f"checkpoint: {self.checkpoint.describe_last()}. Lower the learning rates "
-                "(agent.*_lr) or check the dataset/dynamics model, then resume (the same "
-                "command continues from that checkpoint)."
-            )
-        trainer.optimizer.step()
-        losses = losses.detach()
-        losses.set("grad_norm", grad_norm.detach())
-        return losses
-
-
-class EvaluationHook(TrainerHookBase):
-    """Evaluates the deterministic policy every ``interval`` gradient steps (``post_steps``).
-
-    Logs ``eval/return`` and, when the task has reference scores,
-    ``eval/normalized_score`` (mean) and ``eval/normalized_score_std``; keeps
-    the history (checkpointed) for ``results.json``.
-    The final evaluation after the last step is done by the pipeline itself.
-    """
-
-    def __init__(
-        self,
-        actor: Any,
-        task: Task,
-        env: EnvBase,
-        config: RunConfig,
-        logger: Logger | None,
-        total_steps: int,
-    ) -> None:
-        self.actor, self.task, self.env, self.logger = actor, task, env, logger
-        self.interval = config.eval.interval
-        self.max_steps = config.eval.max_steps
-        self.seed = config.seed
-        self.total_steps = total_steps
-        self.history: list[dict[str, float]] = []
-        self.trainer: Trainer | None = None
-
-    def __call__(self) -> None:
-        step = self.trainer.collected_frames  # one frame per gradient step
-        if self.interval and step % self.interval == 0 and step < self.total_steps:
-            self.evaluate(step)
-
-    def evaluate(self, step: int) -> dict[str, Any]:
-        result = evaluate_policy(self.actor, self.task, self.env, self.max_steps, self.seed)
-        summary = result.summary()
-        record = {
-            "step": step,
-            "normalized_score_mean": summary["normalized_score_mean"],
-            "normalized_score_std": summary["normalized_score_std"],
-            "return_mean": summary["return_mean"],
-        }
-        self.history.append(record)
-        scalars = {
-            "eval/normalized_score": record["normalized_score_mean"],
-            "eval/normalized_score_std": record["normalized_score_std"],
-            "eval/return": record["return_mean"],
-        }
-        log_scalars(self.logger, {k: v for k, v in scalars.items() if v is not None}, step)
-        return summary
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": [dict(record) for record in self.history]}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = [dict(record) for record in state_dict.get("history", [])]
-
-    def register(self, trainer: Trainer, name: str = "evaluation") -> None:
-        self.trainer = trainer
-        trainer.register_op("post_steps", self)
-        trainer.register_module(name, self)
-
-
-class QValueStats(TrainerHookBase):
-    """Logs Q-ensemble statistics on the step's batch every ``interval`` steps (``post_optim_log``).
-
-    ``train/q_mean`` (mean over members and batch of ``Q_m(s, a)`` at the dataset
-    actions) and ``train/q_member_std`` (mean over the batch of the std across
-    members); the CBOP target's statistics come with the loss (``cbop/target_mean``,
-    ``cbop/posterior_std``). One extra forward of the ensemble, no randomness.
-    """
-
-    def __init__(self, loss: CBOPLoss, logger: Logger | None, interval: int) -> None:
-        self.loss, self.logger, self.interval = loss, logger, int(interval)
-        self.trainer: Trainer | None = None
-
-    def __call__(self, batch: TensorDictBase) -> None:
-        step = self.trainer.collected_frames
-        if step % self.interval != 0:
-            return None
-        with torch.no_grad():
-            q = ensemble_q(self.loss.qvalue_network, self.loss.qvalue_network_params, batch)
-        log_scalars(
-            self.logger,
-            {"train/q_mean": q.mean(), "train/q_member_std": q.std(0, unbiased=False).mean()},
-            step,
-        )
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
-
-    def register(self, trainer: Trainer, name: str = "qvalue_stats") -> None:
-        self.trainer = trainer
-        trainer.register_op("post_optim_log", self)
-
-
-class ResumeProgressBar(TrainerHookBase):
-    """Starts the Trainer's progress bar at the resumed step (``setup``)."""
-
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-
-    def __call__(self) -> None:
-        bar = getattr(self.trainer, "_pbar", None)
-        if bar is not None and self.trainer.collected_frames:
-            bar.update(self.trainer.collected_frames)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
-
-    def register(self, trainer: Trainer, name: str = "resume_progress") -> None:
-        trainer.register_op("setup", self)
 
 
 class StageClock:
@@ -983,13 +765,8 @@ def _resume_state(
 __all__ = [
     "CBOPStage",
     "CheckpointError",
-    "EvaluationHook",
-    "GradientSteps",
-    "GuardedOptimizationStepper",
-    "NonFiniteLossError",
     "OfflineRun",
     "OfflineTraining",
-    "SampleFromBuffer",
     "behaviour_cloning_stage",
     "build_cbop_loss",
     "build_offline_training",

@@ -1,0 +1,282 @@
+"""The pieces that make TorchRL's :class:`~torchrl.trainers.Trainer` train offline.
+
+A ``Trainer`` expects a data collector, an optimizer step and hooks
+registered at named points of its loop; offline training collects nothing,
+so these stand-ins and hooks turn it into a loop of gradient steps on
+dataset batches (wired together by
+:func:`cbop_torchrl.trainers.offline.build_offline_training`, for CBOP and
+for the baselines):
+
+- :class:`GradientSteps` is the "collector": an endless iterator of empty
+  TensorDicts, one per gradient step, so the Trainer's frame counter, its
+  progress bar and ``total_frames`` count gradient steps;
+- :class:`SampleFromBuffer` (``process_optim_batch``, where TorchRL's own
+  ``ReplayBufferTrainer`` samples) replaces that empty batch with one drawn
+  from the dataset's replay buffer;
+- :class:`GuardedOptimizationStepper` is the Trainer's optimization stepper:
+  one optimizer step on the summed ``loss_*`` keys, refused when a loss,
+  target or gradient is not finite;
+- :class:`EvaluationHook` (``post_steps``) evaluates the policy every
+  ``eval.interval`` steps, :class:`QValueStats` (``post_optim_log``) logs
+  Q-ensemble statistics, and :class:`ResumeProgressBar` (``setup``) starts
+  the progress bar at a resumed step.
+
+Stateful hooks register themselves as Trainer modules as well, so
+``Trainer.state_dict()`` (the checkpoint) holds their state. The metrics and
+checkpoint hooks live with what they write: :class:`~cbop_torchrl.trainers.logging.MetricsHook`
+and :class:`~cbop_torchrl.trainers.checkpoint.CheckpointHook`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import ReplayBuffer
+from torchrl.envs import EnvBase
+from torchrl.record.loggers import Logger
+from torchrl.trainers import OptimizationStepper, Trainer, TrainerHookBase
+
+from cbop_torchrl.config import RunConfig
+from cbop_torchrl.envs import evaluate_policy
+from cbop_torchrl.objectives.loss import CBOPLoss
+from cbop_torchrl.objectives.pretrain import ensemble_q
+from cbop_torchrl.registry import Task
+from cbop_torchrl.trainers.checkpoint import CheckpointHook, NonFiniteLossError
+from cbop_torchrl.trainers.logging import log_scalars
+
+
+class GradientSteps:
+    """Stands in for the collector: yields one empty TensorDict per gradient step.
+
+    Offline training collects nothing; the Trainer only needs an iterable
+    that advances its frame counter (one "frame" per step here) and the few
+    collector methods it calls.
+    """
+
+    init_random_frames = 0
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        while True:
+            yield TensorDict(batch_size=[])
+
+    def shutdown(self) -> None:
+        return None
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        return seed
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return None
+
+
+class SampleFromBuffer(TrainerHookBase):
+    """Draws each step's batch from the dataset replay buffer (``process_optim_batch``).
+
+    The buffer samples with its own ``torch.Generator``, whose state is
+    checkpointed, so a resumed run draws the same batches.
+    """
+
+    def __init__(self, buffer: ReplayBuffer, generator: torch.Generator) -> None:
+        self.buffer = buffer
+        self.generator = generator
+
+    def __call__(self, batch: TensorDictBase) -> TensorDictBase:
+        return self.buffer.sample()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.generator.set_state(state_dict["generator"].to(self.generator.get_state().device))
+
+    def register(self, trainer: Trainer, name: str = "replay_sampler") -> None:
+        trainer.register_op("process_optim_batch", self)
+        trainer.register_module(name, self)
+
+
+def _all_finite(value: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor: whether every element of ``value`` is finite (no sync)."""
+    return torch.isfinite(value).all()
+
+
+class GuardedOptimizationStepper(OptimizationStepper):
+    """One Adam step on ``loss_actor + loss_qvalue + loss_alpha``, refusing non-finite values.
+
+    The losses, the CBOP target statistics and the gradient norm are checked
+    before ``optimizer.step()``: a NaN/inf raises :class:`NonFiniteLossError`
+    naming the step and the last good checkpoint, and no parameter changes.
+    """
+
+    def __init__(self, checkpoint: CheckpointHook) -> None:
+        self.checkpoint = checkpoint
+
+    def step(self, trainer: Trainer, sub_batch: TensorDictBase) -> TensorDictBase:
+        losses = trainer.compute_loss(sub_batch)
+        total = sum(value for key, value in losses.items() if key.startswith("loss_"))
+        trainer.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf)
+        checked = {
+            key: value
+            for key, value in losses.items(True, True)
+            if value.numel() > 0 and value.is_floating_point()
+        }
+        # All checks reduce on the device to one flag: the step's only host synchronisation.
+        finite = torch.stack([torch.isfinite(grad_norm), *map(_all_finite, checked.values())])
+        if not finite.all():
+            bad = sorted(
+                "/".join(key) if isinstance(key, tuple) else key
+                for key, value in checked.items()
+                if not torch.isfinite(value).all()
+            )
+            if not torch.isfinite(grad_norm):
+                bad.append("gradient norm")
+            trainer.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(
+                f"non-finite {', '.join(bad)} at gradient step {trainer.collected_frames} of the "
+                "CBOP stage; the step was not applied and the run stopped. Last good "
+                f"checkpoint: {self.checkpoint.describe_last()}. Lower the learning rates "
+                "(agent.*_lr) or check the dataset/dynamics model, then resume (the same "
+                "command continues from that checkpoint)."
+            )
+        trainer.optimizer.step()
+        losses = losses.detach()
+        losses.set("grad_norm", grad_norm.detach())
+        return losses
+
+
+class EvaluationHook(TrainerHookBase):
+    """Evaluates the deterministic policy every ``interval`` gradient steps (``post_steps``).
+
+    Logs ``eval/return`` and, when the task has reference scores,
+    ``eval/normalized_score`` (mean) and ``eval/normalized_score_std``; keeps
+    the history (checkpointed) for ``results.json``.
+    The final evaluation after the last step is done by the pipeline itself.
+    """
+
+    def __init__(
+        self,
+        actor: Any,
+        task: Task,
+        env: EnvBase,
+        config: RunConfig,
+        logger: Logger | None,
+        total_steps: int,
+    ) -> None:
+        self.actor, self.task, self.env, self.logger = actor, task, env, logger
+        self.interval = config.eval.interval
+        self.max_steps = config.eval.max_steps
+        self.seed = config.seed
+        self.total_steps = total_steps
+        self.history: list[dict[str, float]] = []
+        self.trainer: Trainer | None = None
+
+    def __call__(self) -> None:
+        step = self.trainer.collected_frames  # one frame per gradient step
+        if self.interval and step % self.interval == 0 and step < self.total_steps:
+            self.evaluate(step)
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        result = evaluate_policy(self.actor, self.task, self.env, self.max_steps, self.seed)
+        summary = result.summary()
+        record = {
+            "step": step,
+            "normalized_score_mean": summary["normalized_score_mean"],
+            "normalized_score_std": summary["normalized_score_std"],
+            "return_mean": summary["return_mean"],
+        }
+        self.history.append(record)
+        scalars = {
+            "eval/normalized_score": record["normalized_score_mean"],
+            "eval/normalized_score_std": record["normalized_score_std"],
+            "eval/return": record["return_mean"],
+        }
+        log_scalars(self.logger, {k: v for k, v in scalars.items() if v is not None}, step)
+        return summary
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": [dict(record) for record in self.history]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = [dict(record) for record in state_dict.get("history", [])]
+
+    def register(self, trainer: Trainer, name: str = "evaluation") -> None:
+        self.trainer = trainer
+        trainer.register_op("post_steps", self)
+        trainer.register_module(name, self)
+
+
+class QValueStats(TrainerHookBase):
+    """Logs Q-ensemble statistics on the step's batch every ``interval`` steps (``post_optim_log``).
+
+    ``train/q_mean`` (mean over members and batch of ``Q_m(s, a)`` at the dataset
+    actions) and ``train/q_member_std`` (mean over the batch of the std across
+    members); the CBOP target's statistics come with the loss (``cbop/target_mean``,
+    ``cbop/posterior_std``). One extra forward of the ensemble, no randomness.
+    """
+
+    def __init__(self, loss: CBOPLoss, logger: Logger | None, interval: int) -> None:
+        self.loss, self.logger, self.interval = loss, logger, int(interval)
+        self.trainer: Trainer | None = None
+
+    def __call__(self, batch: TensorDictBase) -> None:
+        step = self.trainer.collected_frames
+        if step % self.interval != 0:
+            return None
+        with torch.no_grad():
+            q = ensemble_q(self.loss.qvalue_network, self.loss.qvalue_network_params, batch)
+        log_scalars(
+            self.logger,
+            {"train/q_mean": q.mean(), "train/q_member_std": q.std(0, unbiased=False).mean()},
+            step,
+        )
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return None
+
+    def register(self, trainer: Trainer, name: str = "qvalue_stats") -> None:
+        self.trainer = trainer
+        trainer.register_op("post_optim_log", self)
+
+
+class ResumeProgressBar(TrainerHookBase):
+    """Starts the Trainer's progress bar at the resumed step (``setup``)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def __call__(self) -> None:
+        bar = getattr(self.trainer, "_pbar", None)
+        if bar is not None and self.trainer.collected_frames:
+            bar.update(self.trainer.collected_frames)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return None
+
+    def register(self, trainer: Trainer, name: str = "resume_progress") -> None:
+        trainer.register_op("setup", self)
+
+
+__all__ = [
+    "EvaluationHook",
+    "GradientSteps",
+    "GuardedOptimizationStepper",
+    "QValueStats",
+    "ResumeProgressBar",
+    "SampleFromBuffer",
+]
