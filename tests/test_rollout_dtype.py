@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from cbop_torchrl.modules.actor_critic import make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
 from cbop_torchrl.objectives import CBOPValueEstimator
-from cbop_torchrl.objectives.estimator import BF16_MIN_SPEEDUP, bf16_matmul_speedup
+from cbop_torchrl.objectives.rollout_dtype import BF16_MIN_SPEEDUP, bf16_matmul_speedup
 
 OBS, ACT = 6, 2
 

@@ -45,7 +45,6 @@ import contextlib
 import os
 import random
 import shutil
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,62 +64,17 @@ from cbop_torchrl.objectives.posterior import (
     gaussian_posterior,
     pooled_quantile,
 )
+from cbop_torchrl.objectives.rollout_dtype import (
+    BF16_MIN_SPEEDUP,
+    BF16_TOLERANCE,
+    bf16_matmul_speedup,
+    resolve_rollout_dtype,
+)
 
 MODES = ("lcb", "map", "fixed", "quantile")
 FIXED_WEIGHTINGS = ("uniform", "lambda")
 TERMINATIONS = ("zero_precision", "absorb")
 SAMPLINGS = ("shared", "independent")
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
-
-
-def _resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, str):
-        if dtype not in _DTYPES:
-            raise ValueError(
-                f"rollout_dtype {dtype!r} is not supported; use 'float32' (default) or "
-                "'bfloat16' (rollout matmuls in bf16, posterior in fp32)."
-            )
-        dtype = _DTYPES[dtype]
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(
-            f"rollout_dtype {dtype} is not supported; use torch.float32 or torch.bfloat16."
-        )
-    return dtype
-
-
-#: ``rollout_dtype="auto"`` picks bf16 only if it moves the targets by at most this share of
-#: their std (measured on the run's own data and networks, :meth:`select_rollout_dtype`).
-BF16_TOLERANCE = 0.01
-#: ... and if bf16 matmuls run at least this much faster than fp32 on the device.
-BF16_MIN_SPEEDUP = 1.5
-
-
-def bf16_matmul_speedup(device: torch.device, n: int = 512, repeats: int = 5) -> float:
-    """fp32 time / bf16 time of an ``n x n`` matmul on ``device`` (best of ``repeats``).
-
-    About 4x on CPUs with AMX-BF16, ~1x or below without native bf16 (emulated),
-    2x or more on GPUs with bf16 tensor cores.
-    """
-    seconds = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a = torch.randn(n, n, device=device).to(dtype)
-        best = float("inf")
-        for _ in range(repeats + 1):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            torch.mm(a, a)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            best = min(best, time.perf_counter() - start)
-        seconds[dtype] = best
-    return seconds[torch.float32] / seconds[torch.bfloat16]
-
 
 #: Rows per block of the fused Q-ensemble (see ``q_chunk_rows``): at M = 20 and width
 #: 256 a block's fp32 activations are 20 x 8192 x 256 x 4 B = 168 MB (all 51k rows of the
@@ -404,7 +358,7 @@ class CBOPValueEstimator(ValueEstimatorBase):
         self.sampling = sampling
         self.quantile = float(quantile)
         self.num_particles = int(num_particles)
-        self.rollout_dtype = _resolve_dtype(rollout_dtype)
+        self.rollout_dtype = resolve_rollout_dtype(rollout_dtype)
         self.obs_key, self.action_key, self.q_value_key = obs_key, action_key, q_value_key
         self.var_floor = float(var_floor)
         self._fixed_weights = (
@@ -594,7 +548,8 @@ class CBOPValueEstimator(ValueEstimatorBase):
         """Sets ``rollout_dtype`` to bf16 if it is fast here and accurate on this data, else fp32.
 
         bf16 is chosen when the device runs bf16 matmuls at least
-        :data:`BF16_MIN_SPEEDUP` x faster than fp32 (:func:`bf16_matmul_speedup`)
+        :data:`~cbop_torchrl.objectives.rollout_dtype.BF16_MIN_SPEEDUP` x faster than fp32
+        (:func:`~cbop_torchrl.objectives.rollout_dtype.bf16_matmul_speedup`)
         AND the targets on ``tensordict`` (a few batches of the dataset, with the
         current actor and Q-ensemble) move by at most ``tolerance`` x their std
         (:meth:`measure_bf16_error`). Returns what was chosen and why.
