@@ -135,15 +135,15 @@ def test_autocast_uses_cached_bf16_weights_and_matches_a_bf16_computation():
 
 
 def test_fused_q_ensemble_traces_as_one_graph_for_torch_compile():
-    from cbop_torchrl.objectives.estimator import _fused_mlp_ensemble, _stack_mlp_weights
+    from cbop_torchrl.modules.fused_mlp import fused_mlp_ensemble, stack_mlp_weights
 
     actor, qvalues, dynamics, _ = hopper_models()
     est = CBOPValueEstimator(actor_network=actor, qvalue_network=qvalues, dynamics=dynamics)
     inputs = torch.randn(10, OBS + ACT)
     for dtype in (torch.float32, torch.bfloat16):
-        layers = _stack_mlp_weights(est._qvalue_params(None), est._mlp_plan, dtype)
+        layers = stack_mlp_weights(est._qvalue_params(None), est._mlp_plan, dtype)
         # fullgraph=True fails on any graph break; the eager backend needs no compiler.
-        compiled = torch.compile(_fused_mlp_ensemble, backend="eager", fullgraph=True)
+        compiled = torch.compile(fused_mlp_ensemble, backend="eager", fullgraph=True)
         torch.testing.assert_close(
-            compiled(inputs, layers, None), _fused_mlp_ensemble(inputs, layers, None)
+            compiled(inputs, layers, None), fused_mlp_ensemble(inputs, layers, None)
         )

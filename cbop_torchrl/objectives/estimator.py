@@ -49,14 +49,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
-from torch import nn
 from torchrl.modules.distributions.utils import rsample_and_log_prob
 from torchrl.objectives.value import ValueEstimatorBase
 
 from cbop_torchrl._torchrl_compat import vmap_over_params
+from cbop_torchrl.modules.fused_mlp import (
+    fused_mlp_ensemble,
+    plain_mlp_plan,
+    stack_mlp_weights,
+)
 from cbop_torchrl.objectives.posterior import (
     VAR_FLOOR,
     fixed_weight_moments,
@@ -81,149 +84,6 @@ SAMPLINGS = ("shared", "independent")
 #: paper's sizes: 1 GB). Measured on the 2-core CPU at the paper's sizes: 8192-row blocks
 #: are as fast as one block; 2048 are 1.3x (fp32) to 2x (bf16) slower (smaller GEMMs).
 DEFAULT_Q_CHUNK_ROWS = 8192
-
-_INPLACE_ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
-    nn.ReLU: torch.relu_,
-    nn.Tanh: torch.tanh_,
-    nn.SiLU: lambda x: F.silu(x, inplace=True),
-}
-#: The same activations out of place, for paths that autograd differentiates.
-_ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
-    nn.ReLU: torch.relu,
-    nn.Tanh: torch.tanh,
-    nn.SiLU: F.silu,
-}
-
-
-def _plain_mlp_plan(
-    qvalue_network: TensorDictModuleBase,
-    obs_key: str,
-    action_key: str,
-    q_value_key: str,
-    inplace: bool = True,
-) -> list[tuple[str, Any]] | None:
-    """``[("linear", name) | ("act", fn), ...]`` if the network is a plain MLP, else None.
-
-    Plain means: reads ``[obs_key, action_key]`` (concatenated in that order, as
-    TorchRL's ``MLP`` does), writes ``[q_value_key]``, and its ``module`` is an
-    ``nn.Sequential`` of ``nn.Linear`` and ReLU/Tanh/SiLU layers only. The
-    activations run in place unless ``inplace=False`` (under autograd).
-    """
-    activations = _INPLACE_ACTIVATIONS if inplace else _ACTIVATIONS
-    if list(getattr(qvalue_network, "in_keys", [])) != [obs_key, action_key]:
-        return None
-    if list(getattr(qvalue_network, "out_keys", [])) != [q_value_key]:
-        return None
-    module = getattr(qvalue_network, "module", None)
-    if not isinstance(module, nn.Sequential) or len(module) == 0:
-        return None
-    plan: list[tuple[str, Any]] = []
-    for name, child in module.named_children():
-        if type(child) is nn.Linear and child.bias is not None:
-            plan.append(("linear", name))
-        elif type(child) in activations:
-            plan.append(("act", activations[type(child)]))
-        else:
-            return None
-    if plan[0][0] != "linear" or plan[-1][0] != "linear":
-        return None
-    return plan
-
-
-def _stack_mlp_weights(
-    params: TensorDictBase, plan: list[tuple[str, Any]], dtype: torch.dtype
-) -> list[tuple[torch.Tensor, torch.Tensor] | Callable[[torch.Tensor], torch.Tensor]]:
-    """The plan with its Linear layers as ``(weight [M, in, out], bias [M, 1, out])`` in ``dtype``.
-
-    Made once per call: the cast (bf16) and the transpose to a contiguous
-    ``[in, out]`` layout are paid once, not once per row chunk. The output
-    layer's bias stays float32 (and its weight too unless it has one unit), so
-    the bias part of Q is not rounded to bf16's 8-bit mantissa (0.4% of |Q|).
-    """
-    layers: list[Any] = []
-    last = max(i for i, (kind, _) in enumerate(plan) if kind == "linear")
-    for i, (kind, item) in enumerate(plan):
-        if kind == "act":
-            layers.append(item)
-            continue
-        weight = params.get(("module", item, "weight"))  # [M, out, in]
-        bias = params.get(("module", item, "bias"))  # [M, out]
-        weight_dtype, bias_dtype = dtype, dtype
-        if i == last:
-            bias_dtype = torch.float32
-            weight_dtype = dtype if weight.shape[1] == 1 else torch.float32
-        layers.append(
-            (
-                weight.to(weight_dtype).transpose(1, 2).contiguous(),
-                bias.to(bias_dtype).unsqueeze(1),
-            )
-        )
-    return layers
-
-
-def _fused_mlp_ensemble(
-    inputs: torch.Tensor,
-    layers: list[tuple[torch.Tensor, torch.Tensor] | Callable[[torch.Tensor], torch.Tensor]],
-    chunk_rows: int | None = None,
-) -> torch.Tensor:
-    """M stacked MLPs on shared ``inputs`` ``[R, in]`` -> ``[M, R]`` float32.
-
-    One ``baddbmm`` per layer (bias fused), activations in place, ``layers``
-    from :func:`_stack_mlp_weights`. In bf16 a one-unit output layer is a bf16
-    ``bmm`` whose float32 result gets the float32 bias (a float32
-    multiply-and-sum or matrix-vector product was 8x slower at the paper's
-    sizes). The first
-    layer's input is broadcast over members (``expand``, no copy of its own).
-    With ``chunk_rows`` the rows are processed in blocks, so the
-    ``[M, rows, width]`` activations stay bounded instead of reaching GBs at
-    the paper's sizes; the blocks' activations are written into two buffers
-    allocated once per call (alternating layer by layer). Why: a block's
-    activations are 84 MB (bf16) to 168 MB (fp32) at the paper's sizes, above
-    glibc's largest ``mmap`` threshold (32 MB), so each fresh one was a new
-    mapping whose first touch page-faults: measured on the 2-core CPU, that made
-    the first layer 2.8x and a 256 x 256 layer 1.3x slower than writing into
-    an existing buffer.
-    """
-    dtype = layers[0][0].dtype
-    num_rows = inputs.shape[0]
-    step = num_rows if not chunk_rows or chunk_rows >= num_rows else int(chunk_rows)
-    out = None
-    # Outside autograd (the rollout): out= buffers cannot be differentiated.
-    reuse = step < num_rows and not torch.is_grad_enabled()
-    buffers: list[torch.Tensor | None] = [None, None]
-    for start in range(0, num_rows, step):
-        hidden = inputs[start : start + step].to(dtype)
-        rows = hidden.shape[0]
-        first, slot = True, 0
-        for layer in layers:
-            if callable(layer):
-                hidden = layer(hidden)
-                continue
-            weight, bias = layer
-            if first:
-                hidden = hidden.expand(weight.shape[0], *hidden.shape)
-                first = False
-            if weight.dtype != bias.dtype:  # bf16 one-unit output layer: float32 bias
-                hidden = torch.bmm(hidden, weight).float() + bias
-                continue
-            if hidden.dtype != weight.dtype:
-                hidden = hidden.to(weight.dtype)
-            if not reuse:  # e.g. one block: nothing to reuse
-                hidden = torch.baddbmm(bias, hidden, weight)
-                continue
-            shape = (weight.shape[0], rows, weight.shape[2])
-            size = shape[0] * shape[1] * shape[2]
-            buffer = buffers[slot]
-            if buffer is None or buffer.numel() < size or buffer.dtype != weight.dtype:
-                buffer = buffers[slot] = torch.empty(size, dtype=weight.dtype, device=inputs.device)
-            hidden = torch.baddbmm(bias, hidden, weight, out=buffer[:size].view(shape))
-            slot = 1 - slot
-        if step == num_rows:
-            return hidden.squeeze(-1).float()
-        if out is None:
-            out = torch.empty(hidden.shape[0], num_rows, device=inputs.device)
-        out[:, start : start + step] = hidden.squeeze(-1)
-    return out
 
 
 class CBOPValueEstimator(ValueEstimatorBase):
@@ -272,10 +132,11 @@ class CBOPValueEstimator(ValueEstimatorBase):
         fused_q: when the Q-network is a plain MLP on ``cat(observation, action)``
             (a ``ValueOperator`` over Linear/ReLU/Tanh/SiLU layers, as
             :func:`make_qvalue` builds), evaluate the ensemble with one fused
-            ``baddbmm`` + in-place activation per layer instead of ``vmap``
-            (about 1.5x faster in fp32: no separate bias and activation passes
-            over the ``[M, rows, 256]`` activations; bf16 casts the stacked
-            weights once per call). Any other Q-network uses ``vmap``.
+            ``baddbmm`` + in-place activation per layer
+            (:mod:`cbop_torchrl.modules.fused_mlp`) instead of ``vmap`` (about
+            1.5x faster in fp32: no separate bias and activation passes over
+            the ``[M, rows, 256]`` activations; bf16 casts the stacked weights
+            once per call). Any other Q-network uses ``vmap``.
         q_chunk_rows: rows per block of the fused Q-ensemble (``None``: all at
             once). Bounds its activations to ``M x q_chunk_rows x width``
             (at the paper's sizes all 51k rows at once need 1 GB per layer in
@@ -392,7 +253,7 @@ class CBOPValueEstimator(ValueEstimatorBase):
         self._vmap_q = vmap_over_params(
             qvalue_network, (None, 0), self.vmap_randomness, loop=deactivate_vmap
         )
-        self._mlp_plan = _plain_mlp_plan(qvalue_network, obs_key, action_key, q_value_key)
+        self._mlp_plan = plain_mlp_plan(qvalue_network, obs_key, action_key, q_value_key)
         if not fused_q or deactivate_vmap:
             self._mlp_plan = None
         self.q_chunk_rows = None if q_chunk_rows is None else int(q_chunk_rows)
@@ -612,14 +473,14 @@ class CBOPValueEstimator(ValueEstimatorBase):
     ) -> torch.Tensor:
         """All members on all rows in one batched call: ``[R, O], [R, A] -> [M, R]`` (fp32)."""
         if self._mlp_plan is not None:
-            layers = _stack_mlp_weights(params, self._mlp_plan, self.rollout_dtype)
+            layers = stack_mlp_weights(params, self._mlp_plan, self.rollout_dtype)
             inputs = torch.cat([obs, action], dim=-1)
             if self.compile and obs.device.type == "cuda":
                 if self._compiled_q is None:
-                    self._compiled_q = torch.compile(_fused_mlp_ensemble, mode="reduce-overhead")
+                    self._compiled_q = torch.compile(fused_mlp_ensemble, mode="reduce-overhead")
                 # One block: a GPU has the memory, and a single graph replays best.
                 return self._compiled_q(inputs, layers, None)
-            return _fused_mlp_ensemble(inputs, layers, self.q_chunk_rows)
+            return fused_mlp_ensemble(inputs, layers, self.q_chunk_rows)
         td = TensorDict({self.obs_key: obs, self.action_key: action}, batch_size=obs.shape[:1])
         with self._autocast(obs.device):
             out = self._vmap_q(td, params)

@@ -26,8 +26,9 @@ from ONE Q-ensemble forward on ``(s, a)`` (SACLoss and a separate EDAC pass
 would run it twice), the BC term reuses the actor loss's policy distribution,
 and when the Q-networks are plain MLPs (:func:`make_qvalue_ensemble`) every
 Q-ensemble pass is one ``baddbmm`` per layer on the stacked ``[M, ...]``
-parameters instead of ``torch.vmap`` over a TensorDict module
-(``fused_q=False``: SACLoss's ``vmap`` route).
+parameters (:func:`~cbop_torchrl.modules.fused_mlp.stacked_mlp_forward`)
+instead of ``torch.vmap`` over a TensorDict module (``fused_q=False``:
+SACLoss's ``vmap`` route).
 
 Output keys (``reduction="mean"``): ``loss_actor``, ``loss_qvalue`` (MSE sum +
 ``eta * L_ES``), ``loss_alpha``, ``alpha``, ``entropy`` (as SACLoss), plus
@@ -55,40 +56,10 @@ from torchrl.objectives import SACLoss
 from torchrl.objectives.utils import distance_loss
 
 from cbop_torchrl._torchrl_compat import SACTargetFromEstimator, vmap_over_params
+from cbop_torchrl.modules.fused_mlp import plain_mlp_plan, stacked_mlp_forward
 from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
-from cbop_torchrl.objectives.estimator import CBOPValueEstimator, _plain_mlp_plan
+from cbop_torchrl.objectives.estimator import CBOPValueEstimator
 from cbop_torchrl.objectives.pretrain import data_action_log_prob
-
-
-def stacked_mlp_forward(
-    inputs: Tensor, params: TensorDictBase, plan: list[tuple[str, Any]], detach: bool = False
-) -> Tensor:
-    """M plain MLPs with stacked parameters, differentiable: ``-> [M, R]``.
-
-    Args:
-        inputs: ``[R, in]`` shared by all members (broadcast, not copied) or
-            ``[M, R, in]``, one row block per member.
-        params: ``[M, ...]`` parameters, ``("module", name, "weight")`` ``[M, out, in]``
-            and ``("module", name, "bias")`` ``[M, out]`` for each Linear of ``plan``.
-        plan: from ``_plain_mlp_plan(..., inplace=False)``.
-        detach: use the parameters detached (gradients reach the inputs only).
-
-    One ``baddbmm`` per Linear layer (bias fused, weights read transposed in
-    place), the same maths as ``torch.vmap`` over the members' ``nn.Linear``s.
-    """
-    hidden = inputs
-    for kind, item in plan:
-        if kind == "act":
-            hidden = item(hidden)
-            continue
-        weight = params.get(("module", item, "weight"))
-        bias = params.get(("module", item, "bias"))
-        if detach:
-            weight, bias = weight.detach(), bias.detach()
-        if hidden.dim() == 2:
-            hidden = hidden.expand(weight.shape[0], *hidden.shape)
-        hidden = torch.baddbmm(bias.unsqueeze(1), hidden, weight.transpose(1, 2))
-    return hidden.squeeze(-1)
 
 
 class CBOPLoss(SACTargetFromEstimator, SACLoss):
@@ -170,7 +141,7 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         self.bc_weight = float(bc_weight)
         self._q_plan = None
         if fused_q and not self.deactivate_vmap:
-            self._q_plan = _plain_mlp_plan(
+            self._q_plan = plain_mlp_plan(
                 self.qvalue_network,
                 self.qvalue_network.in_keys[0],
                 self.tensor_keys.action,
