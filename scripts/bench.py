@@ -32,7 +32,7 @@ step. ``--compile-cpu`` adds the step with
 ``compile=True`` (inductor) against the eager one and the compile time
 (:func:`benchmarks.speed.compile_cpu.bench_compiled_target`). The JSON records
 the host's CPU model and its AMX/avx512_bf16 flags
-(:func:`benchmarks.speed.host.host_cpu_info`) and a ``goals`` block: each speed
+(:func:`benchmarks.speed.measure.host_cpu_info`) and a ``goals`` block: each speed
 goal the run measured, met or missed by what factor and why
 (:func:`benchmarks.speed.goals.speed_goals`).
 
@@ -71,11 +71,14 @@ import torch  # noqa: E402
 from benchmarks.speed.compile_cpu import bench_compiled_target  # noqa: E402
 from benchmarks.speed.extras import bench_dynamics_training, bench_evaluation  # noqa: E402
 from benchmarks.speed.goals import print_goals, speed_goals  # noqa: E402
-from benchmarks.speed.host import host_cpu_info  # noqa: E402
 from benchmarks.speed.large_dataset_run import (  # noqa: E402
     LARGE_DATASET_DYNAMICS_ROWS,
     LARGE_DATASET_MIN_ROWS,
     large_dataset_figures,
+)
+from benchmarks.speed.measure import (
+    host_cpu_info,  # noqa: E402
+    matmul_peak,  # noqa: E402
 )
 from benchmarks.speed.preset_step import bench_preset_steps  # noqa: E402
 from benchmarks.speed.report import (  # noqa: E402
@@ -87,7 +90,6 @@ from benchmarks.speed.report import (  # noqa: E402
 )
 from benchmarks.speed.size_timings import bench_size  # noqa: E402
 from benchmarks.speed.sizes import PAPER, TINY, cpu_preset_size  # noqa: E402
-from benchmarks.speed.timing import matmul_peak  # noqa: E402
 from cbop_torchrl.utils import atomic_json_dump, unwritable_reason  # noqa: E402
 
 

@@ -9,11 +9,10 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.speed.accuracy import relative_error, seeded_target
+from benchmarks.speed.measure import relative_error, seeded_target, time_interleaved
 from benchmarks.speed.models import build_models, preset_dataset
 from benchmarks.speed.preset_step import after_step, preset_loss
 from benchmarks.speed.sizes import cpu_preset_size
-from benchmarks.speed.timing import time_interleaved
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import make_actor
 from cbop_torchrl.objectives.loss import CBOPLoss

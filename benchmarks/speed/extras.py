@@ -6,8 +6,8 @@ import time
 
 import torch
 
+from benchmarks.speed.measure import sync
 from benchmarks.speed.sizes import Size, env_sizes, mlp_flops
-from benchmarks.speed.timing import sync
 from cbop_torchrl.modules.actor_critic import make_actor
 from cbop_torchrl.modules.dynamics import GaussianEnsemble
 from cbop_torchrl.registry import get_family

@@ -17,9 +17,9 @@ import torch
 from torchrl.objectives import SoftUpdate
 
 from benchmarks.speed import REPO
+from benchmarks.speed.measure import time_interleaved
 from benchmarks.speed.models import build_models, preset_dataset
 from benchmarks.speed.sizes import Size, cpu_preset_size, env_sizes
-from benchmarks.speed.timing import time_interleaved
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.loss import CBOPLoss

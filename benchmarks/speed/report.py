@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.speed.host import CPU_FLAGS
+from benchmarks.speed.measure import CPU_FLAGS
 from benchmarks.speed.sizes import Size
 
 

@@ -14,11 +14,10 @@ import torch
 from tensordict import TensorDict
 from torchrl.objectives import SACLoss
 
-from benchmarks.speed.accuracy import relative_error
+from benchmarks.speed.measure import relative_error, time_interleaved
 from benchmarks.speed.models import build_models
 from benchmarks.speed.reference import ReferenceTarget
 from benchmarks.speed.sizes import Size, env_sizes, flop_counts
-from benchmarks.speed.timing import time_interleaved
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator
 from cbop_torchrl.objectives.loss import CBOPLoss
