@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
 
 @pytest.fixture(scope="module")
 def bench():
+    # Loading the script puts the repository root on sys.path: the tests that ask for it
+    # import the benchmarks.speed modules.
     spec = importlib.util.spec_from_file_location("bench_script", SCRIPT)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -42,10 +42,12 @@ def test_reference_design_computes_the_same_kind_of_target(bench):
     """Same models: the reference design's y and the estimator's y agree in distribution."""
     import torch
 
+    from benchmarks.speed.models import build_models
+    from benchmarks.speed.reference import ReferenceTarget
     from cbop_torchrl.objectives.estimator import CBOPValueEstimator
 
     size = bench.TINY
-    actor, qnets, dynamics, batch = bench.build_models(size, torch.device("cpu"))
+    actor, qnets, dynamics, batch = build_models(size, torch.device("cpu"))
     ours = CBOPValueEstimator(
         actor_network=actor,
         qvalue_network=qnets,
@@ -55,7 +57,7 @@ def test_reference_design_computes_the_same_kind_of_target(bench):
         seed=0,
     )
     y_ours = ours.compute_target(batch)[0].squeeze(-1)
-    y_ref = bench.ReferenceTarget(actor, qnets, dynamics, size.horizon, 0.99)(batch)
+    y_ref = ReferenceTarget(actor, qnets, dynamics, size.horizon, 0.99)(batch)
     assert y_ref.shape == y_ours.shape
     # Different random draws, the same estimator: close relative to the target's scale.
     assert (y_ref - y_ours).abs().mean() < 0.05 * y_ours.abs().mean()
@@ -72,16 +74,16 @@ def test_bad_arguments_are_explained(bench, capsys):
 
 
 def test_large_dataset_run_passes_the_dynamics_rows(bench, tmp_path, capsys):
+    from benchmarks.speed.large_dataset_run import large_dataset_command
+
     out = tmp_path / "large.json"
     default = bench.parse_args(["--large-dataset", "2000000"])
-    command = bench.large_dataset_command(
-        default.large_dataset, default.large_dataset_dynamics_rows, out
-    )
+    command = large_dataset_command(default.large_dataset, default.large_dataset_dynamics_rows, out)
     assert command[1].endswith("benchmarks/large_dataset.py")
     assert command[2:] == [
         "--transitions", "2000000", "--dynamics-rows", "200000", "--json", str(out),
     ]  # fmt: skip
-    assert "--dynamics-rows" not in bench.large_dataset_command(2000000, 0, out)
+    assert "--dynamics-rows" not in large_dataset_command(2000000, 0, out)
     assert bench.main(["--large-dataset", "5000", "--large-dataset-dynamics-rows", "10"]) == 2
     assert "--large-dataset-dynamics-rows 10: give at least 1000" in capsys.readouterr().err
 

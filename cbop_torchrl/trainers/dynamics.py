@@ -222,7 +222,7 @@ def holdout_metrics(model: DynamicsModel, holdout: _Split) -> dict[str, Any]:
     }
 
 
-def _train_epoch(
+def train_epoch(
     ensemble: GaussianEnsemble,
     optimizer: torch.optim.Optimizer,
     train_x: torch.Tensor,
@@ -336,7 +336,7 @@ def train_dynamics(
     bar = tqdm(total=config.max_epochs, desc="dynamics", unit="epoch", disable=not progress)
     while True:
         epoch += 1
-        train_nll = _train_epoch(
+        train_nll = train_epoch(
             ensemble, optimizer, train_x, train_y, bootstrap, shuffle_gen, config
         )
         mse, nll = holdout_losses(ensemble, hold_x, hold_y)

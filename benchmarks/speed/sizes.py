@@ -1,0 +1,79 @@
+"""The benchmark's sizes (DESIGN.md section 5 symbols) and their nominal FLOP counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from benchmarks.speed import REPO
+from cbop_torchrl.envs import read_env_specs
+from cbop_torchrl.registry import get_family
+
+
+@dataclass
+class Size:
+    """One benchmark configuration (DESIGN.md section 5 symbols)."""
+
+    name: str
+    batch: int  # B
+    particles: int  # K (= dynamics elites)
+    members: int  # M (Q-ensemble)
+    horizon: int  # H
+    hidden: tuple[int, ...]  # actor/critic hidden widths
+    dyn_hidden: tuple[int, ...]  # dynamics hidden widths
+    dyn_members: int  # dynamics ensemble size (>= K)
+    family: str = "walker2d"
+
+
+PAPER = Size("paper", 256, 20, 20, 10, (256, 256, 256), (200,) * 4, 30)
+TINY = Size("tiny", 8, 2, 2, 2, (16, 16), (16, 16), 3)
+
+
+def cpu_preset_size() -> Size:
+    """The sizes of ``configs/preset/cpu.yaml`` (missing keys: ``configs/config.yaml``)."""
+    configs = REPO / "cbop_torchrl" / "configs"
+    base = yaml.safe_load((configs / "config.yaml").read_text())
+    preset = yaml.safe_load((configs / "preset/cpu.yaml").read_text())
+    dyn = yaml.safe_load((configs / "dynamics/default.yaml").read_text())
+
+    def get(section: str, key: str, default=None):
+        for source in (preset, base):
+            value = (source.get(section) or {}).get(key)
+            if value is not None:
+                return value
+        return default
+
+    dyn_hidden = (int(dyn["hidden_size"]),) * int(dyn["num_layers"])
+    return Size(
+        "cpu",
+        batch=int(get("train", "batch_size", 256)),
+        particles=int(get("dynamics", "num_elites", dyn["num_elites"])),
+        members=int(get("agent", "num_qvalue_nets", 20)),
+        horizon=int(get("estimator", "horizon", 10)),
+        hidden=tuple(int(h) for h in get("agent", "hidden_sizes")),
+        dyn_hidden=dyn_hidden,
+        dyn_members=int(get("dynamics", "num_members", dyn["num_members"])),
+    )
+
+
+def env_sizes(family: str) -> tuple[int, int]:
+    """Observation and action sizes of a known family's environment (from its TorchRL specs)."""
+    specs = read_env_specs(get_family(family))
+    return specs.observation_shape[-1], specs.action_shape[-1]
+
+
+def mlp_flops(sizes: list[int]) -> int:
+    """FLOPs of one row through an MLP with layer widths ``sizes`` (2 x multiply-adds)."""
+    return 2 * sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=False))
+
+
+def flop_counts(size: Size, obs_dim: int, act_dim: int) -> dict[str, int]:
+    f_q = mlp_flops([obs_dim + act_dim, *size.hidden, 1])
+    f_pi = mlp_flops([obs_dim, *size.hidden, 2 * act_dim])
+    f_dyn = mlp_flops([obs_dim + act_dim, *size.dyn_hidden, 2 * (obs_dim + 1)])
+    B, K, M, H = size.batch, size.particles, size.members, size.horizon
+    target = (H + 1) * K * B * (M * f_q + f_pi) + H * K * B * f_dyn
+    update = target + 11 * B * M * f_q + 3 * B * f_pi
+    sac = 11 * B * M * f_q + 6 * B * f_pi  # SAC's own bootstrap + the same passes, no EDAC term
+    return {"target": target, "update": update, "sac_update": sac}
