@@ -764,7 +764,6 @@ def _resume_state(
 
 __all__ = [
     "CBOPStage",
-    "CheckpointError",
     "OfflineRun",
     "OfflineTraining",
     "behaviour_cloning_stage",
