@@ -398,6 +398,11 @@ def _describe_unknown_key(cause: OmegaConfBaseException, override: str) -> str:
         else []
     )
     prefix = f"{parent}." if parent else ""
+    if parent.endswith("gym_kwargs"):  # an open mapping: Hydra adds its keys only with "+"
+        return (
+            f"{override}: keyword arguments of gymnasium.make are added with a '+', one "
+            f"override per argument: +{full_key}=<value>"
+        )
     close = difflib.get_close_matches(str(cause.key), names, n=1)
     text = f"{override}: {full_key} is not a setting of this script"
     if close:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
@@ -221,6 +222,24 @@ def test_cfg_hydra_resolve_is_explained_and_its_suggestion_works(tmp_path: Path)
     shown = cbop("--cfg", "all", "--resolve")
     assert shown.returncode == 0 and "dir: runs/demo/cpu/default" in shown.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_gym_kwargs_are_added_with_a_plus_and_the_error_says_so(tmp_path: Path) -> None:
+    """``task.gym_kwargs`` is an open mapping: Hydra refuses new keys without ``+``."""
+    script = str(ROOT / "scripts" / "cbop.py")
+
+    def cbop(override: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, script, override, "--cfg", "job"],
+            capture_output=True, text=True, cwd=tmp_path,
+        )  # fmt: skip
+
+    refused = cbop("task.gym_kwargs={use_contact_forces:true}")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "+task.gym_kwargs.use_contact_forces=<value>" in refused.stderr
+    shown = cbop("+task.gym_kwargs.use_contact_forces=true")
+    assert shown.returncode == 0, shown.stderr
+    assert yaml.safe_load(shown.stdout)["task"]["gym_kwargs"] == {"use_contact_forces": True}
 
 
 @pytest.mark.parametrize(

@@ -198,13 +198,13 @@ def check_sizes_fit_env(
         if task.gym_id.startswith("Ant-"):
             hint = (
                 " Gymnasium's Ant-v4 has 27 observations, or 111 with contact forces "
-                "(task.gym_kwargs={use_contact_forces:true}, D4RL's layout)."
+                "(+task.gym_kwargs.use_contact_forces=true, D4RL's layout)."
             )
         raise TaskError(
             f"{what} does not fit task.gym_id={task.gym_id} (gym_kwargs "
             f"{dict(task.gym_kwargs)}): it has observations of shape [{rows}{obs_dim}] and "
             f"actions of shape [{rows}{action_dim}], but the environment's observation_spec "
             f"has shape {env_shapes[0]} and its action_spec shape {env_shapes[1]}. Pass the "
-            "task the data was recorded on (task.gym_id=<id>, task.gym_kwargs={...}), or "
+            "task the data was recorded on (task.gym_id=<id>, +task.gym_kwargs.<name>=<value>), or "
             f"check that the file holds data of {task.gym_id}.{hint}"
         )
