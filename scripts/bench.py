@@ -1,8 +1,8 @@
-"""Benchmark of the CBOP update against the machine's matmul peak (issue 7, DESIGN.md section 5).
+"""Benchmark of the CBOP update against the machine's matmul peak (FLOPs: speed/sizes.py).
 
     python scripts/bench.py                      # paper and CPU-preset sizes, ~5-10 min on 2 cores
     python scripts/bench.py --quick              # CPU-preset sizes only, < 2 min
-    python scripts/bench.py --json benchmarks/bench_cpu.json --device cuda
+    python scripts/bench.py --json bench_cuda.json --device cuda
 
 Everything is measured in ONE process, variants interleaved round by round so
 that a busy machine slows them alike: ratios are what to compare.

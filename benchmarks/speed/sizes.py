@@ -1,4 +1,4 @@
-"""The benchmark's sizes (DESIGN.md section 5 symbols) and their nominal FLOP counts."""
+"""The benchmark's sizes (batch B, particles K, Q-networks M, horizon H) and FLOP counts."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from cbop_torchrl.registry import get_family
 
 @dataclass
 class Size:
-    """One benchmark configuration (DESIGN.md section 5 symbols)."""
+    """One benchmark configuration (B, K, M, H as in the paper)."""
 
     name: str
     batch: int  # B
