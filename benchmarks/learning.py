@@ -5,6 +5,7 @@
     python benchmarks/learning.py --algos cbop bc --seeds 0       # a subset
     python benchmarks/learning.py --algos cbop-map cbop-quantile  # ablations
     python benchmarks/learning.py --dry-run                       # list what would run
+    python benchmarks/learning.py --algos cbop cql --epochs 60 --label 60k  # longer, kept apart
     nohup python benchmarks/learning.py > bench.log 2>&1 &        # over several sittings
 
 Every algorithm runs with the same preset (default ``cpu``), batch, network
@@ -24,6 +25,11 @@ the checkpoint-based analysis for CBOP, the exact command, the commit) is
 written to ``<results>/<dataset>/<variant>/seed<k>.json``; commit those, and
 rebuild the tables and figures with ``python scripts/report.py paths=benchmarks/results``.
 
+``--label L`` keeps runs of another budget apart: their run directories and
+summaries are named ``<variant>-L`` (``cbop-60k``). A labelled run whose directory
+does not exist yet starts as a copy of the unlabelled run when that one is
+shorter, and continues it; the shorter run and its summary stay as they are.
+
 Datasets come from ``$CBOP_TORCHRL_CACHE/generated/<name>.hdf5`` and are
 generated there (``benchmarks/make_datasets.sh``, deterministic) when missing.
 """
@@ -40,6 +46,7 @@ import argparse
 import datetime
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -92,6 +99,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "later preset change cannot make the runs unequal); baselines add BC's and FQE's steps",
     )
     parser.add_argument("--steps-per-epoch", type=int, default=1000)
+    parser.add_argument(
+        "--label",
+        default=None,
+        help="name runs and summaries <variant>-LABEL (e.g. 60k); a new labelled run continues "
+        "a copy of the unlabelled one when that is shorter",
+    )
     parser.add_argument("--no-analysis", action="store_true", help="skip checkpoint analysis")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument(
@@ -188,6 +201,23 @@ def run_steps(run_dir: Path) -> int | None:
     return int(train["epochs"]) * int(train["steps_per_epoch"])
 
 
+def continuation_source(run_dir: Path, base_dir: Path, steps: int) -> Path | None:
+    """The unlabelled run ``base_dir`` when a new labelled ``run_dir`` should continue it.
+
+    That is when ``run_dir`` does not exist yet and ``base_dir`` holds a checkpoint of a
+    run of at most ``steps`` gradient steps (raising ``train.epochs`` continues a run).
+    """
+    if run_dir == base_dir or run_dir.exists() or not (base_dir / "checkpoint.pt").is_file():
+        return None
+    started = run_steps(base_dir)
+    return base_dir if started is not None and started <= steps else None
+
+
+def copy_run(source: Path, run_dir: Path) -> None:
+    """``source``'s files in the new ``run_dir``, without its lock (the copy is not running)."""
+    shutil.copytree(source, run_dir, ignore=shutil.ignore_patterns(".run.lock"))
+
+
 def git_commit() -> str:
     """``HEAD``'s hash, with ``+dirty`` when tracked files differ from it."""
 
@@ -245,21 +275,28 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.algos
     ]
     for dataset, seed, variant in plan:
-        summary_path = args.results / dataset / variant / f"seed{seed}.json"
+        name = f"{variant}-{args.label}" if args.label else variant
+        summary_path = args.results / dataset / name / f"seed{seed}.json"
         provenance = dataset_provenance(dataset)
         data_key = provenance.get("data_key") or "unversioned"
-        run_dir = runs_root / dataset / data_key / args.preset / variant / f"seed{seed}"
+        runs_here = runs_root / dataset / data_key / args.preset
+        run_dir, base_dir = runs_here / name / f"seed{seed}", runs_here / variant / f"seed{seed}"
         if summary_path.is_file():
             stored = json.loads(summary_path.read_text())
             why = stale_reason(stored, provenance, variant_steps(variant, args))
             if why is None:
-                print(f"[bench] done     {dataset} {variant} seed {seed}: {summary_path}")
+                print(f"[bench] done     {dataset} {name} seed {seed}: {summary_path}")
                 continue
             print(f"[bench] stale    {summary_path}: {why}")
             if other_dataset(stored, provenance) and run_dir.exists() and not args.dry_run:
                 # Another dataset: start that run over (another budget extends or restarts it).
                 run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
         started, steps = run_steps(run_dir), variant_steps(variant, args)
+        source = continuation_source(run_dir, base_dir, steps)
+        if source is not None and not args.dry_run:
+            print(f"[bench] copying  {source} -> {run_dir} to continue it", flush=True)
+            copy_run(source, run_dir)
+            started = run_steps(run_dir)
         if started is not None and started > steps and not args.dry_run:
             # A smaller budget cannot shrink a run: start over (raising it continues the run).
             print(f"[bench] moving   {run_dir} aside: it ran {started} gradient steps")
@@ -268,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
             state = "resume" if (run_dir / "checkpoint.pt").is_file() else "start"
             if started is not None and started != steps:
                 state = "extend" if started < steps else "restart"
-            print(f"[bench] {state:8} {dataset} {variant} seed {seed} -> {run_dir}")
+            origin = f" (a copy of {source})" if source is not None else ""
+            state = "continue" if source is not None else state
+            print(f"[bench] {state:8} {dataset} {name} seed {seed} -> {run_dir}{origin}")
             continue
         data = ensure_dataset(dataset)
         if not provenance and dataset_provenance(dataset):
@@ -279,14 +318,14 @@ def main(argv: list[str] | None = None) -> int:
         finished = subprocess.run(command, cwd=ROOT, check=False)
         if finished.returncode != 0:
             print(
-                f"[bench] FAILED   {dataset} {variant} seed {seed} (exit {finished.returncode});"
+                f"[bench] FAILED   {dataset} {name} seed {seed} (exit {finished.returncode});"
                 " moving on (re-run to resume it)",
                 flush=True,
             )
             continue
         summary = summarize_run(run_dir, analysis=not args.no_analysis)
         summary["dataset"] = dataset
-        summary["variant"] = variant  # the config alone cannot tell cbop-fqe-rounds5 from cbop
+        summary["variant"] = name  # the config alone cannot tell cbop-fqe-rounds5 from cbop
         summary["command"] = portable_command(command)
         summary["commit"] = git_commit()
         summary["dataset_provenance"] = dataset_provenance(dataset)
@@ -295,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["host"] = {"nproc": os.cpu_count(), "loadavg": os.getloadavg()}
         atomic_json_dump(summary, summary_path)
         print(
-            f"[bench] finished {dataset} {variant} seed {seed}: final "
+            f"[bench] finished {dataset} {name} seed {seed}: final "
             f"{summary['final_normalized_score']:.1f}, best {summary['best_normalized_score']:.1f}"
             f" ({summary['wall_time_s']:.0f} s) -> {summary_path}",
             flush=True,

@@ -98,3 +98,41 @@ def test_a_larger_budget_extends_a_run_and_a_smaller_one_restarts_it(
     assert state("60") == ["extend"]  # the summary is stale; the run continues from 20k
     assert state("10") == ["restart"]
     assert run_dir.is_dir()  # a dry run moves nothing
+
+
+def test_a_labelled_longer_run_continues_a_copy_of_the_shorter_one(
+    tmp_path: Path, isolated_cache: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``--label 60k``: a new run directory and summary; the 20k run is copied, not moved."""
+    driver = load_driver()
+    write_provenance(isolated_cache)
+    runs = tmp_path / "runs"
+    here = runs / "hopper-medium-replay-gen" / "k1" / "cpu"
+    base = here / "cbop" / "seed0"
+    base.mkdir(parents=True)
+    (base / "config.json").write_text(
+        json.dumps({"train": {"epochs": 20, "steps_per_epoch": 1000}})
+    )
+    (base / "checkpoint.pt").write_bytes(b"20k")
+    (base / ".run.lock").write_text("pid 1 on elsewhere")
+    args = ["--runs", str(runs), "--results", str(tmp_path / "results"), "--seeds", "0"]
+
+    lines = plan_lines(capsys, driver, *args, "--algos", "cbop", "--epochs", "60", "--label", "60k")
+    assert lines == [["continue", "hopper-medium-replay-gen", "cbop-60k", "0"]]
+    assert not (here / "cbop-60k").exists()  # a dry run copies nothing
+    # A shorter labelled budget than the existing run, or a variant without a run: no copy.
+    lines = plan_lines(capsys, driver, *args, "--algos", "cbop", "--epochs", "10", "--label", "10k")
+    assert lines[0][0] == "start"
+    lines = plan_lines(capsys, driver, *args, "--algos", "cql", "--epochs", "60", "--label", "60k")
+    assert lines[0][0] == "start"
+
+    run_dir = here / "cbop-60k" / "seed0"
+    assert driver.continuation_source(run_dir, base, 60_000) == base
+    driver.copy_run(base, run_dir)  # what a real run does before it starts the copy
+    assert driver.continuation_source(run_dir, base, 60_000) is None  # exists: resume it
+    assert (run_dir / "checkpoint.pt").read_bytes() == b"20k" and not (
+        run_dir / ".run.lock"
+    ).exists()
+    lines = plan_lines(capsys, driver, *args, "--algos", "cbop", "--epochs", "60", "--label", "60k")
+    assert lines == [["extend", "hopper-medium-replay-gen", "cbop-60k", "0"]]
+    assert (base / "checkpoint.pt").is_file()  # the 20k run stays
