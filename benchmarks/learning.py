@@ -25,10 +25,11 @@ the checkpoint-based analysis for CBOP, the exact command, the commit) is
 written to ``<results>/<dataset>/<variant>/seed<k>.json``; commit those, and
 rebuild the tables and figures with ``python scripts/report.py paths=benchmarks/results``.
 
-``--label L`` keeps runs of another budget apart: their run directories and
-summaries are named ``<variant>-L`` (``cbop-60k``). A labelled run whose directory
-does not exist yet starts as a copy of the unlabelled run when that one is
-shorter, and continues it; the shorter run and its summary stay as they are.
+``--label L`` keeps runs of another budget or other overrides apart: their run
+directories and summaries are named ``<variant>-L`` (``cbop-60k``). A labelled run
+whose directory does not exist yet starts as a copy of the unlabelled run when
+that one is shorter, and continues it; the shorter run and its summary stay as
+they are.
 
 Datasets come from ``$CBOP_TORCHRL_CACHE/generated/<name>.hdf5`` and are
 generated there (``benchmarks/make_datasets.sh``, deterministic) when missing.
@@ -205,12 +206,13 @@ def continuation_source(run_dir: Path, base_dir: Path, steps: int) -> Path | Non
     """The unlabelled run ``base_dir`` when a new labelled ``run_dir`` should continue it.
 
     That is when ``run_dir`` does not exist yet and ``base_dir`` holds a checkpoint of a
-    run of at most ``steps`` gradient steps (raising ``train.epochs`` continues a run).
+    run of fewer than ``steps`` gradient steps (raising ``train.epochs`` continues a run).
+    At the same budget a labelled run starts afresh (e.g. one with other overrides).
     """
     if run_dir == base_dir or run_dir.exists() or not (base_dir / "checkpoint.pt").is_file():
         return None
     started = run_steps(base_dir)
-    return base_dir if started is not None and started <= steps else None
+    return base_dir if started is not None and started < steps else None
 
 
 def copy_run(source: Path, run_dir: Path) -> None:

@@ -233,6 +233,9 @@ class EvalConfig:
     # serial: one process (SerialEnv); parallel: ParallelEnv workers
     backend: EvalBackend = EvalBackend.serial
     diagnostics: bool = False  # also measure value error, policy drift, model error (diag/*)
+    # BEYOND THE PAPER (opt-in): also evaluate an exponential moving average of the actor's
+    # weights with this decay per gradient step (eval/average_*); training is unchanged. 0: off
+    actor_average: float = 0.0
 
 
 @dataclass
@@ -547,6 +550,12 @@ def validate(config: RunConfig) -> list[str]:
     if estimator.sampling not in ("shared", "independent"):
         problems.append(
             f"estimator.sampling={estimator.sampling!r} must be one of ('shared', 'independent')"
+        )
+    average = config.eval.actor_average
+    if isinstance(average, bool) or not isinstance(average, (int, float)) or not 0 <= average < 1:
+        problems.append(
+            f"eval.actor_average={average!r} must be a number in [0, 1) (0: off; e.g. "
+            "eval.actor_average=0.999 averages over about the last 1,000 gradient steps)"
         )
     bc_weight = config.agent.bc_weight
     if isinstance(bc_weight, bool) or not isinstance(bc_weight, (int, float)) or not bc_weight >= 0:

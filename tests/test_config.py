@@ -130,6 +130,7 @@ def test_cpu_preset_takes_psi_from_the_dataset() -> None:
         (["estimator.quantile=1.5"], "must be in (0, 1)"),
         (["eval.episodes=0"], "eval.episodes=0 must be a positive number"),
         (["agent.bc_weight=-1"], "agent.bc_weight=-1.0 must be a number >= 0"),
+        (["eval.actor_average=1"], "eval.actor_average=1.0 must be a number in [0, 1)"),
     ],
 )
 def test_each_validation_error_is_reported(overrides: list[str], expected: str) -> None:

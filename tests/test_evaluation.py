@@ -10,7 +10,7 @@ from cbop_torchrl.envs import describe_score, episode_returns, evaluate_policy, 
 from cbop_torchrl.modules.actor_critic import make_actor
 from cbop_torchrl.registry import Task, get_family
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
-from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper
+from cbop_torchrl.trainers.hooks import ActorWeightAverage, GuardedOptimizationStepper
 
 
 def test_episode_returns_stop_at_the_first_done() -> None:
@@ -90,3 +90,30 @@ def test_non_finite_loss_stops_before_any_update() -> None:
     assert "gradient step 123" in message and "run/checkpoint.pt (gradient step 100)" in message
     assert "loss_qvalue" in message and "cbop/target_mean" in message
     assert torch.allclose(parameter.detach(), torch.full((3,), 0.9))  # untouched
+
+
+def test_actor_weight_average_is_an_exponential_moving_average_of_a_copy() -> None:
+    torch.manual_seed(0)
+    actor = make_actor(4, 2, [8])
+    average = ActorWeightAverage(actor, decay=0.75)
+    expected = {k: v.clone() for k, v in actor.state_dict().items()}
+    for _ in range(3):
+        with torch.no_grad():
+            for parameter in actor.parameters():
+                parameter.add_(torch.randn_like(parameter))
+        average()
+        for key, value in actor.state_dict().items():
+            expected[key] = 0.75 * expected[key] + 0.25 * value
+    averaged = average.averaged.state_dict()
+    for key, value in averaged.items():
+        torch.testing.assert_close(value, expected[key])
+    assert any(not torch.equal(v, actor.state_dict()[k]) for k, v in averaged.items())
+    assert not any(p.requires_grad for p in average.averaged.parameters())
+
+    other = ActorWeightAverage(actor, decay=0.75)
+    other.load_state_dict(average.state_dict())  # what a checkpoint restores
+    for key, value in other.averaged.state_dict().items():
+        assert torch.equal(value, average.averaged.state_dict()[key])
+    average.restart()
+    for key, value in average.averaged.state_dict().items():
+        assert torch.equal(value, actor.state_dict()[key])

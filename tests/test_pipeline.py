@@ -260,3 +260,47 @@ def test_rollout_dtype_auto_records_its_choice(workspace: dict, reference_run: P
     fast = choice["bf16_matmul_speedup"] >= 1.5
     accurate = choice["bf16_target_rel_error"] <= choice["bf16_tolerance"]
     assert choice["rollout_dtype"] == ("bfloat16" if fast and accurate else "float32")
+
+
+def test_actor_average_is_evaluated_beside_an_unchanged_training(workspace: dict) -> None:
+    """eval.actor_average (beyond the paper): same training and scores, plus eval/average_*.
+
+    Then a finished run without the average, continued to a larger budget with it, starts
+    the average at its checkpoint's weights (a decay of nearly 1 keeps it there).
+    """
+    fp32 = "estimator.rollout_dtype=float32"  # auto's choice depends on timing
+    runs = {}
+    for name, extra in (("plain", []), ("average", ["eval.actor_average=0.5"])):
+        runs[name] = workspace["root"] / "actor_average" / name
+        done = subprocess.run(
+            cli(workspace, runs[name], fp32, *extra),
+            env=workspace["env"],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    plain, average = (json.loads((runs[n] / "results.json").read_text()) for n in runs)
+    assert [r["normalized_score_mean"] for r in average["eval_history"]] == [
+        r["normalized_score_mean"] for r in plain["eval_history"]
+    ]
+    assert all("average_normalized_score_mean" in r for r in average["eval_history"])
+    assert not any("average_normalized_score_mean" in r for r in plain["eval_history"])
+    trained = [torch.load(runs[n] / "checkpoint.pt", weights_only=True)["trainer"] for n in runs]
+    for key, value in trained[0]["loss_module"].items():
+        assert torch.equal(value, trained[1]["loss_module"][key]), key
+    assert "actor_average" in trained[1] and "actor_average" not in trained[0]
+    scalars = next((runs["average"] / "logs").glob("*/scalars"))
+    assert (scalars / "eval" / "average_normalized_score.csv").is_file()
+
+    continued = subprocess.run(
+        cli(workspace, runs["plain"], fp32, "train.epochs=3", "eval.actor_average=0.999999"),
+        env=workspace["env"],
+        capture_output=True,
+        text=True,
+    )
+    assert continued.returncode == 0, continued.stderr[-3000:]
+    state = torch.load(runs["plain"] / "checkpoint.pt", weights_only=True)
+    assert state["step"] == 60
+    at_40 = torch.load(runs["average"] / "checkpoint.pt", weights_only=True)["actor"]
+    for key, value in state["trainer"]["actor_average"].items():
+        torch.testing.assert_close(value, at_40[key], atol=1e-4, rtol=0)

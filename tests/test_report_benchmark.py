@@ -120,9 +120,12 @@ def test_a_labelled_longer_run_continues_a_copy_of_the_shorter_one(
     lines = plan_lines(capsys, driver, *args, "--algos", "cbop", "--epochs", "60", "--label", "60k")
     assert lines == [["continue", "hopper-medium-replay-gen", "cbop-60k", "0"]]
     assert not (here / "cbop-60k").exists()  # a dry run copies nothing
-    # A shorter labelled budget than the existing run, or a variant without a run: no copy.
-    lines = plan_lines(capsys, driver, *args, "--algos", "cbop", "--epochs", "10", "--label", "10k")
-    assert lines[0][0] == "start"
+    # A labelled budget not longer than the existing run, or a variant without a run: no copy.
+    for epochs in ("10", "20"):
+        lines = plan_lines(
+            capsys, driver, *args, "--algos", "cbop", "--epochs", epochs, "--label", "x"
+        )
+        assert lines[0][0] == "start"
     lines = plan_lines(capsys, driver, *args, "--algos", "cql", "--epochs", "60", "--label", "60k")
     assert lines[0][0] == "start"
 

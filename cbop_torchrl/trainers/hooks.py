@@ -17,8 +17,9 @@ for the baselines):
   one optimizer step on the summed ``loss_*`` keys, refused when a loss,
   target or gradient is not finite;
 - :class:`EvaluationHook` (``post_steps``) evaluates the policy every
-  ``eval.interval`` steps, :class:`QValueStats` (``post_optim_log``) logs
-  Q-ensemble statistics, and :class:`ResumeProgressBar` (``setup``) starts
+  ``eval.interval`` steps (with ``eval.actor_average``, also the weight average
+  :class:`ActorWeightAverage` keeps at ``post_optim``), :class:`QValueStats`
+  (``post_optim_log``) logs Q-ensemble statistics, and :class:`ResumeProgressBar` (``setup``) starts
   the progress bar at a resumed step.
 
 Stateful hooks register themselves as Trainer modules as well, so
@@ -29,6 +30,7 @@ and :class:`~cbop_torchrl.trainers.checkpoint.CheckpointHook`.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -153,12 +155,48 @@ class GuardedOptimizationStepper(OptimizationStepper):
         return losses
 
 
+class ActorWeightAverage(TrainerHookBase):
+    """An exponential moving average of the actor's weights, for evaluation only (``post_optim``).
+
+    BEYOND THE PAPER (``eval.actor_average=decay``): after every optimizer step
+    ``w_avg <- decay * w_avg + (1 - decay) * w``, on a copy of the actor that
+    :class:`EvaluationHook` scores beside the trained one. Training never reads
+    it. A run resumed from a checkpoint without an average starts it there.
+    """
+
+    def __init__(self, actor: Any, decay: float) -> None:
+        self.decay = float(decay)
+        self.averaged = copy.deepcopy(actor).requires_grad_(False)
+        self.weights = TensorDict.from_module(self.averaged)
+        self.current = TensorDict.from_module(actor)
+
+    def __call__(self) -> None:
+        with torch.no_grad():
+            self.weights.lerp_(self.current, 1.0 - self.decay)
+
+    def restart(self) -> None:
+        """Restarts the average at the actor's present weights."""
+        with torch.no_grad():
+            self.weights.update_(self.current)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.averaged.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.averaged.load_state_dict(state_dict)
+
+    def register(self, trainer: Trainer, name: str = "actor_average") -> None:
+        trainer.register_op("post_optim", self)
+        trainer.register_module(name, self)
+
+
 class EvaluationHook(TrainerHookBase):
     """Evaluates the deterministic policy every ``interval`` gradient steps (``post_steps``).
 
     Logs ``eval/return`` and, when the task has reference scores,
     ``eval/normalized_score`` (mean) and ``eval/normalized_score_std``; keeps
-    the history (checkpointed) for ``results.json``.
+    the history (checkpointed) for ``results.json``. With ``average`` it also
+    scores the averaged actor (``eval/average_*``, ``average_*`` in the history).
     The final evaluation after the last step is done by the pipeline itself.
     """
 
@@ -170,8 +208,10 @@ class EvaluationHook(TrainerHookBase):
         config: RunConfig,
         logger: Logger | None,
         total_steps: int,
+        average: ActorWeightAverage | None = None,
     ) -> None:
         self.actor, self.task, self.env, self.logger = actor, task, env, logger
+        self.average = average
         self.interval = config.eval.interval
         self.max_steps = config.eval.max_steps
         self.seed = config.seed
@@ -193,12 +233,21 @@ class EvaluationHook(TrainerHookBase):
             "normalized_score_std": summary["normalized_score_std"],
             "return_mean": summary["return_mean"],
         }
-        self.history.append(record)
         scalars = {
             "eval/normalized_score": record["normalized_score_mean"],
             "eval/normalized_score_std": record["normalized_score_std"],
             "eval/return": record["return_mean"],
         }
+        if self.average is not None:
+            averaged = evaluate_policy(
+                self.average.averaged, self.task, self.env, self.max_steps, self.seed
+            ).summary()
+            for key in ("normalized_score_mean", "normalized_score_std", "return_mean"):
+                record[f"average_{key}"] = averaged[key]
+            scalars["eval/average_normalized_score"] = averaged["normalized_score_mean"]
+            scalars["eval/average_normalized_score_std"] = averaged["normalized_score_std"]
+            scalars["eval/average_return"] = averaged["return_mean"]
+        self.history.append(record)
         log_scalars(self.logger, {k: v for k, v in scalars.items() if v is not None}, step)
         return summary
 

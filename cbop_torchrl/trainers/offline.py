@@ -71,6 +71,7 @@ from cbop_torchrl.trainers.datasize import check_dataset_size, warn_about_termin
 from cbop_torchrl.trainers.diagnostics import LearningDiagnostics
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
 from cbop_torchrl.trainers.hooks import (
+    ActorWeightAverage,
     EvaluationHook,
     GradientSteps,
     GuardedOptimizationStepper,
@@ -534,14 +535,26 @@ def build_offline_training(
     metrics.register(trainer)
     for hook in extra_hooks:
         hook.register(trainer)
-    evaluation = EvaluationHook(actor, run.task, eval_env, config, run.logger, total_steps)
+    average = None
+    if config.eval.actor_average > 0:  # beyond the paper, opt-in: evaluated, never trained on
+        average = ActorWeightAverage(actor, config.eval.actor_average)
+        average.register(trainer)
+    evaluation = EvaluationHook(
+        actor, run.task, eval_env, config, run.logger, total_steps, average=average
+    )
     evaluation.register(trainer)
     checkpoint.register(trainer)
     trainer.register_module("rng", GlobalRNGState())
     ResumeProgressBar(trainer).register(trainer)
     training = OfflineTraining(trainer, actor, metrics, evaluation, checkpoint, eval_env)
     if run.resume_state is not None:
-        trainer.load_state_dict(run.resume_state["trainer"])
+        state = run.resume_state["trainer"]
+        started_without_average = average is not None and "actor_average" not in state
+        if started_without_average:
+            state = {**state, "actor_average": average.state_dict()}
+        trainer.load_state_dict(state)
+        if started_without_average:
+            average.restart()  # at the checkpoint's weights, just loaded
         training.start_step = int(run.resume_state["step"])
         checkpoint.last_saved_step = training.start_step
     return training
