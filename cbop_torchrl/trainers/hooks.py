@@ -190,6 +190,14 @@ class ActorWeightAverage(TrainerHookBase):
         trainer.register_module(name, self)
 
 
+#: ``eval_history`` record key -> logged ``eval/<name>`` (``average_``-prefixed for the average).
+EVAL_SCALARS = {
+    "normalized_score_mean": "normalized_score",
+    "normalized_score_std": "normalized_score_std",
+    "return_mean": "return",
+}
+
+
 class EvaluationHook(TrainerHookBase):
     """Evaluates the deterministic policy every ``interval`` gradient steps (``post_steps``).
 
@@ -225,31 +233,24 @@ class EvaluationHook(TrainerHookBase):
             self.evaluate(step)
 
     def evaluate(self, step: int) -> dict[str, Any]:
-        result = evaluate_policy(self.actor, self.task, self.env, self.max_steps, self.seed)
-        summary = result.summary()
-        record = {
-            "step": step,
-            "normalized_score_mean": summary["normalized_score_mean"],
-            "normalized_score_std": summary["normalized_score_std"],
-            "return_mean": summary["return_mean"],
-        }
-        scalars = {
-            "eval/normalized_score": record["normalized_score_mean"],
-            "eval/normalized_score_std": record["normalized_score_std"],
-            "eval/return": record["return_mean"],
-        }
+        """Scores the trained actor (and the average) at ``step``; returns the actor's summary."""
+        policies = {"": self.actor}
         if self.average is not None:
-            averaged = evaluate_policy(
-                self.average.averaged, self.task, self.env, self.max_steps, self.seed
+            policies["average_"] = self.average.averaged
+        record: dict[str, Any] = {"step": step}
+        scalars: dict[str, Any] = {}
+        summaries = {}
+        for prefix, policy in policies.items():
+            summary = evaluate_policy(
+                policy, self.task, self.env, self.max_steps, self.seed
             ).summary()
-            for key in ("normalized_score_mean", "normalized_score_std", "return_mean"):
-                record[f"average_{key}"] = averaged[key]
-            scalars["eval/average_normalized_score"] = averaged["normalized_score_mean"]
-            scalars["eval/average_normalized_score_std"] = averaged["normalized_score_std"]
-            scalars["eval/average_return"] = averaged["return_mean"]
+            summaries[prefix] = summary
+            for key, name in EVAL_SCALARS.items():
+                record[f"{prefix}{key}"] = summary[key]
+                scalars[f"eval/{prefix}{name}"] = summary[key]
         self.history.append(record)
         log_scalars(self.logger, {k: v for k, v in scalars.items() if v is not None}, step)
-        return summary
+        return summaries[""]
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": [dict(record) for record in self.history]}

@@ -550,7 +550,7 @@ def build_offline_training(
     if run.resume_state is not None:
         state = run.resume_state["trainer"]
         started_without_average = average is not None and "actor_average" not in state
-        if started_without_average:
+        if started_without_average:  # Trainer.load_state_dict wants every module's entry
             state = {**state, "actor_average": average.state_dict()}
         trainer.load_state_dict(state)
         if started_without_average:
