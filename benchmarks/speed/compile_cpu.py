@@ -35,12 +35,12 @@ def bench_compiled_target(
 ) -> dict:
     """``CBOPLoss(compile=True)`` on a CPU (inductor, static shapes) at the CPU preset.
 
-    ``compile=True`` compiles the estimator's tensor part of the target
-    (:meth:`CBOPValueEstimator._target_tensors`: actor, dynamics and Q-ensemble rollout,
-    returns, posterior; one graph, no breaks). Times the CBOP stage's whole step with it
-    against the eager step in the same process, for each rollout dtype in ``dtypes``, and
-    checks the targets on one batch with the same seed (random draws are eager ones; in
-    bf16 also each against the eager fp32 target, ``*_target_bf16_rel_error``). The
+    ``compile=True`` compiles the tensor part of :meth:`CBOPValueEstimator.compute_target`
+    (actor, dynamics and Q-ensemble rollout, returns, posterior; one graph, no breaks).
+    Times the CBOP stage's whole step with it against the eager step in the same process,
+    for each rollout dtype in ``dtypes``, and checks the targets on one batch with the
+    same seed (random draws are eager ones; in bf16 also each against the eager fp32
+    target, ``*_target_bf16_rel_error``). The
     compile time is measured from an empty inductor cache (a temporary
     ``TORCHINDUCTOR_CACHE_DIR``), the first dtype's being a first compile in the process,
     and again for the first dtype from the filled cache after ``torch._dynamo.reset()``
