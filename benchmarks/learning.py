@@ -25,8 +25,11 @@ the checkpoint-based analysis for CBOP, the exact command, the commit) is
 written to ``<results>/<dataset>/<variant>/seed<k>.json``; commit those, and
 rebuild the tables and figures with ``python scripts/report.py paths=benchmarks/results``.
 
-``--label L`` keeps runs of another budget or other overrides apart: their run
-directories and summaries are named ``<variant>-L`` (``cbop-60k``). A labelled run
+A preset other than ``cpu`` keeps its runs and summaries apart as
+``<variant>-<preset>`` (``--preset paper``, e.g. on a GPU: ``cbop-paper``), so they never
+count as, or replace, the CPU preset's. ``--label L`` keeps runs of another budget or
+other overrides apart: their run directories and summaries are named ``<variant>-L``
+(``cbop-60k``; with both, ``cbop-paper-60k``). A labelled run
 whose directory does not exist yet starts as a copy of the unlabelled run when
 that one is shorter, and continues it; the shorter run and its summary stay as
 they are.
@@ -135,6 +138,11 @@ def variant_steps(variant: str, args: argparse.Namespace) -> int:
     return cbop_steps + pretraining_steps(args.preset, list(args.overrides))
 
 
+def variant_name(variant: str, preset: str, label: str | None) -> str:
+    """The name of a variant's run directories and summaries: ``<variant>[-<preset>][-<label>]``."""
+    return "-".join([variant, *([preset] if preset != "cpu" else []), *([label] if label else [])])
+
+
 def dataset_path(name: str) -> Path:
     """Where the generator writes ``name`` (``<cache>/generated/<name>.hdf5``)."""
     return cache_dir("generated") / f"{name}.hdf5"
@@ -184,8 +192,10 @@ def other_dataset(summary: dict, provenance: dict) -> bool:
     return bool(provenance) and stored.get("sha256") != provenance.get("sha256")
 
 
-def stale_reason(summary: dict, provenance: dict, steps: int) -> str | None:
+def stale_reason(summary: dict, provenance: dict, steps: int, preset: str) -> str | None:
     """Why a stored summary no longer counts (None: it does)."""
+    if summary.get("preset", preset) != preset:
+        return f"made with preset={summary['preset']}, the benchmark now runs preset={preset}"
     if other_dataset(summary, provenance):
         return "made on another version of the dataset"
     if summary.get("gradient_steps", steps) != steps:
@@ -277,15 +287,18 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.algos
     ]
     for dataset, seed, variant in plan:
-        name = f"{variant}-{args.label}" if args.label else variant
+        name = variant_name(variant, args.preset, args.label)
         summary_path = args.results / dataset / name / f"seed{seed}.json"
         provenance = dataset_provenance(dataset)
         data_key = provenance.get("data_key") or "unversioned"
         runs_here = runs_root / dataset / data_key / args.preset
-        run_dir, base_dir = runs_here / name / f"seed{seed}", runs_here / variant / f"seed{seed}"
+        run_dir, base_dir = (
+            runs_here / name / f"seed{seed}",
+            runs_here / variant_name(variant, args.preset, None) / f"seed{seed}",
+        )
         if summary_path.is_file():
             stored = json.loads(summary_path.read_text())
-            why = stale_reason(stored, provenance, variant_steps(variant, args))
+            why = stale_reason(stored, provenance, variant_steps(variant, args), args.preset)
             if why is None:
                 print(f"[bench] done     {dataset} {name} seed {seed}: {summary_path}")
                 continue

@@ -62,6 +62,28 @@ def test_plan_order_skip_and_stale(
     assert "stale" in printed and printed.count("start ") == 6
 
 
+def test_another_preset_keeps_its_runs_and_summaries_apart(
+    tmp_path: Path, isolated_cache: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``--preset paper`` neither counts the CPU preset's summary as done nor replaces it."""
+    driver = load_driver()
+    provenance = write_provenance(isolated_cache)
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    cpu_summary = results / "hopper-medium-replay-gen" / "cbop" / "seed0.json"
+    cpu_summary.parent.mkdir(parents=True)
+    cpu_summary.write_text(
+        json.dumps({"dataset_provenance": provenance, "gradient_steps": 20_000, "preset": "cpu"})
+    )
+    args = ("--results", str(results), "--runs", str(runs), "--seeds", "0", "--algos", "cbop")
+
+    assert plan_lines(capsys, driver, *args)[0][:3] == ["done", "hopper-medium-replay-gen", "cbop"]
+    assert driver.main(["--dry-run", *args, "--preset", "paper", "--label", "60k"]) == 0
+    printed = capsys.readouterr().out
+    assert "stale" not in printed and "start    hopper-medium-replay-gen cbop-paper-60k" in printed
+    assert str(runs / "hopper-medium-replay-gen" / "k1" / "paper" / "cbop-paper-60k") in printed
+    assert driver.stale_reason(json.loads(cpu_summary.read_text()), provenance, 20_000, "paper")
+
+
 def test_baselines_get_the_gradient_steps_of_cbops_whole_pipeline(tmp_path: Path) -> None:
     driver = load_driver()
     args = driver.parse_args(["--epochs", "20", "bc.steps=3000"])
