@@ -32,6 +32,7 @@ DEFAULT_KEYS = [
     "diag/lcb_penalty",
     "train/alpha",
 ]
+AVERAGE_KEY = "eval/average_normalized_score"  # with eval.actor_average (beyond the paper)
 
 
 def read_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
@@ -69,10 +70,19 @@ def table(runs: list[dict[str, dict[int, float]]], keys: list[str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--keys", nargs="+", default=DEFAULT_KEYS)
+    parser.add_argument("--keys", nargs="+", help="group/key names (default: the diagnostics)")
     parser.add_argument("--per-run", action="store_true")
     args = parser.parse_args()
     runs = [read_scalars(run) for run in args.runs]
+    logged = set().union(*runs)
+    if args.keys is None:
+        args.keys = DEFAULT_KEYS + ([AVERAGE_KEY] if AVERAGE_KEY in logged else [])
+    unknown = [key for key in args.keys if key not in logged]
+    if unknown:
+        parser.error(
+            f"--keys {' '.join(unknown)}: not logged by these runs; keys are group/name, "
+            f"one of: {' '.join(sorted(logged))}"
+        )
     if args.per_run:
         for path, run in zip(args.runs, runs, strict=True):
             print(f"\n{path}\n")

@@ -53,3 +53,10 @@ def test_diagnostics_are_measured_at_every_evaluation(tmp_path: Path) -> None:
     rows = [line for line in table.splitlines() if line.startswith("| ") and "step" not in line]
     assert len(rows) == len(results["eval_history"])
     assert rows[0].startswith("| 0 |")
+
+    refused = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "curves.py"), str(run_dir), "--keys", "q_pi"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "--keys q_pi: not logged" in refused.stderr
+    assert "diag/q_pi" in refused.stderr  # the names that would work
