@@ -20,6 +20,7 @@ import torch
 from d4rl_files import debug_cbop_command as cli
 from d4rl_files import pipeline_workspace
 
+from cbop_torchrl.evaluation.report import summarize_run
 from cbop_torchrl.trainers.checkpoint import (
     CheckpointError,
     check_resumable,
@@ -291,6 +292,13 @@ def test_actor_average_is_evaluated_beside_an_unchanged_training(workspace: dict
     assert "actor_average" in trained[1] and "actor_average" not in trained[0]
     scalars = next((runs["average"] / "logs").glob("*/scalars"))
     assert (scalars / "eval" / "average_normalized_score.csv").is_file()
+    summaries = {n: summarize_run(runs[n], analysis=False) for n in runs}
+    assert "actor_average" not in summaries["plain"]
+    summarized = summaries["average"]["actor_average"]
+    assert summarized["decay"] == 0.5
+    assert [score for _, score in summarized["curve"]] == [
+        r["average_normalized_score_mean"] for r in average["eval_history"]
+    ]
 
     continued = subprocess.run(
         cli(workspace, runs["plain"], fp32, "train.epochs=3", "eval.actor_average=0.999999"),

@@ -25,6 +25,8 @@ output                          from
 Figures that need the checkpoint are computed once when the summary is made
 (the benchmark driver does it right after a run) and then drawn from the
 summary; a summary made with ``analysis=False`` simply has none of them.
+A run trained with ``eval.actor_average`` also has ``actor_average`` (the averaged
+actor's ``curve``, ``final_normalized_score`` and ``best_normalized_score``).
 """
 
 from __future__ import annotations
@@ -194,6 +196,18 @@ def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
         },
         "run_dir": str(run_dir.resolve()),
     }
+    average_curve = [
+        [int(r["step"]), float(r["average_normalized_score_mean"])]
+        for r in history
+        if "average_normalized_score_mean" in r
+    ]
+    if average_curve:  # eval.actor_average (beyond the paper): the averaged actor's scores
+        summary["actor_average"] = {
+            "decay": config.get("eval", {}).get("actor_average"),
+            "curve": average_curve,
+            "final_normalized_score": final_window_score(average_curve, average_curve[-1][1]),
+            "best_normalized_score": max(score for _, score in average_curve),
+        }
     if analysis and (run_dir / "checkpoint.pt").is_file():
         from cbop_torchrl.evaluation.analysis import analyze_baseline_run, analyze_cbop_run
 
