@@ -161,7 +161,7 @@ def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
             "random policy> task.ref_max_score=<return of an expert> on the command line."
         )
     history = sorted(results.get("eval_history", []), key=lambda r: r["step"])
-    curve = [[int(r["step"]), float(r["normalized_score_mean"])] for r in history]
+    curve = _score_curve(history, "normalized_score_mean")
     final = float(results["normalized_score_mean"])
     best_step, best = max(
         ((s, v) for s, v in curve), key=lambda item: item[1], default=(None, final)
@@ -196,11 +196,7 @@ def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
         },
         "run_dir": str(run_dir.resolve()),
     }
-    average_curve = [
-        [int(r["step"]), float(r["average_normalized_score_mean"])]
-        for r in history
-        if "average_normalized_score_mean" in r
-    ]
+    average_curve = _score_curve(history, "average_normalized_score_mean")
     if average_curve:  # eval.actor_average (beyond the paper): the averaged actor's scores
         summary["actor_average"] = {
             "decay": config.get("eval", {}).get("actor_average"),
@@ -216,6 +212,11 @@ def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
         elif summary["algo"] in ("td3bc", "iql", "cql"):
             summary["analysis"] = analyze_baseline_run(run_dir)
     return summary
+
+
+def _score_curve(history: list[dict[str, Any]], key: str) -> list[list[float]]:
+    """``[[step, score], ...]`` of the evaluation records that hold ``key``."""
+    return [[int(r["step"]), float(r[key])] for r in history if key in r]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
