@@ -27,6 +27,22 @@ def write_provenance(cache: Path, sha256: str = "aaa") -> dict:
     return provenance
 
 
+def write_summary(results: Path, variant: str, **fields: object) -> Path:
+    """A stored hopper seed-0 summary of ``variant`` with ``fields``, as the driver reads it."""
+    path = results / "hopper-medium-replay-gen" / variant / "seed0.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(fields))
+    return path
+
+
+def write_run(run_dir: Path, epochs: int) -> None:
+    """A run directory started with ``epochs`` x 1,000 gradient steps (its ``config.json``)."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(
+        json.dumps({"train": {"epochs": epochs, "steps_per_epoch": 1000}})
+    )
+
+
 def plan_lines(capsys: pytest.CaptureFixture, driver, *args: str) -> list[str]:
     assert driver.main(["--dry-run", *args]) == 0
     # "[bench] <state> <dataset> <variant> seed <k>..." -> [state, dataset, variant, k]
@@ -49,9 +65,7 @@ def test_plan_order_skip_and_stale(
     assert [line[-1] for line in lines] == ["0"] * 3 + ["1"] * 3
     assert {line[0] for line in lines} == {"start"}
 
-    summary = results / "hopper-medium-replay-gen" / "bc" / "seed0.json"
-    summary.parent.mkdir(parents=True)
-    summary.write_text(json.dumps({"dataset_provenance": provenance}))
+    write_summary(results, "bc", dataset_provenance=provenance)
     lines = plan_lines(capsys, driver, *args)
     assert lines[1] == ["done", "hopper-medium-replay-gen", "bc", "0"]
     assert sum(line[0] == "start" for line in lines) == 5
@@ -69,10 +83,8 @@ def test_another_preset_keeps_its_runs_and_summaries_apart(
     driver = load_driver()
     provenance = write_provenance(isolated_cache)
     results, runs = tmp_path / "results", tmp_path / "runs"
-    cpu_summary = results / "hopper-medium-replay-gen" / "cbop" / "seed0.json"
-    cpu_summary.parent.mkdir(parents=True)
-    cpu_summary.write_text(
-        json.dumps({"dataset_provenance": provenance, "gradient_steps": 20_000, "preset": "cpu"})
+    cpu_summary = write_summary(
+        results, "cbop", dataset_provenance=provenance, gradient_steps=20_000, preset="cpu"
     )
     args = ("--results", str(results), "--runs", str(runs), "--seeds", "0", "--algos", "cbop")
 
@@ -102,13 +114,8 @@ def test_a_larger_budget_extends_a_run_and_a_smaller_one_restarts_it(
     provenance = write_provenance(isolated_cache)
     results, runs = tmp_path / "results", tmp_path / "runs"
     run_dir = runs / "hopper-medium-replay-gen" / "k1" / "cpu" / "cbop" / "seed0"
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.json").write_text(
-        json.dumps({"train": {"epochs": 20, "steps_per_epoch": 1000}})
-    )
-    summary = results / "hopper-medium-replay-gen" / "cbop" / "seed0.json"
-    summary.parent.mkdir(parents=True)
-    summary.write_text(json.dumps({"dataset_provenance": provenance, "gradient_steps": 20_000}))
+    write_run(run_dir, epochs=20)
+    write_summary(results, "cbop", dataset_provenance=provenance, gradient_steps=20_000)
     args = ("--results", str(results), "--runs", str(runs), "--seeds", "0", "--algos", "cbop")
 
     def state(epochs: str) -> list[str]:
@@ -131,10 +138,7 @@ def test_a_labelled_longer_run_continues_a_copy_of_the_shorter_one(
     runs = tmp_path / "runs"
     here = runs / "hopper-medium-replay-gen" / "k1" / "cpu"
     base = here / "cbop" / "seed0"
-    base.mkdir(parents=True)
-    (base / "config.json").write_text(
-        json.dumps({"train": {"epochs": 20, "steps_per_epoch": 1000}})
-    )
+    write_run(base, epochs=20)
     (base / "checkpoint.pt").write_bytes(b"20k")
     (base / ".run.lock").write_text("pid 1 on elsewhere")
     args = ["--runs", str(runs), "--results", str(tmp_path / "results"), "--seeds", "0"]
