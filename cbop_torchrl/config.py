@@ -233,6 +233,7 @@ class EvalConfig:
     # serial: one process (SerialEnv); parallel: ParallelEnv workers
     backend: EvalBackend = EvalBackend.serial
     diagnostics: bool = False  # also measure value error, policy drift, model error (diag/*)
+    mc_states: int = 100  # dataset states of the conservatism (Q - MC) measurement; 0: none
     # BEYOND THE PAPER (opt-in): also evaluate an exponential moving average of the actor's
     # weights with this decay per gradient step (eval/average_*); training is unchanged. 0: off
     actor_average: float = 0.0
@@ -556,6 +557,12 @@ def validate(config: RunConfig) -> list[str]:
         problems.append(
             f"eval.actor_average={average!r} must be a number in [0, 1) (0: off; e.g. "
             "eval.actor_average=0.999 averages over about the last 1,000 gradient steps)"
+        )
+    mc_states = config.eval.mc_states
+    if isinstance(mc_states, bool) or not isinstance(mc_states, int) or mc_states < 0:
+        problems.append(
+            f"eval.mc_states={mc_states!r} must be an integer >= 0 (dataset states the policy is "
+            "rolled out from to measure Q - MC; e.g. eval.mc_states=100, 0: not measured)"
         )
     bc_weight = config.agent.bc_weight
     if isinstance(bc_weight, bool) or not isinstance(bc_weight, (int, float)) or not bc_weight >= 0:

@@ -9,7 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 from d4rl_files import write_d4rl_hdf5
+
+from cbop_torchrl.registry import get_family
+from cbop_torchrl.trainers.conservatism import rollout_from_observations
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +31,7 @@ def test_diagnostics_are_measured_at_every_evaluation(tmp_path: Path) -> None:
     command = [
         sys.executable, str(ROOT / "scripts" / "cbop.py"), "preset=debug", f"env={dataset}",
         f"hydra.run.dir={run_dir}", "progress=false", "eval.diagnostics=true",
-        "eval.interval=20", "eval.episodes=2", "eval.max_steps=50",
+        "eval.interval=20", "eval.episodes=2", "eval.max_steps=50", "eval.mc_states=3",
     ]  # fmt: skip
     subprocess.run(command, env=env, check=True, capture_output=True, text=True, timeout=300)
     results = json.loads((run_dir / "results.json").read_text())
@@ -43,6 +48,15 @@ def test_diagnostics_are_measured_at_every_evaluation(tmp_path: Path) -> None:
         assert record["horizon_gap_0"] == 0.0
         weights = [record[f"horizon_weight_{h}"] for h in range(results["settings"]["horizon"] + 1)]
         assert abs(sum(weights) - 1.0) < 1e-4
+        # The paper's Q - MC at dataset states; the soft critic's entropy part is what separates
+        # the raw difference from the one without it (alpha > 0 in CBOP, so it is not zero).
+        assert record["q_minus_mc_data"] == pytest.approx(
+            record["q_data_states"] - record["mc_data_states"], abs=1e-3
+        )
+        assert record["q_minus_mc_data"] - record["q_minus_mc_data_no_entropy"] == pytest.approx(
+            record["entropy_part_data"], abs=1e-3
+        )
+        assert record["entropy_part_data"] != 0.0
     # The BC actor is measured before any CBOP step changed it; training then moves it.
     assert history[0]["action_distance"] != history[-1]["action_distance"]
 
@@ -60,3 +74,28 @@ def test_diagnostics_are_measured_at_every_evaluation(tmp_path: Path) -> None:
     )  # fmt: skip
     assert refused.returncode == 2 and "--keys q_pi: not logged" in refused.stderr
     assert "diag/q_pi" in refused.stderr  # the names that would work
+
+
+def test_rollout_sums_the_discounted_entropy_after_the_first_step() -> None:
+    """``sum_{t>=1} gamma^t H(s_t)``: with H = 1 everywhere it is the geometric sum to the end."""
+    import gymnasium
+
+    family = get_family("hopper")
+    env = gymnasium.make(family.gym_id)
+    starts = torch.stack(
+        [torch.as_tensor(env.reset(seed=s)[0], dtype=torch.float32) for s in (1, 2)]
+    )
+    env.close()
+
+    def still_actor(td):
+        return td.set("action", torch.zeros(td.shape[0], 3))
+
+    returns, lengths, entropy = rollout_from_observations(
+        still_actor, family, starts, 0.9, max_steps=30,
+        entropy_fn=lambda obs: torch.ones(obs.shape[0]),
+    )  # fmt: skip
+    for row in range(2):
+        steps = int(lengths[row])
+        assert entropy[row].item() == pytest.approx(sum(0.9**t for t in range(1, steps)), rel=1e-5)
+    plain_returns, _ = rollout_from_observations(still_actor, family, starts, 0.9, max_steps=30)
+    torch.testing.assert_close(plain_returns, returns)

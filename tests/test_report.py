@@ -25,6 +25,7 @@ from cbop_torchrl.evaluation.analysis import rollout_from_observations, value_va
 from cbop_torchrl.evaluation.report import (
     SUMMARY_FORMAT,
     ReportError,
+    conservatism_rows,
     final_window_score,
     goal_check,
     load_summaries,
@@ -306,3 +307,28 @@ def test_rollout_from_observations_restarts_the_real_state() -> None:
     start = torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0)
     returns, lengths = rollout_from_observations(constant_actor, family, start, 0.9, max_steps=20)
     assert returns[0].item() == pytest.approx(expected, rel=1e-4)
+
+
+def test_conservatism_rows_show_the_paper_value_and_the_entropy_free_difference() -> None:
+    from cbop_torchrl.evaluation.report import conservatism_markdown, paper_conservatism
+
+    assert paper_conservatism("hopper-medium-replay-gen", "cbop") == -172.45
+    assert paper_conservatism("walker2d-medium-replay-v2", "cql-60k") == -285.02
+    assert paper_conservatism("halfcheetah-medium-gen", "cbop-avg999") == -106.24
+    assert paper_conservatism("hopper-medium-replay-gen", "iql") is None
+    assert paper_conservatism("swimmer-medium-gen", "cbop") is None
+    numbers = {
+        "predicted_q_mean": 150.0, "predicted_q_min": 149.0, "mc_return_mean": 170.0,
+        "mc_return_std": 5.0, "overestimation": -20.0, "overestimation_max": 3.0, "states": 100,
+    }  # fmt: skip
+    summaries = [
+        {"dataset": "hopper-medium-replay-gen", "variant": "cbop", "seed": 0,
+         "analysis": {"conservatism": {**numbers, "overestimation_no_entropy": -31.5}}},
+        {"dataset": "hopper-medium-replay-gen", "variant": "iql", "seed": 0,
+         "analysis": {"conservatism": numbers}},
+    ]  # fmt: skip
+    table = conservatism_markdown(conservatism_rows(summaries)).splitlines()
+    cbop = next(line for line in table if "| cbop |" in line)
+    iql = next(line for line in table if "| iql |" in line)
+    assert "| cbop | 0 | 100 | 150.0 |" in cbop and cbop.endswith("| -20.0, 3.0 | -31.5 | -172.4 |")
+    assert iql.endswith("| -20.0, 3.0 | - | - |")  # an old summary: no entropy-free number

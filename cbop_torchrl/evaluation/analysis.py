@@ -13,9 +13,11 @@ the checkpoint:
   ``A / (A + B)``, the share of the Q-ensemble (value) variance in the
   total variance of ``R_h`` (Fig. 8);
 - ``conservatism``: the learned Q estimate of the deterministic policy at
-  dataset states against its discounted Monte-Carlo return from the same
-  states in the real environment (Table 2); :func:`analyze_baseline_run`
-  gives the same numbers for TD3+BC, IQL and CQL.
+  ``MC_STATES`` dataset states against its discounted Monte-Carlo return from
+  the same states in the real environment (Table 2), raw and with the soft
+  critic's entropy part removed
+  (:func:`~cbop_torchrl.trainers.conservatism.dataset_conservatism`);
+  :func:`analyze_baseline_run` gives the same numbers for TD3+BC, IQL and CQL.
 """
 
 from __future__ import annotations
@@ -26,16 +28,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
 
 from cbop_torchrl.config import RunConfig, load_config
 from cbop_torchrl.data import load_dataset_with_info
 from cbop_torchrl.envs import resolve_task
 from cbop_torchrl.objectives.posterior import gaussian_posterior
-from cbop_torchrl.registry import Task
 from cbop_torchrl.trainers.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from cbop_torchrl.trainers.conservatism import (
+    MC_STATES,
+    dataset_conservatism,
+    member_q_values,
+    rollout_from_observations,
+    soft_critic_alpha,
+    start_states,
+)
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
 from cbop_torchrl.trainers.offline import build_cbop_loss
+
+ensemble_q = member_q_values
+"""``Q_m(obs, action)`` for every member ``[M, N]`` (the name this module always exported)."""
 
 SHARE_BINS = 20
 """Histogram bins of A/(A+B) on [0, 1]."""
@@ -95,120 +106,10 @@ def value_var_share_histograms(
     return counts
 
 
-def ensemble_q(
-    qvalue_network: Any, stacked_params: TensorDictBase, obs: torch.Tensor, action: torch.Tensor
-) -> torch.Tensor:
-    """``Q_m(obs, action)`` for every member: ``[N, O], [N, A] -> [M, N]``."""
-    td = TensorDict({"observation": obs, "action": action}, batch_size=obs.shape[:1])
-    values = []
-    for member in range(stacked_params.shape[0]):
-        with stacked_params[member].to_module(qvalue_network):
-            values.append(qvalue_network(td.clone()).get("state_action_value").squeeze(-1))
-    return torch.stack(values)
-
-
-def rollout_from_observations(
-    actor: Any, task: Task, start_obs: torch.Tensor, gamma: float, max_steps: int = 1000
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Discounted Monte-Carlo returns of the deterministic ``actor`` from dataset states.
-
-    Each of the ``E`` environments (gymnasium ``task.gym_id``) is reset and
-    then put in the MuJoCo state the observation describes (the locomotion
-    observations are ``qpos[1:]`` and ``qvel``; the x position does not change
-    the dynamics, and the observed velocities are clipped to +-10, so this is
-    the dataset state up to that clipping). The actor is called once per step
-    on all environments still running.
-
-    Returns:
-        ``[E]`` returns ``sum_t gamma^t r_t`` up to termination or ``max_steps``,
-        and ``[E]`` episode lengths.
-    """
-    import gymnasium
-    import numpy as np
-    from torchrl.envs.utils import ExplorationType, set_exploration_type
-
-    count = start_obs.shape[0]
-    envs = [gymnasium.make(task.gym_id, **task.gym_kwargs) for _ in range(count)]
-    obs = []
-    for index, env in enumerate(envs):
-        env.reset(seed=index)
-        raw = env.unwrapped
-        nq = raw.model.nq
-        state = start_obs[index].double().numpy()
-        raw.set_state(np.concatenate([[0.0], state[: nq - 1]]), state[nq - 1 :])
-        obs.append(raw._get_obs())
-    returns = torch.zeros(count, dtype=torch.float64)
-    lengths = torch.zeros(count, dtype=torch.long)
-    alive = list(range(count))
-    batch = torch.as_tensor(np.stack(obs), dtype=torch.float32)
-    with set_exploration_type(ExplorationType.DETERMINISTIC):
-        for step in range(max_steps):
-            td = TensorDict({"observation": batch[alive]}, batch_size=[len(alive)])
-            actions = actor(td).get("action").double().numpy()
-            still = []
-            for row, index in enumerate(alive):
-                ob, reward, terminated, truncated, _ = envs[index].step(actions[row])
-                returns[index] += gamma**step * float(reward)
-                lengths[index] += 1
-                batch[index] = torch.as_tensor(ob, dtype=torch.float32)
-                if not (terminated or truncated):
-                    still.append(index)
-            alive = still
-            if not alive:
-                break
-    for env in envs:
-        env.close()
-    return returns.float(), lengths
-
-
 @torch.no_grad()
-def monte_carlo_conservatism(
-    loss: Any,
-    task: Task,
-    start_obs: torch.Tensor,
-    gamma: float,
-    max_steps: int = 1000,
-) -> dict[str, Any]:
-    """Paper Table 2: learned ``Q(s, pi(s))`` at dataset states vs the real discounted return.
-
-    Works for any TorchRL loss with ``actor_network(_params)`` and
-    ``qvalue_network(_params)`` (CBOP's SAC loss, TD3+BC, IQL, CQL). The
-    prediction is the Q-ensemble's mean (and min) over members at the
-    deterministic action; ``overestimation`` is the mean over states of
-    prediction minus MC return (negative: conservative).
-    """
-    actor = loss.actor_network
-    with loss.actor_network_params.to_module(actor):
-        from torchrl.envs.utils import ExplorationType, set_exploration_type
-
-        with set_exploration_type(ExplorationType.DETERMINISTIC):
-            td = TensorDict({"observation": start_obs}, batch_size=start_obs.shape[:1])
-            action = actor(td).get("action")
-        mc_return, lengths = rollout_from_observations(actor, task, start_obs, gamma, max_steps)
-    q = ensemble_q(loss.qvalue_network, loss.qvalue_network_params, start_obs, action)  # [M, E]
-    difference = q.mean(0) - mc_return
-    return {
-        "states": int(start_obs.shape[0]),
-        "gamma": gamma,
-        "predicted_q_mean": float(q.mean()),
-        "predicted_q_min": float(q.min(0).values.mean()),
-        "mc_return_mean": float(mc_return.mean()),
-        "mc_return_std": float(mc_return.std(unbiased=False)),
-        "episode_length_mean": float(lengths.float().mean()),
-        "overestimation": float(difference.mean()),
-        "overestimation_max": float(difference.max()),
-        "differences": difference.tolist(),
-    }
-
-
-def _start_states(data: Any, count: int, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed + 1)
-    rows = torch.randperm(data.shape[0], generator=generator)[:count]
-    return data.get("observation")[rows].float()
-
-
-@torch.no_grad()
-def analyze_baseline_run(run_dir: str | Path, mc_states: int = 5, seed: int = 0) -> dict | None:
+def analyze_baseline_run(
+    run_dir: str | Path, mc_states: int = MC_STATES, seed: int = 0
+) -> dict | None:
     """Table 2 numbers for a TD3+BC/IQL/CQL run (None for BC, which has no Q-function)."""
     from cbop_torchrl.baselines import AlgoConfig, build_baseline
 
@@ -220,14 +121,15 @@ def analyze_baseline_run(run_dir: str | Path, mc_states: int = 5, seed: int = 0)
     parts = build_baseline(algo, config, info, torch.device("cpu"))
     state = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
     parts.loss.load_state_dict(state["trainer"]["loss_module"])
-    start = _start_states(data, mc_states, seed)
+    # No baseline's critic target holds an entropy term (CQL runs with a deterministic backup).
     return {
-        "conservatism": monte_carlo_conservatism(
+        "conservatism": dataset_conservatism(
             parts.loss,
             resolve_task(config.task, info),
-            start,
+            start_states(data, mc_states, seed),
             config.agent.gamma,
-            config.eval.max_steps,
+            alpha=0.0,
+            max_steps=config.eval.max_steps,
         )
     }
 
@@ -236,7 +138,7 @@ def analyze_baseline_run(run_dir: str | Path, mc_states: int = 5, seed: int = 0)
 def analyze_cbop_run(
     run_dir: str | Path,
     num_states: int = 512,
-    mc_states: int = 5,
+    mc_states: int = MC_STATES,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Fig. 5 / Fig. 8 / Table 2 numbers of one CBOP run (see the module doc).
@@ -276,12 +178,13 @@ def analyze_cbop_run(
             "num_states": int(next_obs.shape[0]),
             "counts": value_var_share_histograms(returns, valid),
         },
-        "conservatism": monte_carlo_conservatism(
+        "conservatism": dataset_conservatism(
             loss,
             resolve_task(config.task, info),
-            _start_states(data, mc_states, seed),
+            start_states(data, mc_states, seed),
             config.agent.gamma,
-            config.eval.max_steps,
+            alpha=soft_critic_alpha(loss),
+            max_steps=config.eval.max_steps,
         ),
     }
 
@@ -294,6 +197,6 @@ __all__ = [
     "rollout_from_observations",
     "load_cbop_loss",
     "load_run_config",
-    "monte_carlo_conservatism",
+    "dataset_conservatism",
     "value_var_share_histograms",
 ]

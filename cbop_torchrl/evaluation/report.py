@@ -392,6 +392,10 @@ def _fmt(value: Any) -> str:
     return "" if value is None else f"{float(value):.1f}"
 
 
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{float(value):+.1f}"
+
+
 def goal_check(
     rows: Sequence[dict[str, Any]], behaviour: dict[str, float] | None = None
 ) -> list[str]:
@@ -442,8 +446,42 @@ def behaviour_scores(summaries: Sequence[dict[str, Any]]) -> dict[str, float]:
     return scores
 
 
+PAPER_CONSERVATISM: dict[tuple[str, str], dict[str, float]] = {
+    ("hopper", "medium"): {"cbop": -55.83, "cql": -61.84},
+    ("hopper", "medium-replay"): {"cbop": -172.45, "cql": -142.89},
+    ("hopper", "medium-expert"): {"cbop": -114.39, "cql": -79.67},
+    ("halfcheetah", "medium"): {"cbop": -106.24, "cql": -222.43},
+    ("halfcheetah", "medium-replay"): {"cbop": -84.42, "cql": -363.00},
+    ("halfcheetah", "medium-expert"): {"cbop": -210.51, "cql": -310.95},
+    ("walker2d", "medium"): {"cbop": -84.70, "cql": -167.36},
+    ("walker2d", "medium-replay"): {"cbop": -80.31, "cql": -285.02},
+    ("walker2d", "medium-expert"): {"cbop": -75.89, "cql": -156.71},
+}
+"""The paper's conservatism table (appendix, ``tab:pe-full``): mean of ``Q - MC`` at the end
+of training on the D4RL v2 set of this family and kind, for CBOP and CQL."""
+
+
+def paper_conservatism(dataset: str, variant: str) -> float | None:
+    """The paper's mean ``Q - MC`` for the D4RL set of ``dataset``'s family and kind, or None.
+
+    ``variant`` ``cbop*`` reads CBOP's column, ``cql*`` CQL's; generated look-alikes
+    (``hopper-medium-replay-gen``) are compared with the D4RL set of the same name.
+    """
+    family = dataset.split("-", 1)[0]
+    kind = next(
+        (k for k in ("medium-replay", "medium-expert", "medium") if f"-{k}" in dataset), None
+    )
+    algorithm = variant.split("-", 1)[0]
+    return PAPER_CONSERVATISM.get((family, kind or ""), {}).get(algorithm)
+
+
 def conservatism_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Table 2: learned Q(s, pi(s)) at dataset states vs the real discounted MC return, per run."""
+    """Table 2: learned Q(s, pi(s)) at dataset states vs the real discounted MC return, per run.
+
+    ``overestimation`` is the raw difference (the paper's quantity);
+    ``overestimation_no_entropy`` removes a soft critic's entropy part (None in summaries made
+    before it was measured); ``paper`` is the paper's mean for the matching D4RL set.
+    """
     rows = []
     for (dataset, variant), runs in group_runs(summaries).items():
         for run in runs:
@@ -460,7 +498,9 @@ def conservatism_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any
                         "mc_return_std": numbers["mc_return_std"],
                         "overestimation": numbers["overestimation"],
                         "overestimation_max": numbers.get("overestimation_max"),
+                        "overestimation_no_entropy": numbers.get("overestimation_no_entropy"),
                         "states": numbers.get("states", numbers.get("episodes")),
+                        "paper": paper_conservatism(dataset, variant),
                     }
                 )
     return rows
@@ -468,16 +508,20 @@ def conservatism_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any
 
 def conservatism_markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| dataset | algorithm | seed | predicted Q(s, pi(s)) | min over Q-members | "
-        "MC discounted return | predicted - MC (mean, max) |",
-        "|---|---|---|---|---|---|---|",
+        "| dataset | algorithm | seed | states | predicted Q(s, pi(s)) | min over Q-members | "
+        "MC discounted return | predicted - MC (mean, max) | without the entropy part | "
+        "paper (D4RL set) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
+        no_entropy, paper = row.get("overestimation_no_entropy"), row.get("paper")
+        states = "" if row["states"] is None else row["states"]
         lines.append(
-            f"| {row['dataset']} | {row['variant']} | {row['seed']} | "
+            f"| {row['dataset']} | {row['variant']} | {row['seed']} | {states} | "
             f"{row['predicted_q_mean']:.1f} | {row['predicted_q_min']:.1f} | "
             f"{row['mc_return_mean']:.1f} ± {row['mc_return_std']:.1f} | "
-            f"{row['overestimation']:+.1f}, {_fmt(row['overestimation_max'])} |"
+            f"{row['overestimation']:+.1f}, {_fmt(row['overestimation_max'])} | "
+            f"{_signed(no_entropy)} | {_signed(paper)} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -10,6 +10,13 @@
   and the same at the start states, ``q_start`` vs ``mc_start``). Only
   states whose return-to-go is complete enter (the episode terminated, or
   ``s_t`` is at least :data:`MC_TAIL` steps before the time limit).
+- **Conservatism as the paper measures it** (when the task is given): from
+  ``mc_states`` fixed dataset states restored in the real environment,
+  ``Q(s, pi(s)) - MC(s)`` (``q_minus_mc_data``, the paper's Table 2 quantity),
+  the same with the soft critic's entropy part removed
+  (``q_minus_mc_data_no_entropy``; the part itself: ``entropy_part_data``), and
+  ``q_data_states``, ``mc_data_states``
+  (:func:`~cbop_torchrl.trainers.conservatism.dataset_conservatism`).
 - **How far the policy moved.** On a fixed batch of dataset states:
   ``Q(s, a_data)`` against ``Q(s, pi(s))`` (``q_data``, ``q_pi``, and the
   member std at each, ``q_std_data``, ``q_std_pi``; and at uniformly random
@@ -45,6 +52,13 @@ from torchrl.trainers import Trainer, TrainerHookBase
 
 from cbop_torchrl.objectives.posterior import gaussian_posterior
 from cbop_torchrl.objectives.pretrain import ensemble_q
+from cbop_torchrl.registry import Task
+from cbop_torchrl.trainers.conservatism import (
+    MC_STATES,
+    dataset_conservatism,
+    soft_critic_alpha,
+    start_states,
+)
 from cbop_torchrl.trainers.logging import log_scalars
 
 MC_TAIL = 300
@@ -71,6 +85,9 @@ class LearningDiagnostics(TrainerHookBase):
         episodes: real episodes per measurement.
         max_steps: episode cap.
         seed: seeds the dataset batch and the environments.
+        task: the real environment with its keyword arguments; None skips the
+            dataset-state conservatism.
+        mc_states: dataset states of that measurement.
     """
 
     def __init__(
@@ -86,6 +103,8 @@ class LearningDiagnostics(TrainerHookBase):
         episodes: int = 5,
         max_steps: int = 1000,
         seed: int = 0,
+        task: Task | None = None,
+        mc_states: int = MC_STATES,
     ) -> None:
         self.loss, self.gym_id, self.gamma, self.logger = loss, gym_id, float(gamma), logger
         self.interval, self.total_steps = int(interval), int(total_steps)
@@ -93,6 +112,8 @@ class LearningDiagnostics(TrainerHookBase):
         generator = torch.Generator().manual_seed(seed + 7)
         rows = torch.randperm(data.shape[0], generator=generator)[:num_states]
         self.batch = data[rows.to(data.device)].clone()
+        self.task = task
+        self.mc_start = start_states(data, mc_states, seed) if task and mc_states else None
         self.history: list[dict[str, float]] = []
         self.trainer: Trainer | None = None
 
@@ -126,6 +147,7 @@ class LearningDiagnostics(TrainerHookBase):
             record.update(self._value_error(transitions))
             record.update(self._model_error(transitions))
             record.update(self._horizons())
+            record.update(self._dataset_conservatism())
         self.history.append(record)
         log_scalars(self.logger, {f"diag/{k}": v for k, v in record.items() if k != "step"}, step)
         return record
@@ -235,6 +257,21 @@ class LearningDiagnostics(TrainerHookBase):
             "q_minus_mc_visited": float((q - togo)[complete].mean())
             if complete.any()
             else float("nan"),
+        }
+
+    def _dataset_conservatism(self) -> dict[str, float]:
+        if self.mc_start is None:
+            return {}
+        numbers = dataset_conservatism(
+            self.loss, self.task, self.mc_start, self.gamma,
+            alpha=soft_critic_alpha(self.loss), max_steps=self.max_steps,
+        )  # fmt: skip
+        return {
+            "q_minus_mc_data": numbers["overestimation"],
+            "q_minus_mc_data_no_entropy": numbers["overestimation_no_entropy"],
+            "entropy_part_data": numbers["entropy_part_mean"],
+            "q_data_states": numbers["predicted_q_mean"],
+            "mc_data_states": numbers["mc_return_mean"],
         }
 
     def _one_step_error(

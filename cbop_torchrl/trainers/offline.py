@@ -656,7 +656,7 @@ def cbop_stage(
         [LearningDiagnostics(
             loss, data, run.task.gym_id, config.agent.gamma, config.eval.interval,
             config.train.total_steps, run.logger, max_steps=config.eval.max_steps,
-            seed=config.seed,
+            seed=config.seed, task=run.task, mc_states=config.eval.mc_states,
         )]
         if config.eval.diagnostics
         else []

@@ -1,0 +1,234 @@
+"""Conservatism: the learned Q at dataset states against the real discounted return.
+
+The paper's conservatism table (appendix "Conservatism Analysis", Table 2 and
+``tab:pe-full``) reports ``E_{s ~ D}[Q(s, pi(s)) - V^pi(s)]`` at the end of
+training, with ``V^pi`` a Monte-Carlo estimate in the real environment started
+from the dataset state ``s``. :func:`dataset_conservatism` measures exactly
+that, and one more number:
+
+- ``overestimation``: ``Q(s, pi(s)) - MC(s)`` (mean over members, deterministic
+  action), the raw difference the paper's table reports (its critics are soft
+  Q-functions too).
+- ``overestimation_no_entropy``: the same with the entropy part of a soft Q
+  removed. CBOP's (SAC's) critic regresses on ``r + gamma * (V(s') - alpha *
+  log pi(a'|s'))``, so at its fixed point it also holds ``alpha * sum_{t>=1}
+  gamma^t H(pi(.|s_t))``, which is no part of the plain return. That sum is
+  estimated along the same real rollout (one sampled action per state:
+  ``H ~ -log pi(a~|s_t)``) with the loss's current ``alpha``; for critics without
+  an entropy term in their target (TD3+BC, IQL, CQL with a deterministic
+  backup) ``alpha = 0`` and both numbers agree.
+
+Used at every evaluation by :class:`~cbop_torchrl.trainers.diagnostics.LearningDiagnostics`
+and at the end of a run by :mod:`cbop_torchrl.evaluation.analysis`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from cbop_torchrl.registry import Task
+
+MC_STATES = 100
+"""Dataset states the policy is rolled out from (the paper's histograms use the whole set)."""
+
+EntropyFn = Callable[[torch.Tensor], torch.Tensor]
+"""Observations ``[N, O]`` -> a one-sample estimate of the policy's entropy ``[N]``."""
+
+
+def member_q_values(
+    qvalue_network: Any, stacked_params: TensorDictBase, obs: torch.Tensor, action: torch.Tensor
+) -> torch.Tensor:
+    """``Q_m(obs, action)`` for every member: ``[N, O], [N, A] -> [M, N]``.
+
+    One member at a time (not ``vmap``), so it works for every TorchRL loss's critic.
+    """
+    td = TensorDict({"observation": obs, "action": action}, batch_size=obs.shape[:1])
+    values = []
+    for member in range(stacked_params.shape[0]):
+        with stacked_params[member].to_module(qvalue_network):
+            values.append(qvalue_network(td.clone()).get("state_action_value").squeeze(-1))
+    return torch.stack(values)
+
+
+def restore_states(task: Task, start_obs: torch.Tensor) -> tuple[list[Any], torch.Tensor]:
+    """One gymnasium env per row of ``start_obs`` ``[E, O]``, put in that row's MuJoCo state.
+
+    The locomotion observations are ``qpos[1:]`` and ``qvel``; the x position does not
+    change the dynamics, and the observed velocities are clipped to +-10, so this is the
+    dataset state up to that clipping.
+
+    Returns:
+        The envs and their observations ``[E, O]`` after the restore.
+    """
+    envs = [gymnasium.make(task.gym_id, **task.gym_kwargs) for _ in range(start_obs.shape[0])]
+    obs = []
+    for index, env in enumerate(envs):
+        env.reset(seed=index)
+        raw = env.unwrapped
+        nq = raw.model.nq
+        state = start_obs[index].double().cpu().numpy()
+        raw.set_state(np.concatenate([[0.0], state[: nq - 1]]), state[nq - 1 :])
+        obs.append(raw._get_obs())
+    return envs, torch.as_tensor(np.stack(obs), dtype=torch.float32)
+
+
+def rollout_from_observations(
+    actor: Any,
+    task: Task,
+    start_obs: torch.Tensor,
+    gamma: float,
+    max_steps: int = 1000,
+    entropy_fn: EntropyFn | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Discounted Monte-Carlo returns of the deterministic ``actor`` from dataset states.
+
+    Each of the ``E`` environments is restored to its dataset state
+    (:func:`restore_states`); the actor is called once per step on all environments
+    still running.
+
+    Args:
+        actor: a TensorDict module writing ``action`` from ``observation`` (its parameters
+            already in place).
+        task: the gymnasium id and keyword arguments of the real environment.
+        start_obs: ``[E, O]`` dataset observations.
+        gamma: the discount.
+        max_steps: episode cap.
+        entropy_fn: when given, also accumulate ``sum_{t>=1} gamma^t entropy_fn(s_t)``
+            over the states the rollout reaches after its first step.
+
+    Returns:
+        ``[E]`` returns ``sum_t gamma^t r_t`` up to termination or ``max_steps`` and ``[E]``
+        episode lengths; with ``entropy_fn`` also the ``[E]`` discounted entropy sums.
+    """
+    envs, batch = restore_states(task, start_obs)
+    count = start_obs.shape[0]
+    returns = torch.zeros(count, dtype=torch.float64)
+    entropy = torch.zeros(count, dtype=torch.float64)
+    lengths = torch.zeros(count, dtype=torch.long)
+    alive = list(range(count))
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        for step in range(max_steps):
+            current = batch[alive].to(start_obs.device)
+            if entropy_fn is not None and step > 0:
+                entropy[alive] += gamma**step * entropy_fn(current).double().cpu()
+            td = TensorDict({"observation": current}, batch_size=[len(alive)])
+            actions = actor(td).get("action").double().cpu().numpy()
+            still = []
+            for row, index in enumerate(alive):
+                ob, reward, terminated, truncated, _ = envs[index].step(actions[row])
+                returns[index] += gamma**step * float(reward)
+                lengths[index] += 1
+                batch[index] = torch.as_tensor(ob, dtype=torch.float32)
+                if not (terminated or truncated):
+                    still.append(index)
+            alive = still
+            if not alive:
+                break
+    for env in envs:
+        env.close()
+    if entropy_fn is None:
+        return returns.float(), lengths
+    return returns.float(), lengths, entropy.float()
+
+
+def policy_entropy_fn(actor: Any) -> EntropyFn:
+    """One-sample estimates ``-log pi(a~|s)``, ``a~ ~ pi(.|s)``, of an actor's entropy."""
+
+    def entropy(obs: torch.Tensor) -> torch.Tensor:
+        dist = actor.get_dist(TensorDict({"observation": obs}, batch_size=obs.shape[:1]))
+        return -dist.log_prob(dist.sample())
+
+    return entropy
+
+
+def soft_critic_alpha(loss: Any) -> float:
+    """The entropy temperature in a SAC-style loss's critic target (``exp(log_alpha)``,
+    within the loss's bounds), as SACLoss computes it."""
+    log_alpha = loss.log_alpha.detach()
+    low, high = getattr(loss, "min_log_alpha", None), getattr(loss, "max_log_alpha", None)
+    if low is not None or high is not None:
+        log_alpha = log_alpha.clamp(low, high)
+    return float(log_alpha.exp())
+
+
+@torch.no_grad()
+def dataset_conservatism(
+    loss: Any,
+    task: Task,
+    start_obs: torch.Tensor,
+    gamma: float,
+    alpha: float = 0.0,
+    max_steps: int = 1000,
+) -> dict[str, Any]:
+    """The paper's conservatism numbers for any TorchRL loss with an actor and a Q-ensemble.
+
+    Args:
+        loss: a loss with ``actor_network(_params)`` and ``qvalue_network(_params)``
+            (CBOP's SAC loss, TD3+BC, IQL, CQL).
+        task: the real environment.
+        start_obs: ``[E, O]`` dataset states.
+        gamma: discount of the Monte-Carlo returns.
+        alpha: the entropy temperature of the critic's target (0: no entropy term).
+        max_steps: episode cap.
+
+    Returns:
+        Plain numbers (see the module doc): ``overestimation`` (mean of ``Q - MC``),
+        ``overestimation_max``, ``overestimation_no_entropy``, ``entropy_part_mean``, the
+        predicted Q (mean over members and min over members), the MC returns, and the
+        per-state ``differences``.
+    """
+    actor = loss.actor_network
+    with loss.actor_network_params.to_module(actor):
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            td = TensorDict({"observation": start_obs}, batch_size=start_obs.shape[:1])
+            action = actor(td).get("action")
+        entropy_fn = policy_entropy_fn(actor) if alpha > 0 else None
+        rollout = rollout_from_observations(
+            actor, task, start_obs, gamma, max_steps, entropy_fn=entropy_fn
+        )
+    mc_return, lengths = rollout[0].to(start_obs.device), rollout[1]
+    entropy_sum = rollout[2].to(start_obs.device) if alpha > 0 else torch.zeros_like(mc_return)
+    q = member_q_values(loss.qvalue_network, loss.qvalue_network_params, start_obs, action)
+    difference = q.mean(0) - mc_return
+    entropy_part = alpha * entropy_sum
+    return {
+        "states": int(start_obs.shape[0]),
+        "gamma": gamma,
+        "alpha": float(alpha),
+        "predicted_q_mean": float(q.mean()),
+        "predicted_q_min": float(q.min(0).values.mean()),
+        "mc_return_mean": float(mc_return.mean()),
+        "mc_return_std": float(mc_return.std(unbiased=False)),
+        "episode_length_mean": float(lengths.float().mean()),
+        "overestimation": float(difference.mean()),
+        "overestimation_max": float(difference.max()),
+        "entropy_part_mean": float(entropy_part.mean()),
+        "overestimation_no_entropy": float((difference - entropy_part).mean()),
+        "differences": difference.tolist(),
+    }
+
+
+def start_states(data: TensorDictBase, count: int, seed: int) -> torch.Tensor:
+    """``count`` dataset observations ``[count, O]``, drawn without replacement by ``seed``."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    rows = torch.randperm(data.shape[0], generator=generator)[:count]
+    return data.get("observation")[rows.to(data.device)].float()
+
+
+__all__ = [
+    "MC_STATES",
+    "dataset_conservatism",
+    "member_q_values",
+    "policy_entropy_fn",
+    "restore_states",
+    "soft_critic_alpha",
+    "rollout_from_observations",
+    "start_states",
+]
