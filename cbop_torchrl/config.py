@@ -103,6 +103,13 @@ class EstimatorMode(Choice):
 FixedWeighting = Choice("FixedWeighting", [("uniform", "uniform"), ("lambda", "lambda")])
 
 
+class QInit(Choice):
+    """How the Q-networks' weights start (before FQE)."""
+
+    torch = "torch"  # PyTorch's default Linear initialisation (TorchRL's MLP)
+    authors = "authors"  # the authors' code: fan-in weights, hidden biases 0.1, last layer +-3e-3
+
+
 class Termination(Choice):
     zero_precision = "zero_precision"
     absorb = "absorb"
@@ -141,6 +148,7 @@ ESTIMATOR_MODES = tuple(choice.value for choice in EstimatorMode)
 LOGGER_BACKENDS = tuple(choice.value for choice in LoggerBackend)
 RESUME_CHOICES = ("auto", "true", "false")  # a str key: Hydra reads true/false as booleans
 EVAL_BACKENDS = tuple(choice.value for choice in EvalBackend)
+Q_INITS = tuple(choice.value for choice in QInit)
 
 
 class ConfigError(ValueError):
@@ -153,6 +161,9 @@ class AgentConfig:
 
     num_qvalue_nets: int | None = None  # M; null: 50 for hopper, 20 otherwise
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256, 256])
+    # The Q-networks' hidden widths; null: hidden_sizes (the paper uses one size for both).
+    critic_hidden_sizes: list[int] | None = None
+    q_init: QInit = QInit.torch
     gamma: float = 0.99
     tau: float = 0.005
     actor_lr: float | None = None
@@ -200,6 +211,16 @@ class FQEConfig(PretrainConfig):
     target_tau: float = 0.005
     rounds: int | None = None  # None: soft target updates; n: n rounds of hard-target FQE
     eta: float = 0.0  # beyond the paper (opt-in): EDAC's gradient-diversity weight during FQE
+    # The authors' FQE (their pol_eval.py): each of the ``rounds`` rounds is fitted to
+    # convergence instead of ``steps // rounds`` steps: epochs over the data (each member its
+    # own resample per epoch), early stopping on ``holdout`` held-out rows after ``patience``
+    # epochs without a relative improvement of ``improvement``, at most ``max_epochs``, and the
+    # best held-out weights of each member kept. ``steps`` and ``target_tau`` are then unused.
+    converge: bool = False
+    max_epochs: int = 100
+    patience: int = 5
+    holdout: int = 1000
+    improvement: float = 0.01
 
     # FQE as the paper's Algorithm 2 (Le et al. 2019): ``rounds`` rounds of
     # ``steps // rounds`` gradient steps, each regressing on targets from the
@@ -513,6 +534,9 @@ def validate(config: RunConfig) -> list[str]:
         "fqe.lr",
         "fqe.checkpoint_interval",
         "fqe.target_tau",
+        "fqe.max_epochs",
+        "fqe.patience",
+        "fqe.holdout",
         "agent.num_qvalue_nets",
         "agent.actor_lr",
         "agent.critic_lr",
@@ -532,6 +556,26 @@ def validate(config: RunConfig) -> list[str]:
     if not all(isinstance(size, int) and size >= 1 for size in config.agent.hidden_sizes):
         problems.append(
             f"agent.hidden_sizes={list(config.agent.hidden_sizes)!r} must list layer widths >= 1"
+        )
+    critic_sizes = config.agent.critic_hidden_sizes
+    if critic_sizes is not None and not all(
+        isinstance(size, int) and size >= 1 for size in critic_sizes
+    ):
+        problems.append(
+            f"agent.critic_hidden_sizes={list(critic_sizes)!r} must be null (agent.hidden_sizes) "
+            "or list layer widths >= 1, e.g. agent.critic_hidden_sizes=[128,128]"
+        )
+    if config.agent.q_init not in Q_INITS:
+        problems.append(f"agent.q_init={config.agent.q_init!r} must be one of {Q_INITS}")
+    if config.fqe.converge and config.fqe.rounds is None:
+        problems.append(
+            "fqe.converge=true fits each FQE round to convergence and needs a number of rounds: "
+            "add fqe.rounds=5 (the authors' README), or set fqe.converge=false"
+        )
+    if not 0 < config.fqe.improvement < 1:
+        problems.append(
+            f"fqe.improvement={config.fqe.improvement!r} must be in (0, 1) (the relative "
+            "held-out improvement that counts, e.g. 0.01)"
         )
     if estimator.psi is not None and not estimator.psi >= 0:
         problems.append(

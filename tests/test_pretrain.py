@@ -19,7 +19,12 @@ from cbop_torchrl.objectives.pretrain import (
     bootstrap_counts,
     member_action_gradients,
 )
-from cbop_torchrl.trainers.pretrain import _sampler, fqe_target_update, run_supervised_stage
+from cbop_torchrl.trainers.pretrain import (
+    _sampler,
+    fit_fqe_rounds_to_convergence,
+    fqe_target_update,
+    run_supervised_stage,
+)
 
 OBS, ACT = 4, 2
 
@@ -201,3 +206,53 @@ def test_fqe_diversity_term_matches_cbop_loss_and_decorrelates_members(tmp_path:
         return float(gradient_diversity_penalty(grad).mean())
 
     assert final_penalty(1.0) < final_penalty(0.0) - 0.3
+
+
+def converged_fqe(work_dir: Path, rounds: int, init: str = "authors") -> FittedQEvaluationLoss:
+    torch.manual_seed(0)
+    qnets = make_qvalue_ensemble(3, OBS, ACT, (32, 32), init=init)
+    loss = FittedQEvaluationLoss(qnets, gamma=0.5)
+    config = FQEConfig(
+        batch_size=64, lr=3e-3, rounds=rounds, converge=True, max_epochs=40, patience=3,
+        holdout=100,
+    )  # fmt: skip
+    generator = torch.Generator().manual_seed(1)
+    fit_fqe_rounds_to_convergence(loss, transitions(400), config, generator, work_dir)
+    return loss
+
+
+def test_converged_fqe_rounds_reach_the_few_step_value_and_resume_per_round(
+    tmp_path: Path,
+) -> None:
+    """The authors' FQE: each round fitted until held-out MSE stalls. From Q ~ 0 (their init:
+    last layer +-3e-3, biases 0.1), reward 1 and gamma 0.5, round 1 fits Q ~ 1 + 0.5 Q_0 and
+    round 2 Q ~ 1.5 + 0.25 Q_0: the few-step value, fitted closely in every member."""
+    loss = converged_fqe(tmp_path / "a", rounds=2)
+    data = transitions(400)
+    with torch.no_grad():
+        q = loss.ensemble_q(data, loss.qvalue_network_params).squeeze(-1)  # [M, N]
+        target_q = loss.ensemble_q(data, loss.target_qvalue_network_params).squeeze(-1)
+    assert q.mean().item() == pytest.approx(1.5, abs=0.1)
+    assert (q.mean(-1) - 1.5).abs().max().item() < 0.15  # every member, not just the mean
+    torch.testing.assert_close(q, target_q)  # the target copies the final round's weights
+    # Stopped after round 1, then resumed: the same parameters as the uninterrupted stage.
+    converged_fqe(tmp_path / "b", rounds=1)
+    assert torch.load(tmp_path / "b" / "partial.pt", weights_only=True)["round"] == 1
+    resumed = converged_fqe(tmp_path / "b", rounds=2)
+    for key, value in loss.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key
+
+
+def test_authors_q_init_starts_every_member_near_the_bias() -> None:
+    torch.manual_seed(0)
+    data = transitions(64)
+    authors = FittedQEvaluationLoss(make_qvalue_ensemble(4, OBS, ACT, (32, 32), init="authors"))
+    default = FittedQEvaluationLoss(make_qvalue_ensemble(4, OBS, ACT, (32, 32)))
+    with torch.no_grad():
+        q_authors = authors.ensemble_q(data, authors.qvalue_network_params)
+        q_default = default.ensemble_q(data, default.qvalue_network_params)
+    # Output layer +-3e-3 over 32 hidden units of about 0.1-1: |Q| well below 0.1.
+    assert q_authors.abs().max().item() < 0.1
+    assert q_default.abs().max().item() > 0.1
+    with pytest.raises(ValueError, match="init='bogus'"):
+        make_qvalue_ensemble(1, OBS, ACT, (8,), init="bogus")

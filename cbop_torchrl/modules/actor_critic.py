@@ -160,13 +160,40 @@ def make_deterministic_actor(
     )
 
 
+AUTHORS_HIDDEN_BIAS = 0.1
+AUTHORS_LAST_LAYER_SCALE = 3e-3
+
+
+@torch.no_grad()
+def authors_q_init(net: nn.Module) -> None:
+    """The Q-network initialisation of the authors' code (rlkit's ``fanin_init``).
+
+    Hidden layers: weights uniform in ``+-1/sqrt(fan_in)``, biases ``0.1``; the output
+    layer: weights and bias uniform in ``+-3e-3``, so every member starts near 0.1 * (the
+    sum of its last hidden layer's activations) and the members differ only by their
+    hidden weights.
+    """
+    layers = [module for module in net.modules() if isinstance(module, nn.Linear)]
+    for layer in layers[:-1]:
+        bound = layer.weight.shape[1] ** -0.5
+        layer.weight.uniform_(-bound, bound)
+        layer.bias.fill_(AUTHORS_HIDDEN_BIAS)
+    layers[-1].weight.uniform_(-AUTHORS_LAST_LAYER_SCALE, AUTHORS_LAST_LAYER_SCALE)
+    layers[-1].bias.uniform_(-AUTHORS_LAST_LAYER_SCALE, AUTHORS_LAST_LAYER_SCALE)
+
+
 def make_qvalue(
     obs_dim: int,
     action_dim: int,
     hidden_sizes: tuple[int, ...] = (256, 256, 256),
     device: torch.device | str | None = None,
+    init: str = "torch",
 ) -> ValueOperator:
-    """One Q-network ``(observation, action) -> state_action_value [..., 1]``."""
+    """One Q-network ``(observation, action) -> state_action_value [..., 1]``.
+
+    ``init``: ``"torch"`` keeps PyTorch's default ``Linear`` initialisation;
+    ``"authors"`` applies :func:`authors_q_init`.
+    """
     net = MLP(
         in_features=obs_dim + action_dim,
         out_features=1,
@@ -174,6 +201,10 @@ def make_qvalue(
         activation_class=nn.ReLU,
         device=device,
     )
+    if init == "authors":
+        authors_q_init(net)
+    elif init != "torch":
+        raise ValueError(f"init={init!r}: use 'torch' or 'authors'")
     return ValueOperator(net, in_keys=["observation", "action"])
 
 
@@ -183,10 +214,13 @@ def make_qvalue_ensemble(
     action_dim: int,
     hidden_sizes: tuple[int, ...] = (256, 256, 256),
     device: torch.device | str | None = None,
+    init: str = "torch",
 ) -> list[ValueOperator]:
-    """``num_members`` independently initialised Q-networks.
+    """``num_members`` independently initialised Q-networks (``init`` as :func:`make_qvalue`).
 
     Passed to ``SACLoss`` as a list (not one module with ``expand_dim``) so
-    that every member keeps its own default initialisation.
+    that every member keeps its own initialisation.
     """
-    return [make_qvalue(obs_dim, action_dim, hidden_sizes, device) for _ in range(num_members)]
+    return [
+        make_qvalue(obs_dim, action_dim, hidden_sizes, device, init) for _ in range(num_members)
+    ]

@@ -125,16 +125,22 @@ class StageClock:
             self._current = None
 
 
+def critic_hidden_sizes(config: RunConfig) -> list[int]:
+    """The Q-networks' widths: ``agent.critic_hidden_sizes``, else ``agent.hidden_sizes``."""
+    sizes = config.agent.critic_hidden_sizes
+    return list(config.agent.hidden_sizes if sizes is None else sizes)
+
+
 def build_cbop_loss(
     config: RunConfig, info: DatasetInfo, dynamics: Any, device: torch.device
 ) -> tuple[CBOPLoss, Any]:
     """The CBOP loss (actor, M Q-networks, the estimator on ``dynamics``) and its actor."""
     obs_dim, action_dim = info.obs_dim, info.action_dim
-    hidden = tuple(config.agent.hidden_sizes)
-    actor = make_actor(obs_dim, action_dim, hidden, device=device)
+    actor = make_actor(obs_dim, action_dim, tuple(config.agent.hidden_sizes), device=device)
     qnets = make_qvalue_ensemble(
-        config.agent.num_qvalue_nets, obs_dim, action_dim, hidden, device=device
-    )
+        config.agent.num_qvalue_nets, obs_dim, action_dim, tuple(critic_hidden_sizes(config)),
+        device=device, init=config.agent.q_init,
+    )  # fmt: skip
     estimator = config.estimator
     loss = CBOPLoss(
         actor,
@@ -467,9 +473,9 @@ def fitted_q_evaluation_stage(run: OfflineRun, data: TensorDictBase) -> tuple[di
     config, info = run.config, run.info
     run.clock.start("fqe", f"{config.fqe.steps} steps, M={config.agent.num_qvalue_nets}")
     return load_or_train_fqe(
-        data, info.fingerprint, info.obs_dim, info.action_dim, run.hidden_sizes,
+        data, info.fingerprint, info.obs_dim, info.action_dim, critic_hidden_sizes(config),
         config.agent.num_qvalue_nets, config.agent.gamma, config.fqe,
-        config.seed, config.progress, run.log,
+        config.seed, config.progress, run.log, q_init=config.agent.q_init,
     )  # fmt: skip
 
 

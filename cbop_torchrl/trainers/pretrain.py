@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.checkpoint import GlobalRNGState
 from torchrl.data import ReplayBuffer
 from torchrl.objectives import LossModule, SoftUpdate
@@ -226,6 +226,147 @@ def fqe_target_update(loss: LossModule, config: FQEConfig) -> Callable[[int], No
     return update
 
 
+TARGET_CHUNK = 16_384
+"""Rows per forward pass when a round's targets are computed."""
+
+
+@torch.no_grad()
+def fqe_round_targets(loss: FittedQEvaluationLoss, data: TensorDictBase) -> torch.Tensor:
+    """``y = r + gamma * (1 - terminated) * mean_m Q'_m(s', a'_data)`` for every row ``[N]``."""
+    targets = []
+    for start in range(0, data.shape[0], TARGET_CHUNK):
+        chunk = data[start : start + TARGET_CHUNK]
+        next_inputs = TensorDict(
+            {
+                "observation": chunk.get(("next", "observation")),
+                "action": chunk.get(("next", "action")),
+            },
+            batch_size=chunk.batch_size,
+        )
+        next_q = loss.ensemble_q(next_inputs, loss.target_qvalue_network_params).mean(0)
+        reward = chunk.get(("next", "reward"))
+        continues = (~chunk.get(("next", "terminated"))).to(reward.dtype)
+        targets.append((reward + loss.gamma * continues * next_q).squeeze(-1))
+    return torch.cat(targets)
+
+
+@torch.no_grad()
+def member_holdout_mse(
+    loss: FittedQEvaluationLoss, inputs: TensorDictBase, targets: torch.Tensor
+) -> torch.Tensor:
+    """Each member's mean squared error on held-out rows: ``[H]`` rows -> ``[M]``."""
+    q = loss.ensemble_q(inputs, loss.qvalue_network_params).squeeze(-1)  # [M, H]
+    return (q - targets).pow(2).mean(-1)
+
+
+def member_batch_loss(
+    loss: FittedQEvaluationLoss, inputs: TensorDictBase, targets: torch.Tensor
+) -> torch.Tensor:
+    """Summed over members, each member's MSE on its own batch: ``[M, B]`` rows -> scalar."""
+    network = loss.qvalue_network
+
+    def member_q(params: TensorDictBase, member_inputs: TensorDictBase) -> torch.Tensor:
+        with params.to_module(network):
+            return network(member_inputs.copy()).get("state_action_value")
+
+    q = torch.vmap(member_q, randomness="different")(loss.qvalue_network_params, inputs)
+    return (q.squeeze(-1) - targets).pow(2).mean(-1).sum()
+
+
+def fit_fqe_rounds_to_convergence(
+    loss: FittedQEvaluationLoss,
+    data: TensorDictBase,
+    config: FQEConfig,
+    generator: torch.Generator,
+    work_dir: Path,
+    log_fn: LogFn | None = None,
+) -> None:
+    """The authors' FQE (``rlkit/trainers/pol_eval.py`` in jihwan-jeong/CBOP), in place.
+
+    ``config.rounds`` rounds. Each round computes the targets of every row once with the
+    target ensemble (:func:`fqe_round_targets`; the first round's is the freshly
+    initialised ensemble), holds out ``min(config.holdout, N // 5)`` random rows, and fits
+    the online ensemble to convergence: epochs of ``ceil(N_train / batch_size)`` Adam steps
+    in which every member draws its own ``N_train`` rows with replacement; after each
+    epoch each member's held-out MSE is measured, a member whose MSE fell by more than
+    ``config.improvement`` (relative) keeps those weights as its best, and the round ends
+    after ``config.patience`` epochs in which no member improved (or ``config.max_epochs``).
+    Every member then takes its best weights and the target ensemble copies them. One Adam
+    serves all rounds. After each round ``work_dir/partial.pt`` holds the state, so a
+    killed stage resumes at its last finished round (and gives the same result).
+    """
+    data_rows = data.shape[0]
+    num_members = loss.num_members
+    holdout = min(config.holdout, data_rows // 5)
+    params = loss.qvalue_network_params
+    optimizer = torch.optim.Adam(loss.parameters(), lr=config.lr)
+    copy_to_target = SoftUpdate(loss, tau=1.0)
+    rng = GlobalRNGState()
+    partial = work_dir / "partial.pt"
+    first_round = 0
+    if (state := read_cached_stage(partial)) is not None:
+        loss.load_state_dict(state["loss"])
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["generator"])
+        rng.load_state_dict(state["rng"])
+        first_round = int(state["round"])
+    inputs = data.select("observation", "action")
+    for round_index in range(first_round, config.rounds):
+        targets = fqe_round_targets(loss, data)
+        order = torch.randperm(data_rows, generator=generator, device=data.device)
+        test_rows, train_rows = order[:holdout], order[holdout:]
+        test_inputs, test_targets = inputs[test_rows], targets[test_rows]
+        best_mse = member_holdout_mse(loss, test_inputs, test_targets)
+        best_params = params.data.clone()
+        epochs, stale = 0, 0
+        while stale < config.patience and epochs < config.max_epochs:
+            draws = train_rows[
+                torch.randint(
+                    train_rows.numel(), (num_members, train_rows.numel()),
+                    generator=generator, device=data.device,
+                )
+            ]  # fmt: skip
+            for start in range(0, train_rows.numel(), config.batch_size):
+                rows = draws[:, start : start + config.batch_size]  # [M, B]
+                batch_loss = member_batch_loss(loss, inputs[rows], targets[rows])
+                optimizer.zero_grad(set_to_none=True)
+                batch_loss.backward()
+                if not torch.isfinite(batch_loss):
+                    raise NonFiniteLossError(
+                        f"the fqe stage hit a non-finite loss in round {round_index + 1}, epoch "
+                        f"{epochs + 1}; nothing was trained on it. Check the dataset for extreme "
+                        "values or lower fqe.lr."
+                    )
+                optimizer.step()
+            epochs += 1
+            mse = member_holdout_mse(loss, test_inputs, test_targets)
+            improved = (best_mse - mse) / best_mse.abs().clamp_min(1e-12) > config.improvement
+            best_mse = torch.where(improved, mse, best_mse)
+            best_params[improved] = params.data[improved]
+            stale = 0 if bool(improved.any()) else stale + 1
+        params.data.copy_(best_params)
+        copy_to_target.step()
+        if log_fn is not None:
+            log_fn(
+                {
+                    "fqe/round_epochs": float(epochs),
+                    "fqe/holdout_mse": float(best_mse.mean()),
+                    "fqe/target_mean": float(targets.mean()),
+                },
+                round_index + 1,
+            )
+        atomic_torch_save(
+            {
+                "loss": loss.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "generator": generator.get_state(),
+                "rng": rng.state_dict(),
+                "round": round_index + 1,
+            },
+            partial,
+        )
+
+
 def load_or_train_fqe(
     data: TensorDictBase,
     fingerprint: str,
@@ -238,8 +379,13 @@ def load_or_train_fqe(
     seed: int,
     progress: bool = True,
     log_fn: LogFn | None = None,
+    q_init: str = "torch",
 ) -> tuple[dict[str, torch.Tensor], bool]:
     """FQE of the behaviour policy for an M-member Q-ensemble.
+
+    ``config.converge`` runs the authors' scheme (:func:`fit_fqe_rounds_to_convergence`),
+    otherwise ``config.steps`` steps of :func:`run_supervised_stage`. ``q_init`` is the
+    Q-networks' initialisation (:func:`~cbop_torchrl.modules.actor_critic.make_qvalue`).
 
     Returns:
         The :class:`FittedQEvaluationLoss` state dict (``qvalue_network_params.*``
@@ -253,6 +399,7 @@ def load_or_train_fqe(
         "members": num_members,
         "gamma": gamma,
         "seed": seed,
+        "init": str(q_init),
     }
     work_dir = _stage_dir("fqe", key)
     result = work_dir / "result.pt"
@@ -272,14 +419,21 @@ def load_or_train_fqe(
         fqe_data.set(ROW_KEY, torch.arange(fqe_data.shape[0], device=data.device))
         counts = bootstrap_counts(num_members, fqe_data.shape[0]).to(data.device)
         qnets = make_qvalue_ensemble(
-            num_members, obs_dim, action_dim, tuple(hidden_sizes), device=data.device
+            num_members, obs_dim, action_dim, tuple(hidden_sizes), data.device, str(q_init)
         )
-        loss = FittedQEvaluationLoss(qnets, gamma=gamma, bootstrap_weights=counts, eta=config.eta)
-        buffer, generator = _sampler(fqe_data, config.batch_size, seed + FQE_SEED_OFFSET)
-        run_supervised_stage(
-            "fqe", loss, buffer, generator, config, work_dir, progress, log_fn,
-            fqe_target_update(loss, config),
-        )  # fmt: skip
+        if config.converge:
+            loss = FittedQEvaluationLoss(qnets, gamma=gamma, eta=config.eta)
+            generator = torch.Generator(device=data.device).manual_seed(seed + FQE_SEED_OFFSET)
+            fit_fqe_rounds_to_convergence(loss, fqe_data, config, generator, work_dir, log_fn)
+        else:
+            loss = FittedQEvaluationLoss(
+                qnets, gamma=gamma, bootstrap_weights=counts, eta=config.eta
+            )
+            buffer, generator = _sampler(fqe_data, config.batch_size, seed + FQE_SEED_OFFSET)
+            run_supervised_stage(
+                "fqe", loss, buffer, generator, config, work_dir, progress, log_fn,
+                fqe_target_update(loss, config),
+            )  # fmt: skip
         state = {k: v.detach().cpu() for k, v in loss.state_dict().items()}
         atomic_torch_save({"qvalue": state}, result)
         (work_dir / "partial.pt").unlink(missing_ok=True)
