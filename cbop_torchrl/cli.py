@@ -41,30 +41,54 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from cbop_torchrl.baselines import AlgoConfig
-from cbop_torchrl.config import Choice, EvalBackend, RunConfig, not_a_number_or_empty, run_name
+from cbop_torchrl.config import (
+    Choice,
+    DynamicsActivation,
+    DynamicsConfig,
+    EvalBackend,
+    RunConfig,
+    not_a_number_or_empty,
+    run_name,
+)
 from cbop_torchrl.data.collect_sac import SACConfig
 from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.registry import parse_d4rl_id
-from cbop_torchrl.trainers.dynamics import DynamicsConfig
+from cbop_torchrl.trainers.logging import ProgressLines
 from cbop_torchrl.trainers.rundir import LOCK_NAME
-from cbop_torchrl.utils import cache_root, program_command, unwritable_reason
+from cbop_torchrl.utils import (
+    cache_root,
+    program_command,
+    running_program,
+    unwritable_reason,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 """The Hydra configs, inside the package so that an installed wheel has them too."""
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a process stopped by Ctrl-C
+RESUMABLE_CONFIGS = frozenset(("config", "config_paper", "baseline"))
+"""The programs whose interrupted run continues where it stopped when run again."""
 
 
 @dataclass
-class DynamicsSchema(DynamicsConfig):
-    """:class:`DynamicsConfig` as a schema: sizes may be null (the paper preset's "from the
+class TrainDynamicsSchema(DynamicsConfig):
+    """:class:`DynamicsConfig` as a schema: the activation is a choice, so a name the ensemble
+    does not know is refused while Hydra composes the config (before any stage)."""
+
+    activation: DynamicsActivation = DynamicsActivation.silu
+
+    def __post_init__(self) -> None:  # checked on the plain config, not on the schema
+        pass
+
+
+@dataclass
+class DynamicsSchema(TrainDynamicsSchema):
+    """:class:`TrainDynamicsSchema` with nullable sizes (the paper preset's "from the
     table"); :func:`cbop_torchrl.config.load_config` fills and checks them."""
 
     num_members: int | None = 30
     num_elites: int | None = 20
-
-    def __post_init__(self) -> None:  # checked on the filled config, not on the schema
-        pass
 
 
 @dataclass
@@ -72,6 +96,7 @@ class RunSchema(RunConfig):
     """``scripts/cbop.py``: :class:`RunConfig` with the dynamics sizes nullable."""
 
     dynamics: DynamicsSchema = field(default_factory=DynamicsSchema)
+    progress: bool | None = None  # null: by the terminal (resolve_progress)
 
 
 @dataclass
@@ -128,7 +153,7 @@ class CollectConfig:
     rollout_transitions: int = 1_000_000
     rollout_exploration: RolloutExploration = RolloutExploration.random
     num_threads: int = 1
-    progress: bool = True
+    progress: bool | None = None  # null: by the terminal (resolve_progress)
     compression: Compression | None = Compression.gzip
     compression_level: int = 4
     sac: SACConfig = field(default_factory=SACConfig)
@@ -143,9 +168,9 @@ class TrainDynamicsConfig:
     device: str = "auto"
     threads: int | None = None
     use_cache: bool = True
-    progress: bool = True
+    progress: bool | None = None  # null: by the terminal (resolve_progress)
     output_dir: str = MISSING
-    dynamics: DynamicsConfig = field(default_factory=DynamicsConfig)
+    dynamics: TrainDynamicsSchema = field(default_factory=TrainDynamicsSchema)
 
 
 @dataclass
@@ -159,7 +184,7 @@ class SelectPsiConfig:
     device: str = "auto"
     threads: int | None = None
     json: str | None = None  # also write the rankings to this file
-    progress: bool = True
+    progress: bool | None = None  # null: by the terminal (resolve_progress)
     task: TaskConfig = field(default_factory=TaskConfig)
 
 
@@ -544,11 +569,16 @@ def hydra_entry(
                 refuse("; ".join(problems), run_dir)
             if uses_cache:
                 check_cache_writable(run_dir)
+            lines = resolve_progress(cfg)
             try:
                 result = task_function(cfg)
             except Exception as error:
                 raised_by_task.append(error)
                 raise
+            finally:
+                if lines is not None:
+                    lines.close_bars()
+                    sys.stderr = lines.stream
             if not user_full_error and not raised_by_task:
                 # A multirun composes its next job's config after this job ends: raised
                 # (not reported by Hydra), a bad value there is refused like the first job's.
@@ -581,6 +611,8 @@ def hydra_entry(
 
             try:
                 return hydra_main()
+            except KeyboardInterrupt:
+                interrupted(config_name)
             except SystemExit as exit_:
                 if exit_.code == 1 and not started:
                     sys.exit(EXIT_BAD_INPUT)
@@ -605,6 +637,37 @@ def hydra_entry(
         return main
 
     return decorate
+
+
+def resolve_progress(cfg: DictConfig) -> ProgressLines | None:
+    """Turns ``progress: null`` (the default) into bars that suit where stderr goes.
+
+    On a terminal: live bars (``progress=true``). Otherwise (a file, a pipe, ``nohup``, a
+    cluster job): bars too, but ``sys.stderr`` becomes a :class:`ProgressLines` that keeps a
+    few whole lines per bar; it is returned so the caller restores ``sys.stderr`` after the
+    task. An explicit ``progress=true|false`` is left as it is (None returned).
+    """
+    if "progress" not in cfg or cfg.progress is not None:
+        return None
+    cfg.progress = True
+    if sys.stderr.isatty():
+        return None
+    lines = ProgressLines(sys.stderr)
+    sys.stderr = lines
+    return lines
+
+
+def interrupted(config_name: str) -> NoReturn:
+    """Ctrl-C (SIGINT): one line saying how to go on, and exit code 130 (128 + SIGINT)."""
+    program = running_program()
+    start = [program_command(program)] if program else [sys.executable, sys.argv[0]]
+    command = shlex.join([*start, *sys.argv[1:]])
+    if config_name in RESUMABLE_CONFIGS:
+        how = f"resume with the same command (it continues from the last checkpoint): {command}"
+    else:
+        how = f"run the same command to start again: {command}"
+    print(f"\ninterrupted; {how}", file=sys.stderr)
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def run_entry(main: Callable[[], Any], argv: Sequence[str] | None = None) -> int:

@@ -255,7 +255,7 @@ def test_gym_kwargs_are_added_with_a_plus_and_the_error_says_so(tmp_path: Path) 
             ["estimator.rollout_dtype=float16"],
             "estimator.rollout_dtype must be one of float32, bfloat16, auto",
         ),
-        ("config", ["progress=maybe"], "progress must be true or false"),
+        ("config", ["progress=maybe"], "progress must be null or true or false"),
         ("config", ["agent.hidden_sizes=[64,x]"], "item 1 ('x') is not an integer"),
         ("config", ["agent.hidden_sizes=3"], "e.g. agent.hidden_sizes=[256,256,256]"),
         ("config", ["estimator.psii=1"], "(did you mean estimator.psi?); the keys of estimator"),

@@ -114,9 +114,110 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path) -> dict[str,
     from cbop_torchrl.trainers.offline import run_pipeline
 
     config, info, data, filled = _load(config_values(_as_config(cfg, "run")))
-    if config.progress and filled:
-        print(f"[cbop] paper settings for {info.name}: {', '.join(filled)}")
+    if config.progress:
+        print(run_banner(config, info.name, Path(run_dir), filled), flush=True)
     return run_pipeline(config, info, data, Path(run_dir))
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working directory when it is inside it, else absolute."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _where(config: Any, dataset: str, run_dir: Path) -> str:
+    import torch
+
+    from cbop_torchrl.utils import resolve_device
+
+    threads = config.threads if config.threads is not None else torch.get_num_threads()
+    return (
+        f"{dataset}, preset {config.preset}, seed {config.seed}, on "
+        f"{resolve_device(config.device)} with {threads} thread{'s' * (threads != 1)}; run "
+        f"directory {_shown_path(run_dir)}"
+    )
+
+
+def _same_budget_override(total: int, steps_per_epoch: int) -> str:
+    """The baseline overrides that train ``total`` gradient steps."""
+    if total % steps_per_epoch == 0:
+        return f"train.epochs={total // steps_per_epoch}"
+    return f"train.epochs=1 train.steps_per_epoch={total}"
+
+
+def pipeline_steps(config: Any) -> int:
+    """CBOP's gradient steps over its whole pipeline: BC + FQE + the CBOP stage."""
+    return int(config.bc.steps) + int(config.fqe.steps) + config.train.total_steps
+
+
+def run_banner(config: Any, dataset: str, run_dir: Path, filled: Sequence[str] = ()) -> str:
+    """The lines ``cbop-train`` prints first: where the run goes and each stage's settings.
+
+    ``filled``: the dotted keys taken from the paper's table (their values are listed).
+    """
+    dynamics, agent, estimator = config.dynamics, config.agent, config.estimator
+    train = config.train
+    rollout = str(estimator.rollout_dtype)
+    if rollout == "auto":
+        rollout = "auto (bfloat16 where faster and accurate enough, measured before the stage)"
+    evaluation = f"{config.eval.episodes} episodes of up to {config.eval.max_steps} steps"
+    if config.eval.interval:
+        evaluation += f", every {config.eval.interval} gradient steps and at the end"
+    else:
+        evaluation += ", at the end"
+    total = pipeline_steps(config)
+    lines = [
+        f"[cbop] {_where(config, dataset, run_dir)}",
+        f"[cbop]   dynamics: {dynamics.num_members} members, K={dynamics.num_elites} elites, "
+        f"{dynamics.num_layers}x{dynamics.hidden_size} {dynamics.activation}, up to "
+        f"{dynamics.max_epochs or 'as many as improve'} epochs, batch {dynamics.batch_size}",
+        f"[cbop]   bc: {config.bc.steps} steps, batch {config.bc.batch_size}",
+        f"[cbop]   fqe: {config.fqe.steps} steps, batch {config.fqe.batch_size}, "
+        f"M={agent.num_qvalue_nets}",
+        f"[cbop]   cbop: {train.total_steps} gradient steps ({train.epochs} x "
+        f"{train.steps_per_epoch}), batch {train.batch_size}, psi={estimator.psi}, "
+        f"M={agent.num_qvalue_nets}, K={dynamics.num_elites}, H={estimator.horizon}, "
+        f"{estimator.mode} targets, rollout dtype {rollout}",
+        f"[cbop]   eval: {evaluation}",
+        f"[cbop] {total} gradient steps in all (BC {config.bc.steps} + FQE {config.fqe.steps} "
+        f"+ CBOP {train.total_steps}); a baseline with the same budget: cbop-baseline "
+        f"algo=<name> {_same_budget_override(total, train.steps_per_epoch)}",
+    ]
+    if filled:
+        values = ", ".join(f"{key}={_value_of(config, key)}" for key in filled)
+        lines.append(f"[cbop] from the paper's table for {dataset}: {values}")
+    return "\n".join(lines)
+
+
+def _value_of(config: Any, dotted: str) -> Any:
+    section, _, name = dotted.partition(".")
+    return getattr(getattr(config, section), name)
+
+
+def baseline_banner(config: Any, algo: str, dataset: str, run_dir: Path) -> str:
+    """The lines ``cbop-baseline`` prints first, with its budget beside CBOP's."""
+    train = config.train
+    total = pipeline_steps(config)
+    if total == train.total_steps:
+        budget = "the same as CBOP's whole pipeline with these settings"
+    else:
+        budget = (
+            f"CBOP's whole pipeline with these settings trains {total} (BC {config.bc.steps} + "
+            f"FQE {config.fqe.steps} + CBOP {train.total_steps}); for the same budget add "
+            f"{_same_budget_override(total, train.steps_per_epoch)}"
+        )
+    return "\n".join(
+        [
+            f"[baseline] {algo}: {_where(config, dataset, run_dir)}",
+            f"[baseline]   train: {train.total_steps} gradient steps (train.epochs="
+            f"{train.epochs} x train.steps_per_epoch={train.steps_per_epoch}), batch "
+            f"{train.batch_size}, hidden {'x'.join(map(str, config.agent.hidden_sizes))}",
+            f"[baseline]   budget: {budget}",
+        ]
+    )
 
 
 def train_baseline(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
@@ -135,6 +236,8 @@ def train_baseline(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path) -> 
     if values.get("estimator", {}).get("psi") is None:
         values.setdefault("estimator", {})["psi"] = 0.0
     config, info, data, _ = _load(values)
+    if config.progress:
+        print(baseline_banner(config, algo.name, info.name, Path(run_dir)), flush=True)
     return run_baseline(config, algo, info, data, Path(run_dir))
 
 
