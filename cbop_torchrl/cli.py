@@ -38,7 +38,11 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
+from omegaconf.errors import (
+    InterpolationKeyError,
+    InterpolationResolutionError,
+    OmegaConfBaseException,
+)
 
 from cbop_torchrl.baselines import AlgoConfig
 from cbop_torchrl.config import (
@@ -47,6 +51,7 @@ from cbop_torchrl.config import (
     DynamicsConfig,
     EvalBackend,
     RunConfig,
+    capped_threads,
     not_a_number_or_empty,
     run_name,
 )
@@ -483,13 +488,39 @@ def describe_hydra_error(error: BaseException, config_name: str) -> str | None:
             "--cfg all --resolve to see them resolved with the job's settings, or --cfg hydra "
             "without --resolve"
         )
+    if isinstance(error, InterpolationResolutionError):
+        return describe_interpolation_error(error)
+    # Hydra's file logger that cannot open its log raises ValueError from the OSError
+    while not isinstance(error, OSError) and (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
     if isinstance(error, OSError) and error.filename is not None:
         key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(sys.argv[1:]) else "hydra.run.dir"
         return (
-            f"cannot create the run directory: {error.strerror}: {str(error.filename)!r}. Run "
+            f"cannot create the run directory or write in it: {error.strerror}: "
+            f"{str(error.filename)!r}. Run "
             f"from a directory you can write to, or pass {key}=<a writable directory>"
         )
     return None
+
+
+def describe_interpolation_error(error: OmegaConfBaseException) -> str:
+    """One paragraph for a ``${...}`` in the config that cannot be resolved.
+
+    On the command line ``seed='${seed}'`` refers to itself and ``${oc.env:NAME}`` to an
+    environment variable that may be unset; OmegaConf's report is a long traceback.
+    """
+    reason = str(getattr(error, "msg", None) or error).splitlines()[0].rstrip(".")
+    reason = reason.removeprefix("KeyError raised while resolving interpolation: ")
+    given = [arg for arg in sys.argv[1:] if "${" in arg]
+    where = ", ".join(given) if given else f"{getattr(error, 'full_key', None) or 'a setting'}"
+    key = given[0].partition("=")[0].lstrip("+~") if given else "seed"
+    example = f"{key}={'0' if key == 'seed' else '<value>'}"
+    return (
+        f"cannot resolve the interpolation in {where}: {reason}. On the command line, "
+        "${other.key} takes another setting's value (never the key's own) and "
+        "${oc.env:NAME} an environment variable, which must be set (or give a default: "
+        f"${{oc.env:NAME,default}}); or give the value itself, e.g. {example}"
+    )
 
 
 def wants_paper_preset(overrides: Sequence[str]) -> bool:
@@ -551,6 +582,15 @@ def hydra_entry(
             if not user_full_error:  # from here on Hydra reports failures its own way
                 os.environ.pop("HYDRA_FULL_ERROR", None)
             run_dir = HydraConfig.get().runtime.output_dir
+            try:  # a ${...} that cannot be resolved fails here, not in the middle of the work
+                OmegaConf.to_container(cfg, resolve=True)
+            except InterpolationResolutionError as error:
+                refuse(describe_interpolation_error(error), run_dir)
+            for key in ("threads", "num_threads"):
+                if key in cfg:
+                    cfg[key], note = capped_threads(cfg[key])
+                    if note is not None:
+                        print(f"note: {note}", file=sys.stderr)
             if extra := unknown_keys(cfg, CONFIG_SCHEMAS[config_name]):
                 refuse(
                     f"{', '.join(extra)}: not a setting of this script (added with +); see "

@@ -21,7 +21,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -474,6 +476,9 @@ def load_config(
             non-positive sizes, unknown choices.
     """
     values = copy.deepcopy(dict(values))
+    values["threads"], note = capped_threads(values.get("threads"))
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr)
     if values.get("progress") is None:  # the programs decide by the terminal; the API shows bars
         values["progress"] = True
     problems = _unknown_keys(values, RunConfig, "")
@@ -678,6 +683,16 @@ def validate(config: RunConfig) -> list[str]:
         problems.append(
             f"logger.backend={config.logger.backend!r} must be one of {LOGGER_BACKENDS}"
         )
+    project = config.logger.project
+    if config.logger.backend == "wandb" and (
+        not isinstance(project, str)
+        or not 0 < len(project) <= 128
+        or any(char in WANDB_PROJECT_FORBIDDEN for char in project)
+    ):
+        problems.append(
+            f"logger.project={project!r} is not a wandb project name: 1 to 128 characters, "
+            f"none of {' '.join(WANDB_PROJECT_FORBIDDEN)} (e.g. logger.project=cbop-torchrl)"
+        )
     if config.logger.mode not in ("online", "offline", "disabled"):
         problems.append(
             f"logger.mode={config.logger.mode!r} must be one of online, offline, disabled"
@@ -697,6 +712,33 @@ def validate(config: RunConfig) -> list[str]:
     if not 0.0 < config.agent.gamma <= 1.0 or not 0.0 < config.agent.tau <= 1.0:
         problems.append("agent.gamma and agent.tau must be in (0, 1]")
     return problems
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def capped_threads(threads: int | None) -> tuple[int | None, str | None]:
+    """``threads`` capped at :func:`usable_cores`, with a note when it was capped.
+
+    More torch threads than cores only make them wait for each other (``threads=1000``
+    ran 5x slower than the default).
+    """
+    cores = usable_cores()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads <= cores:
+        return threads, None
+    return cores, (
+        f"threads={threads} is more than the {cores} CPU core{'s' * (cores != 1)} this process "
+        f"may use; using threads={cores}"
+    )
+
+
+#: Characters wandb does not accept in a project name.
+WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
 
 
 def not_a_number_or_empty(values: Mapping[str, Any], prefix: str = "") -> list[str]:
