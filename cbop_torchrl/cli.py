@@ -613,6 +613,8 @@ def hydra_entry(
             try:
                 result = task_function(cfg)
             except Exception as error:
+                if raised_while_interrupted(error):
+                    raise KeyboardInterrupt from None
                 raised_by_task.append(error)
                 raise
             finally:
@@ -695,6 +697,22 @@ def resolve_progress(cfg: DictConfig) -> ProgressLines | None:
     lines = ProgressLines(sys.stderr)
     sys.stderr = lines
     return lines
+
+
+def raised_while_interrupted(error: BaseException) -> bool:
+    """Whether ``error`` was raised while a KeyboardInterrupt was being handled.
+
+    Some context managers fail on their way out of an interrupt (tensordict's
+    parameter swap raises "Converting a tensordict to boolean value is not permitted"),
+    which would hide the Ctrl-C behind their own error.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def interrupted(config_name: str) -> NoReturn:
