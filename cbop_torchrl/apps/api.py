@@ -115,8 +115,37 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path) -> dict[str,
 
     config, info, data, filled = _load(config_values(_as_config(cfg, "run")))
     if config.progress:
-        print(run_banner(config, info.name, Path(run_dir), filled), flush=True)
+        banner = run_banner(config, info.name, Path(run_dir), filled)
+        if (task := task_line(config, info)) is not None:
+            first, _, rest = banner.partition("\n")
+            banner = f"{first}\n[cbop]   {task}\n{rest}"
+        print(banner, flush=True)
     return run_pipeline(config, info, data, Path(run_dir))
+
+
+def task_line(config: Any, info: Any) -> str | None:
+    """``task: <gym id> ...`` for the banner: the environment, its gymnasium keyword
+    arguments and, where the data chose an observation layout, that it did; None when the
+    task cannot be resolved (the pipeline then reports why)."""
+    from cbop_torchrl.envs.task import resolve_task
+    from cbop_torchrl.registry import layout_for
+
+    try:
+        task = resolve_task(config.task, info)
+    except Exception:  # reported with its full message when the pipeline resolves it
+        return None
+    text = f"task: {task.gym_id}"
+    if task.gym_kwargs:
+        text += " with " + ", ".join(f"{k}={v}" for k, v in task.gym_kwargs.items())
+    chosen = layout_for(task.name, info.obs_dim)
+    if chosen is not None and all(task.gym_kwargs.get(k) == v for k, v in chosen.items()):
+        text += (
+            f" (the layout of the data's {info.obs_dim}-wide observations; "
+            "+task.gym_kwargs.<name>=<value> chooses another)"
+        )
+    if task.has_reference_scores:
+        text += f", normalized by returns {task.ref_min_score} (0) and {task.ref_max_score} (100)"
+    return text
 
 
 def _shown_path(path: Path) -> str:
