@@ -167,3 +167,28 @@ def test_a_wandb_project_name_wandb_refuses_is_refused_at_config_time(
     assert code == 2
     assert "logger.project='a/b' is not a wandb project name" in err.getvalue()
     assert not (tmp_path / "runs").exists()  # the refused run left nothing
+
+
+def test_each_program_help_says_what_it_does_and_lists_only_its_own_choices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    from cbop_torchrl.apps import COMMANDS
+    from cbop_torchrl.cli import run_entry
+
+    monkeypatch.chdir(tmp_path)
+    for command in COMMANDS:
+        program = importlib.import_module(f"cbop_torchrl.apps.{command.module}")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            assert run_entry(program.main, ["--help"]) == 0
+        text = out.getvalue()
+        assert text.startswith(f"{command.name}: "), text[:200]
+        assert "schema:" not in text and "sweep: paper_grid" not in text
+        assert ("algo: bc, cql, iql, td3bc" in text) == (command.name == "cbop-baseline")
+        assert ("preset: cpu, debug, paper" in text) == (
+            command.name in ("cbop-train", "cbop-baseline")
+        )
+        assert "== Config ==" in text and "Powered by Hydra" in text
+    assert list(tmp_path.iterdir()) == []  # --help writes nothing
