@@ -177,6 +177,21 @@ def _same_budget_override(total: int, steps_per_epoch: int) -> str:
     return f"train.epochs=1 train.steps_per_epoch={total}"
 
 
+def _baseline_command(config: Any, total: int) -> str:
+    """A ``cbop-baseline`` command on the same data and preset with ``total`` gradient steps."""
+    import shlex
+
+    from cbop_torchrl.utils import program_command
+
+    words = ["algo=iql"]
+    if config.env != "demo":
+        words.append(f"env={config.env}")
+    if config.preset != "cpu":
+        words.append(f"preset={config.preset}")
+    words += _same_budget_override(total, config.train.steps_per_epoch).split()
+    return f"{program_command('cbop-baseline')} {shlex.join(words)}"
+
+
 def pipeline_steps(config: Any) -> int:
     """CBOP's gradient steps over its whole pipeline: BC + FQE + the CBOP stage."""
     return int(config.bc.steps) + int(config.fqe.steps) + config.train.total_steps
@@ -202,7 +217,8 @@ def run_banner(config: Any, dataset: str, run_dir: Path, filled: Sequence[str] =
         f"[cbop] {_where(config, dataset, run_dir)}",
         f"[cbop]   dynamics: {dynamics.num_members} members, K={dynamics.num_elites} elites, "
         f"{dynamics.num_layers}x{dynamics.hidden_size} {dynamics.activation}, up to "
-        f"{dynamics.max_epochs or 'as many as improve'} epochs, batch {dynamics.batch_size}",
+        f"{dynamics.max_epochs or 'as many as improve'} epoch{'s' * (dynamics.max_epochs != 1)}, "
+        f"batch {dynamics.batch_size}",
         f"[cbop]   bc: {config.bc.steps} steps, batch {config.bc.batch_size}",
         f"[cbop]   fqe: {config.fqe.steps} steps, batch {config.fqe.batch_size}, "
         f"M={agent.num_qvalue_nets}",
@@ -212,8 +228,8 @@ def run_banner(config: Any, dataset: str, run_dir: Path, filled: Sequence[str] =
         f"{estimator.mode} targets, rollout dtype {rollout}",
         f"[cbop]   eval: {evaluation}",
         f"[cbop] {total} gradient steps in all (BC {config.bc.steps} + FQE {config.fqe.steps} "
-        f"+ CBOP {train.total_steps}); a baseline with the same budget: cbop-baseline "
-        f"algo=<name> {_same_budget_override(total, train.steps_per_epoch)}",
+        f"+ CBOP {train.total_steps}); a baseline with the same budget (algo=bc|td3bc|iql|cql): "
+        f"{_baseline_command(config, total)}",
     ]
     if filled:
         values = ", ".join(f"{key}={_value_of(config, key)}" for key in filled)
