@@ -53,11 +53,12 @@ from cbop_torchrl.config import (
     RunConfig,
     capped_threads,
     not_a_number_or_empty,
+    paper_settings,
     run_name,
 )
 from cbop_torchrl.data.collect_sac import SACConfig
 from cbop_torchrl.envs.task import TaskConfig
-from cbop_torchrl.registry import parse_d4rl_id
+from cbop_torchrl.registry import d4rl_ids, parse_d4rl_id
 from cbop_torchrl.trainers.logging import ProgressLines
 from cbop_torchrl.trainers.rundir import LOCK_NAME
 from cbop_torchrl.utils import (
@@ -225,6 +226,27 @@ CONFIG_SCHEMAS: dict[str, type] = {
 """The schema each entry script's primary config (``configs/<name>.yaml``) is checked against."""
 
 
+PAPER_DATASET_CONFIG = "config_paper_"
+"""Prefix of the primary configs ``config_paper_<D4RL id>`` (:func:`register_schemas`):
+``config_paper`` with that dataset's row of the paper's table filled in."""
+
+
+def base_config_name(config_name: str) -> str:
+    """The YAML config a primary config is (``config_paper_<id>`` -> ``config_paper``)."""
+    return "config_paper" if config_name.startswith(PAPER_DATASET_CONFIG) else config_name
+
+
+def config_file(config_name: str) -> Path:
+    """The YAML file that lists every setting of the primary config ``config_name``."""
+    return CONFIG_DIR / f"{base_config_name(config_name)}.yaml"
+
+
+def paper_dataset_config(env: str) -> str | None:
+    """``config_paper_<env>`` for a D4RL id (its table values filled at composition, so
+    ``--cfg job`` shows the values the run uses), else None."""
+    return f"{PAPER_DATASET_CONFIG}{env}" if parse_d4rl_id(env) is not None else None
+
+
 def unknown_keys(cfg: Mapping[str, Any], schema: type, prefix: str = "") -> list[str]:
     """Dotted keys of ``cfg`` that ``schema`` (a dataclass) has no field for.
 
@@ -251,6 +273,15 @@ def register_schemas() -> None:
         if name == "collect":  # SACConfig is a frozen dataclass; its fields stay typed
             OmegaConf.set_readonly(node.sac, False)
         store.store(group="schema", name=name, node=node, package="_global_")
+    for dataset_id in d4rl_ids():
+        family, kind = parse_d4rl_id(dataset_id)
+        table: dict[str, dict[str, Any]] = {}
+        for dotted, value in paper_settings(family, kind).items():
+            section, _, key = dotted.partition(".")
+            table.setdefault(section, {})[key] = value
+        # the row after config_paper's preset; command-line overrides still win
+        node = {"defaults": ["config_paper", "_self_"], **table}
+        store.store(name=f"{PAPER_DATASET_CONFIG}{dataset_id}", node=node)
     OmegaConf.register_new_resolver("cbop_run_name", run_name, replace=True)
     OmegaConf.register_new_resolver("cbop_overrides", lambda text: text or "default", replace=True)
     # ${cbop_cache:}: where the reporting programs' multiruns keep Hydra's files (not the cwd)
@@ -451,7 +482,7 @@ def describe_hydra_error(error: BaseException, config_name: str) -> str | None:
     a run directory that cannot be created. Each message names the key and what
     it takes; ``configs/<config_name>.yaml`` lists every key with its meaning.
     """
-    see = f"Every setting and its meaning: {CONFIG_DIR / config_name}.yaml."
+    see = f"Every setting and its meaning: {config_file(config_name)}."
     if isinstance(error, MissingConfigException) and error.options:
         group, _, option = str(error.missing_cfg_file).rpartition("/")
         return (
@@ -591,10 +622,10 @@ def hydra_entry(
                     cfg[key], note = capped_threads(cfg[key])
                     if note is not None:
                         print(f"note: {note}", file=sys.stderr)
-            if extra := unknown_keys(cfg, CONFIG_SCHEMAS[config_name]):
+            if extra := unknown_keys(cfg, CONFIG_SCHEMAS[base_config_name(config_name)]):
                 refuse(
                     f"{', '.join(extra)}: not a setting of this script (added with +); see "
-                    f"{CONFIG_DIR / config_name}.yaml for every setting",
+                    f"{config_file(config_name)} for every setting",
                     run_dir,
                 )
             missing = sorted(OmegaConf.missing_keys(cfg))
@@ -602,7 +633,7 @@ def hydra_entry(
                 refuse(
                     f"{', '.join(missing)} must be given on the command line "
                     f"({' '.join(f'{key}=...' for key in missing)}); see "
-                    f"{CONFIG_DIR / config_name}.yaml for what each key holds",
+                    f"{config_file(config_name)} for what each key holds",
                     run_dir,
                 )
             if check_values and (problems := not_a_number_or_empty(config_values(cfg))):
@@ -824,5 +855,5 @@ def refuse_old_arguments(
     refuse(
         f"{program} takes key=value settings (Hydra overrides), not bare paths and --options; "
         f"the same command: {program_command(program)} {shlex.join(translated)}. Every "
-        f"setting and its meaning: {CONFIG_DIR / config_name}.yaml"
+        f"setting and its meaning: {config_file(config_name)}"
     )

@@ -28,6 +28,7 @@ from cbop_torchrl.cli import (
     CONFIG_DIR,
     SCHEMAS,
     config_values,
+    paper_dataset_config,
     register_schemas,
     wants_paper_preset,
 )
@@ -52,6 +53,9 @@ def config_name(command: str, overrides: Sequence[str]) -> str:
     if command not in CONFIG_NAMES:
         raise ValueError(f"command={command!r} is not one of {', '.join(CONFIG_NAMES)}")
     if command == "cbop" and wants_paper_preset(overrides):
+        envs = [arg.partition("=")[2] for arg in overrides if arg.startswith("env=")]
+        if len(envs) == 1 and "," not in envs[0]:  # one dataset: its row of the table too
+            return paper_dataset_config(envs[0]) or "config_paper"
         return "config_paper"
     return CONFIG_NAMES[command]
 
