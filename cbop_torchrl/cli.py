@@ -38,33 +38,63 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
+from omegaconf.errors import (
+    InterpolationKeyError,
+    InterpolationResolutionError,
+    OmegaConfBaseException,
+)
 
 from cbop_torchrl.baselines import AlgoConfig
-from cbop_torchrl.config import Choice, EvalBackend, RunConfig, not_a_number_or_empty, run_name
+from cbop_torchrl.config import (
+    Choice,
+    DynamicsActivation,
+    DynamicsConfig,
+    EvalBackend,
+    RunConfig,
+    capped_threads,
+    not_a_number_or_empty,
+    paper_settings,
+    run_name,
+)
 from cbop_torchrl.data.collect_sac import SACConfig
 from cbop_torchrl.envs.task import TaskConfig
-from cbop_torchrl.registry import parse_d4rl_id
-from cbop_torchrl.trainers.dynamics import DynamicsConfig
+from cbop_torchrl.registry import d4rl_ids, parse_d4rl_id
+from cbop_torchrl.trainers.logging import ProgressLines
 from cbop_torchrl.trainers.rundir import LOCK_NAME
-from cbop_torchrl.utils import cache_root, program_command, unwritable_reason
+from cbop_torchrl.utils import (
+    cache_root,
+    program_command,
+    running_program,
+    unwritable_reason,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 """The Hydra configs, inside the package so that an installed wheel has them too."""
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a process stopped by Ctrl-C
+RESUMABLE_CONFIGS = frozenset(("config", "config_paper", "baseline"))
+"""The programs whose interrupted run continues where it stopped when run again."""
 
 
 @dataclass
-class DynamicsSchema(DynamicsConfig):
-    """:class:`DynamicsConfig` as a schema: sizes may be null (the paper preset's "from the
+class TrainDynamicsSchema(DynamicsConfig):
+    """:class:`DynamicsConfig` as a schema: the activation is a choice, so a name the ensemble
+    does not know is refused while Hydra composes the config (before any stage)."""
+
+    activation: DynamicsActivation = DynamicsActivation.silu
+
+    def __post_init__(self) -> None:  # checked on the plain config, not on the schema
+        pass
+
+
+@dataclass
+class DynamicsSchema(TrainDynamicsSchema):
+    """:class:`TrainDynamicsSchema` with nullable sizes (the paper preset's "from the
     table"); :func:`cbop_torchrl.config.load_config` fills and checks them."""
 
     num_members: int | None = 30
     num_elites: int | None = 20
-
-    def __post_init__(self) -> None:  # checked on the filled config, not on the schema
-        pass
 
 
 @dataclass
@@ -72,6 +102,7 @@ class RunSchema(RunConfig):
     """``scripts/cbop.py``: :class:`RunConfig` with the dynamics sizes nullable."""
 
     dynamics: DynamicsSchema = field(default_factory=DynamicsSchema)
+    progress: bool | None = None  # null: by the terminal (resolve_progress)
 
 
 @dataclass
@@ -128,7 +159,7 @@ class CollectConfig:
     rollout_transitions: int = 1_000_000
     rollout_exploration: RolloutExploration = RolloutExploration.random
     num_threads: int = 1
-    progress: bool = True
+    progress: bool | None = None  # null: by the terminal (resolve_progress)
     compression: Compression | None = Compression.gzip
     compression_level: int = 4
     sac: SACConfig = field(default_factory=SACConfig)
@@ -143,9 +174,9 @@ class TrainDynamicsConfig:
     device: str = "auto"
     threads: int | None = None
     use_cache: bool = True
-    progress: bool = True
+    progress: bool | None = None  # null: by the terminal (resolve_progress)
     output_dir: str = MISSING
-    dynamics: DynamicsConfig = field(default_factory=DynamicsConfig)
+    dynamics: TrainDynamicsSchema = field(default_factory=TrainDynamicsSchema)
 
 
 @dataclass
@@ -159,7 +190,7 @@ class SelectPsiConfig:
     device: str = "auto"
     threads: int | None = None
     json: str | None = None  # also write the rankings to this file
-    progress: bool = True
+    progress: bool | None = None  # null: by the terminal (resolve_progress)
     task: TaskConfig = field(default_factory=TaskConfig)
 
 
@@ -195,6 +226,27 @@ CONFIG_SCHEMAS: dict[str, type] = {
 """The schema each entry script's primary config (``configs/<name>.yaml``) is checked against."""
 
 
+PAPER_DATASET_CONFIG = "config_paper_"
+"""Prefix of the primary configs ``config_paper_<D4RL id>`` (:func:`register_schemas`):
+``config_paper`` with that dataset's row of the paper's table filled in."""
+
+
+def base_config_name(config_name: str) -> str:
+    """The YAML config a primary config is (``config_paper_<id>`` -> ``config_paper``)."""
+    return "config_paper" if config_name.startswith(PAPER_DATASET_CONFIG) else config_name
+
+
+def config_file(config_name: str) -> Path:
+    """The YAML file that lists every setting of the primary config ``config_name``."""
+    return CONFIG_DIR / f"{base_config_name(config_name)}.yaml"
+
+
+def paper_dataset_config(env: str) -> str | None:
+    """``config_paper_<env>`` for a D4RL id (its table values filled at composition, so
+    ``--cfg job`` shows the values the run uses), else None."""
+    return f"{PAPER_DATASET_CONFIG}{env}" if parse_d4rl_id(env) is not None else None
+
+
 def unknown_keys(cfg: Mapping[str, Any], schema: type, prefix: str = "") -> list[str]:
     """Dotted keys of ``cfg`` that ``schema`` (a dataclass) has no field for.
 
@@ -221,6 +273,15 @@ def register_schemas() -> None:
         if name == "collect":  # SACConfig is a frozen dataclass; its fields stay typed
             OmegaConf.set_readonly(node.sac, False)
         store.store(group="schema", name=name, node=node, package="_global_")
+    for dataset_id in d4rl_ids():
+        family, kind = parse_d4rl_id(dataset_id)
+        table: dict[str, dict[str, Any]] = {}
+        for dotted, value in paper_settings(family, kind).items():
+            section, _, key = dotted.partition(".")
+            table.setdefault(section, {})[key] = value
+        # the row after config_paper's preset; command-line overrides still win
+        node = {"defaults": ["config_paper", "_self_"], **table}
+        store.store(name=f"{PAPER_DATASET_CONFIG}{dataset_id}", node=node)
     OmegaConf.register_new_resolver("cbop_run_name", run_name, replace=True)
     OmegaConf.register_new_resolver("cbop_overrides", lambda text: text or "default", replace=True)
     # ${cbop_cache:}: where the reporting programs' multiruns keep Hydra's files (not the cwd)
@@ -421,7 +482,7 @@ def describe_hydra_error(error: BaseException, config_name: str) -> str | None:
     a run directory that cannot be created. Each message names the key and what
     it takes; ``configs/<config_name>.yaml`` lists every key with its meaning.
     """
-    see = f"Every setting and its meaning: {CONFIG_DIR / config_name}.yaml."
+    see = f"Every setting and its meaning: {config_file(config_name)}."
     if isinstance(error, MissingConfigException) and error.options:
         group, _, option = str(error.missing_cfg_file).rpartition("/")
         return (
@@ -458,13 +519,39 @@ def describe_hydra_error(error: BaseException, config_name: str) -> str | None:
             "--cfg all --resolve to see them resolved with the job's settings, or --cfg hydra "
             "without --resolve"
         )
+    if isinstance(error, InterpolationResolutionError):
+        return describe_interpolation_error(error)
+    # Hydra's file logger that cannot open its log raises ValueError from the OSError
+    while not isinstance(error, OSError) and (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
     if isinstance(error, OSError) and error.filename is not None:
         key = "hydra.sweep.dir" if {"-m", "--multirun"} & set(sys.argv[1:]) else "hydra.run.dir"
         return (
-            f"cannot create the run directory: {error.strerror}: {str(error.filename)!r}. Run "
+            f"cannot create the run directory or write in it: {error.strerror}: "
+            f"{str(error.filename)!r}. Run "
             f"from a directory you can write to, or pass {key}=<a writable directory>"
         )
     return None
+
+
+def describe_interpolation_error(error: OmegaConfBaseException) -> str:
+    """One paragraph for a ``${...}`` in the config that cannot be resolved.
+
+    On the command line ``seed='${seed}'`` refers to itself and ``${oc.env:NAME}`` to an
+    environment variable that may be unset; OmegaConf's report is a long traceback.
+    """
+    reason = str(getattr(error, "msg", None) or error).splitlines()[0].rstrip(".")
+    reason = reason.removeprefix("KeyError raised while resolving interpolation: ")
+    given = [arg for arg in sys.argv[1:] if "${" in arg]
+    where = ", ".join(given) if given else f"{getattr(error, 'full_key', None) or 'a setting'}"
+    key = given[0].partition("=")[0].lstrip("+~") if given else "seed"
+    example = f"{key}={'0' if key == 'seed' else '<value>'}"
+    return (
+        f"cannot resolve the interpolation in {where}: {reason}. On the command line, "
+        "${other.key} takes another setting's value (never the key's own) and "
+        "${oc.env:NAME} an environment variable, which must be set (or give a default: "
+        f"${{oc.env:NAME,default}}); or give the value itself, e.g. {example}"
+    )
 
 
 def wants_paper_preset(overrides: Sequence[str]) -> bool:
@@ -526,10 +613,19 @@ def hydra_entry(
             if not user_full_error:  # from here on Hydra reports failures its own way
                 os.environ.pop("HYDRA_FULL_ERROR", None)
             run_dir = HydraConfig.get().runtime.output_dir
-            if extra := unknown_keys(cfg, CONFIG_SCHEMAS[config_name]):
+            try:  # a ${...} that cannot be resolved fails here, not in the middle of the work
+                OmegaConf.to_container(cfg, resolve=True)
+            except InterpolationResolutionError as error:
+                refuse(describe_interpolation_error(error), run_dir)
+            for key in ("threads", "num_threads"):
+                if key in cfg:
+                    cfg[key], note = capped_threads(cfg[key])
+                    if note is not None:
+                        print(f"note: {note}", file=sys.stderr)
+            if extra := unknown_keys(cfg, CONFIG_SCHEMAS[base_config_name(config_name)]):
                 refuse(
                     f"{', '.join(extra)}: not a setting of this script (added with +); see "
-                    f"{CONFIG_DIR / config_name}.yaml for every setting",
+                    f"{config_file(config_name)} for every setting",
                     run_dir,
                 )
             missing = sorted(OmegaConf.missing_keys(cfg))
@@ -537,18 +633,25 @@ def hydra_entry(
                 refuse(
                     f"{', '.join(missing)} must be given on the command line "
                     f"({' '.join(f'{key}=...' for key in missing)}); see "
-                    f"{CONFIG_DIR / config_name}.yaml for what each key holds",
+                    f"{config_file(config_name)} for what each key holds",
                     run_dir,
                 )
             if check_values and (problems := not_a_number_or_empty(config_values(cfg))):
                 refuse("; ".join(problems), run_dir)
             if uses_cache:
                 check_cache_writable(run_dir)
+            lines = resolve_progress(cfg)
             try:
                 result = task_function(cfg)
             except Exception as error:
+                if raised_while_interrupted(error):
+                    raise KeyboardInterrupt from None
                 raised_by_task.append(error)
                 raise
+            finally:
+                if lines is not None:
+                    lines.close_bars()
+                    sys.stderr = lines.stream
             if not user_full_error and not raised_by_task:
                 # A multirun composes its next job's config after this job ends: raised
                 # (not reported by Hydra), a bad value there is refused like the first job's.
@@ -581,6 +684,8 @@ def hydra_entry(
 
             try:
                 return hydra_main()
+            except KeyboardInterrupt:
+                interrupted(config_name)
             except SystemExit as exit_:
                 if exit_.code == 1 and not started:
                     sys.exit(EXIT_BAD_INPUT)
@@ -605,6 +710,53 @@ def hydra_entry(
         return main
 
     return decorate
+
+
+def resolve_progress(cfg: DictConfig) -> ProgressLines | None:
+    """Turns ``progress: null`` (the default) into bars that suit where stderr goes.
+
+    On a terminal: live bars (``progress=true``). Otherwise (a file, a pipe, ``nohup``, a
+    cluster job): bars too, but ``sys.stderr`` becomes a :class:`ProgressLines` that keeps a
+    few whole lines per bar; it is returned so the caller restores ``sys.stderr`` after the
+    task. An explicit ``progress=true|false`` is left as it is (None returned).
+    """
+    if "progress" not in cfg or cfg.progress is not None:
+        return None
+    cfg.progress = True
+    if sys.stderr.isatty():
+        return None
+    lines = ProgressLines(sys.stderr)
+    sys.stderr = lines
+    return lines
+
+
+def raised_while_interrupted(error: BaseException) -> bool:
+    """Whether ``error`` was raised while a KeyboardInterrupt was being handled.
+
+    Some context managers fail on their way out of an interrupt (tensordict's
+    parameter swap raises "Converting a tensordict to boolean value is not permitted"),
+    which would hide the Ctrl-C behind their own error.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def interrupted(config_name: str) -> NoReturn:
+    """Ctrl-C (SIGINT): one line saying how to go on, and exit code 130 (128 + SIGINT)."""
+    program = running_program()
+    start = [program_command(program)] if program else [sys.executable, sys.argv[0]]
+    command = shlex.join([*start, *sys.argv[1:]])
+    if config_name in RESUMABLE_CONFIGS:
+        how = f"resume with the same command (it continues from the last checkpoint): {command}"
+    else:
+        how = f"run the same command to start again: {command}"
+    print(f"\ninterrupted; {how}", file=sys.stderr)
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def run_entry(main: Callable[[], Any], argv: Sequence[str] | None = None) -> int:
@@ -703,5 +855,5 @@ def refuse_old_arguments(
     refuse(
         f"{program} takes key=value settings (Hydra overrides), not bare paths and --options; "
         f"the same command: {program_command(program)} {shlex.join(translated)}. Every "
-        f"setting and its meaning: {CONFIG_DIR / config_name}.yaml"
+        f"setting and its meaning: {config_file(config_name)}"
     )

@@ -21,7 +21,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -32,7 +34,6 @@ import torch
 
 from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.registry import D4RL_KINDS, Task
-from cbop_torchrl.trainers.dynamics import DynamicsConfig
 
 PAPER_PSI: dict[str, dict[str, float]] = {
     "halfcheetah": {
@@ -126,6 +127,16 @@ class RolloutDtype(Choice):
     auto = "auto"
 
 
+class DynamicsActivation(Choice):
+    """The dynamics ensemble's hidden activation (names of
+    :func:`cbop_torchrl.modules.ensemble.make_activation`)."""
+
+    silu = "silu"
+    relu = "relu"
+    tanh = "tanh"
+    elu = "elu"
+
+
 class EvalBackend(Choice):
     serial = "serial"
     parallel = "parallel"
@@ -153,6 +164,73 @@ Q_INITS = tuple(choice.value for choice in QInit)
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message lists every problem and how to fix it."""
+
+
+@dataclass
+class DynamicsConfig:
+    """Dynamics ensemble architecture and training settings (paper defaults)."""
+
+    num_members: int = 30
+    num_elites: int = 20
+    hidden_size: int = 200
+    num_layers: int = 4
+    activation: str = "silu"
+    lr: float = 1e-3
+    batch_size: int = 256
+    holdout_ratio: float = 0.2
+    max_holdout: int = 5000
+    patience: int = 5
+    improvement_threshold: float = 0.01
+    max_epochs: int | None = None
+    weight_decay: tuple[float, ...] = field(default=(2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4))
+    logvar_bound_coef: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.weight_decay = tuple(float(d) for d in self.weight_decay)
+        problems = []
+        if not 1 <= self.num_elites <= self.num_members:
+            problems.append(
+                f"num_elites={self.num_elites} must be between 1 and num_members={self.num_members}"
+            )
+        if len(self.weight_decay) != self.num_layers + 1:
+            problems.append(
+                f"weight_decay has {len(self.weight_decay)} entries but num_layers="
+                f"{self.num_layers} needs {self.num_layers + 1} (one per hidden layer plus "
+                "the output layer)"
+            )
+        if not 0.0 < self.holdout_ratio < 1.0 or self.max_holdout < 1:
+            problems.append(
+                f"holdout_ratio={self.holdout_ratio} must be in (0, 1) and max_holdout="
+                f"{self.max_holdout} at least 1"
+            )
+        if self.max_epochs is not None and self.max_epochs < 1:
+            problems.append(f"max_epochs={self.max_epochs} must be None or >= 1")
+        if str(self.activation) not in {choice.value for choice in DynamicsActivation}:
+            problems.append(
+                f"activation={self.activation!r} must be one of "
+                f"{', '.join(choice.value for choice in DynamicsActivation)}"
+            )
+        if min(self.batch_size, self.patience, self.hidden_size, self.num_layers) < 1:
+            problems.append("batch_size, patience, hidden_size and num_layers must be >= 1")
+        if problems:
+            raise ValueError("invalid dynamics config: " + "; ".join(problems))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DynamicsConfig:
+        """Builds a config from a plain dict (e.g. a Hydra node), rejecting unknown keys."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown dynamics config keys {unknown}; valid keys are {sorted(known)}"
+            )
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = dataclasses.asdict(self)
+        values["weight_decay"] = list(self.weight_decay)
+        return values
 
 
 @dataclass
@@ -420,6 +498,11 @@ def load_config(
             non-positive sizes, unknown choices.
     """
     values = copy.deepcopy(dict(values))
+    values["threads"], note = capped_threads(values.get("threads"))
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr)
+    if values.get("progress") is None:  # the programs decide by the terminal; the API shows bars
+        values["progress"] = True
     problems = _unknown_keys(values, RunConfig, "")
     for name, section_type in {**_SECTIONS, "dynamics": DynamicsConfig}.items():
         values[name] = dict(values.get(name) or {})
@@ -614,6 +697,12 @@ def validate(config: RunConfig) -> list[str]:
             f"agent.bc_weight={bc_weight!r} must be a number >= 0 (0: the paper's actor; "
             "e.g. agent.bc_weight=2.5)"
         )
+    eta = config.agent.eta
+    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not 0 <= eta < math.inf:
+        problems.append(
+            f"agent.eta={eta!r} must be a number >= 0 (EDAC's gradient-diversity weight; the "
+            "paper's is agent.eta=1.0, 0 turns it off)"
+        )
     if not isinstance(config.fqe.eta, (int, float)) or not config.fqe.eta >= 0:
         problems.append(f"fqe.eta={config.fqe.eta!r} must be a number >= 0 (0: the paper's FQE)")
     rounds = config.fqe.rounds
@@ -645,6 +734,16 @@ def validate(config: RunConfig) -> list[str]:
         problems.append(
             f"logger.backend={config.logger.backend!r} must be one of {LOGGER_BACKENDS}"
         )
+    project = config.logger.project
+    if config.logger.backend == "wandb" and (
+        not isinstance(project, str)
+        or not 0 < len(project) <= 128
+        or any(char in WANDB_PROJECT_FORBIDDEN for char in project)
+    ):
+        problems.append(
+            f"logger.project={project!r} is not a wandb project name: 1 to 128 characters, "
+            f"none of {' '.join(WANDB_PROJECT_FORBIDDEN)} (e.g. logger.project=cbop-torchrl)"
+        )
     if config.logger.mode not in ("online", "offline", "disabled"):
         problems.append(
             f"logger.mode={config.logger.mode!r} must be one of online, offline, disabled"
@@ -664,6 +763,33 @@ def validate(config: RunConfig) -> list[str]:
     if not 0.0 < config.agent.gamma <= 1.0 or not 0.0 < config.agent.tau <= 1.0:
         problems.append("agent.gamma and agent.tau must be in (0, 1]")
     return problems
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def capped_threads(threads: int | None) -> tuple[int | None, str | None]:
+    """``threads`` capped at :func:`usable_cores`, with a note when it was capped.
+
+    More torch threads than cores only make them wait for each other (``threads=1000``
+    ran 5x slower than the default).
+    """
+    cores = usable_cores()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads <= cores:
+        return threads, None
+    return cores, (
+        f"threads={threads} is more than the {cores} CPU core{'s' * (cores != 1)} this process "
+        f"may use; using threads={cores}"
+    )
+
+
+#: Characters wandb does not accept in a project name.
+WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
 
 
 def not_a_number_or_empty(values: Mapping[str, Any], prefix: str = "") -> list[str]:

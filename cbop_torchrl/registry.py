@@ -210,6 +210,27 @@ def family_of_gym_id(gym_id: str) -> Task | None:
     return None
 
 
+_LAYOUTS: dict[str, dict[int, dict[str, Any]]] = {}
+
+
+def register_layouts(family: str, layouts: Mapping[int, Mapping[str, Any]]) -> None:
+    """Declares the observation layouts one family's gymnasium id can produce.
+
+    ``layouts``: observation width -> the ``gymnasium.make`` keyword arguments that give
+    it (Ant-v4: 27 by default, 111 with ``use_contact_forces=True``). A dataset of one of
+    these widths is evaluated with that layout (:func:`layout_for`).
+    """
+    get_family(family)
+    _LAYOUTS[family] = {int(width): dict(kwargs) for width, kwargs in layouts.items()}
+
+
+def layout_for(family: str, obs_dim: int) -> dict[str, Any] | None:
+    """The ``gymnasium.make`` keyword arguments of ``family`` for observations ``obs_dim``
+    wide; None when the family declares no layouts or none of that width."""
+    chosen = _LAYOUTS.get(family, {}).get(int(obs_dim))
+    return None if chosen is None else dict(chosen)
+
+
 def d4rl_ids() -> list[str]:
     """The D4RL MuJoCo v2 dataset ids of every known family."""
     return [f"{name}-{kind}-v2" for name in _FAMILIES for kind in D4RL_KINDS]
@@ -240,3 +261,5 @@ register_family(Task("hopper", "Hopper-v4", {}, -20.272305, 3234.3, "hopper"))
 register_family(Task("walker2d", "Walker2d-v4", {}, 1.629008, 4592.3, "walker2d"))
 register_family(Task("halfcheetah", "HalfCheetah-v4", {}, -280.178953, 12135.0, "halfcheetah"))
 register_family(Task("ant", "Ant-v4", {"use_contact_forces": True}, -325.6, 3879.7, "ant"))
+# The data decides: 111-wide ant data is D4RL's layout, 27-wide data gymnasium's default.
+register_layouts("ant", {111: {"use_contact_forces": True}, 27: {"use_contact_forces": False}})

@@ -255,7 +255,7 @@ def test_gym_kwargs_are_added_with_a_plus_and_the_error_says_so(tmp_path: Path) 
             ["estimator.rollout_dtype=float16"],
             "estimator.rollout_dtype must be one of float32, bfloat16, auto",
         ),
-        ("config", ["progress=maybe"], "progress must be true or false"),
+        ("config", ["progress=maybe"], "progress must be null or true or false"),
         ("config", ["agent.hidden_sizes=[64,x]"], "item 1 ('x') is not an integer"),
         ("config", ["agent.hidden_sizes=3"], "e.g. agent.hidden_sizes=[256,256,256]"),
         ("config", ["estimator.psii=1"], "(did you mean estimator.psi?); the keys of estimator"),
@@ -315,3 +315,19 @@ def test_an_opt_in_left_off_does_not_change_the_training_settings() -> None:
     assert "bc_weight" not in plain.training_dict()["agent"]
     with_bc, _ = load("agent.bc_weight=2.5")
     assert with_bc.training_dict()["agent"]["bc_weight"] == 2.5
+
+
+def test_a_d4rl_id_alone_composes_its_row_of_the_paper_table() -> None:
+    """``cbop-train env=<D4RL id> --cfg job`` shows the values the run uses, not nulls."""
+    from cbop_torchrl.apps.api import compose_config, config_name
+
+    assert config_name("cbop", ["env=walker2d-full-replay-v2"]) == (
+        "config_paper_walker2d-full-replay-v2"
+    )
+    assert config_name("cbop", ["env=hopper-medium-v2,walker2d-medium-v2"]) == "config_paper"
+    cfg = compose_config(["env=walker2d-full-replay-v2"])
+    assert cfg.preset == "paper" and cfg.estimator.psi == 2.0 and cfg.estimator.horizon == 10
+    assert cfg.agent.num_qvalue_nets == 20 and cfg.train.epochs == 1000
+    assert cfg.dynamics.num_members == 30 and cfg.dynamics.num_elites == 20
+    hopper = compose_config(["env=hopper-medium-v2", "estimator.psi=0.7"])
+    assert hopper.estimator.psi == 0.7 and hopper.agent.num_qvalue_nets == 50  # overrides win

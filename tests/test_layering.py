@@ -25,8 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "cbop_torchrl.data.collect_sac",
         "cbop_torchrl.data.generate",
     ),
+    ("cbop_torchrl.config",),  # the run configuration, below everything that reads it
     (
-        "cbop_torchrl.config",
         "cbop_torchrl.trainers",
         "cbop_torchrl.baselines",
         "cbop_torchrl.sweeps",

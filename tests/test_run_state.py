@@ -10,6 +10,7 @@ wait there while a second copy of the command is started.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -205,10 +206,18 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path: Path) -> None:
 def test_wandb_offline_logs_the_config_and_a_resumed_run_keeps_its_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import wandb.sdk.wandb_init as wandb_init
+
     from cbop_torchrl.trainers.logging import log_final, log_scalars, make_logger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     run_config = {"seed": 7, "estimator": {"psi": 1.25}, "marker": "config-marker-1234"}
+    # Both sessions start in the same second (wandb names a session's directory after its
+    # start second), the case that used to lose a session's records: pinned, not left to luck.
+    start = time.time()
+    monkeypatch.setattr(wandb_init, "time", type("PinnedClock", (), {
+        "time": staticmethod(lambda: start), "__getattr__": lambda self, name: getattr(time, name)
+    })())  # fmt: skip
 
     def open_logger():
         return make_logger(
@@ -232,7 +241,16 @@ def test_wandb_offline_logs_the_config_and_a_resumed_run_keeps_its_id(
     assert resumed.experiment.summary["train/step"] == 20
     assert resumed.experiment.summary["train/loss"] == 2.0
     log_final(resumed, run_config, {"final/return": 3.0}, 20)
-    records = list((tmp_path / "logs" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    # Each session has its own offline-run-<start second>-<id> directory; two sessions that
+    # start in the same second get "-1", "-2", ... appended by wandb (which made this test
+    # flaky when it looked for the unsuffixed name only); `wandb sync` takes either.
+    records = [
+        path
+        for path in (tmp_path / "logs" / "wandb").glob(
+            f"offline-run-*-{run_id}*/run-{run_id}.wandb"
+        )
+        if re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", path.parent.name)
+    ]
     assert len(records) == 2  # two sessions, one run id
     # The config reached the offline run's records on disk (wandb writes them from its own
     # service process, so only the finished first session is checked byte for byte).

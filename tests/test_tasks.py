@@ -230,21 +230,25 @@ def test_recorded_gym_id_and_bad_task_settings(tmp_path: Path) -> None:
         read_env_specs(resolve_task({"gym_id": "Nope-v4", "termination": "none"}, info))
 
 
-def test_ant_data_in_d4rl_layout_fits_gymnasium_ant_with_contact_forces(tmp_path: Path) -> None:
-    """D4RL's ant observations are 111 wide (27 + 84 contact forces)."""
-    info = dataset_info(write_d4rl_hdf5(tmp_path / "ant-medium-tiny.hdf5", "ant"))
-    assert (info.family, info.obs_dim, info.action_dim) == ("ant", 111, 8)
-    task = resolve_task(None, info)
-    specs = read_env_specs(task)
-    assert specs.observation_shape == (111,) and specs.action_shape == (8,)
-    check_data_fits_env(info, specs, task)
-    # ant data without contact forces (27 wide) needs gymnasium's default layout
+def test_ant_data_picks_the_observation_layout_it_was_recorded_in(tmp_path: Path) -> None:
+    """Ant-v4 gives 27 observations, or 111 with contact forces (D4RL's layout): the data's
+    width decides, under the family's name and under task.gym_id=Ant-v4 alike; an explicit
+    +task.gym_kwargs.use_contact_forces still wins."""
+    full = dataset_info(write_d4rl_hdf5(tmp_path / "ant-medium-tiny.hdf5", "ant"))
     short = dataset_info(write_d4rl_hdf5(tmp_path / "ant-short.hdf5", "ant", obs_dim=27))
+    assert (full.family, full.obs_dim, full.action_dim) == ("ant", 111, 8)
+    assert (short.family, short.obs_dim) == ("ant", 27)
+    for info, contact_forces in ((full, True), (short, False)):
+        for config in (None, {"gym_id": "Ant-v4"}):
+            task = resolve_task(config, info)
+            assert task.gym_kwargs["use_contact_forces"] is contact_forces
+            assert task.ref_min_score == -325.6 and task.termination == "ant"
+            specs = read_env_specs(task)
+            assert specs.observation_shape == (info.obs_dim,) and specs.action_shape == (8,)
+            check_data_fits_env(info, specs, task)
+    forced = resolve_task({"gym_kwargs": {"use_contact_forces": True}}, short)
     with pytest.raises(TaskError, match=r"\[N, 27\].*\[111\].*use_contact_forces"):
-        check_data_fits_env(short, specs, task)
-    plain = resolve_task({"gym_kwargs": {"use_contact_forces": False}}, short)
-    check_data_fits_env(short, read_env_specs(plain), plain)
-    assert plain.ref_min_score == -325.6 and plain.termination == "ant"
+        check_data_fits_env(short, read_env_specs(forced), forced)
 
 
 def test_another_action_box_is_rescaled_in_the_env_and_in_the_data(tmp_path: Path) -> None:

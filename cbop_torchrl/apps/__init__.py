@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -57,10 +58,14 @@ def launch(module: str) -> Any:
     # when torch loads, so it is set before the program's module imports torch.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     warnings.filterwarnings("ignore", message=".*compiled extension.*")
-    from cbop_torchrl.utils import set_running_program  # imports torch: after OMP_WAIT_POLICY
+    try:
+        from cbop_torchrl.utils import set_running_program  # imports torch: after OMP_WAIT_POLICY
 
-    set_running_program(next(c.name for c in COMMANDS if c.module == module))
-    return importlib.import_module(f"cbop_torchrl.apps.{module}").main()
+        set_running_program(next(c.name for c in COMMANDS if c.module == module))
+        return importlib.import_module(f"cbop_torchrl.apps.{module}").main()
+    except KeyboardInterrupt:  # while importing (the programs' own handler covers the rest)
+        print("\ninterrupted; nothing was started, run the same command again", file=sys.stderr)
+        return 130
 
 
 # The console scripts' targets ([project.scripts] in pyproject.toml).

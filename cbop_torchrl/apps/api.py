@@ -28,6 +28,7 @@ from cbop_torchrl.cli import (
     CONFIG_DIR,
     SCHEMAS,
     config_values,
+    paper_dataset_config,
     register_schemas,
     wants_paper_preset,
 )
@@ -52,6 +53,9 @@ def config_name(command: str, overrides: Sequence[str]) -> str:
     if command not in CONFIG_NAMES:
         raise ValueError(f"command={command!r} is not one of {', '.join(CONFIG_NAMES)}")
     if command == "cbop" and wants_paper_preset(overrides):
+        envs = [arg.partition("=")[2] for arg in overrides if arg.startswith("env=")]
+        if len(envs) == 1 and "," not in envs[0]:  # one dataset: its row of the table too
+            return paper_dataset_config(envs[0]) or "config_paper"
         return "config_paper"
     return CONFIG_NAMES[command]
 
@@ -114,9 +118,155 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path) -> dict[str,
     from cbop_torchrl.trainers.offline import run_pipeline
 
     config, info, data, filled = _load(config_values(_as_config(cfg, "run")))
-    if config.progress and filled:
-        print(f"[cbop] paper settings for {info.name}: {', '.join(filled)}")
+    if config.progress:
+        banner = run_banner(config, info.name, Path(run_dir), filled)
+        if (task := task_line(config, info)) is not None:
+            first, _, rest = banner.partition("\n")
+            banner = f"{first}\n[cbop]   {task}\n{rest}"
+        print(banner, flush=True)
     return run_pipeline(config, info, data, Path(run_dir))
+
+
+def task_line(config: Any, info: Any) -> str | None:
+    """``task: <gym id> ...`` for the banner: the environment, its gymnasium keyword
+    arguments and, where the data chose an observation layout, that it did; None when the
+    task cannot be resolved (the pipeline then reports why)."""
+    from cbop_torchrl.envs.task import resolve_task
+    from cbop_torchrl.registry import layout_for
+
+    try:
+        task = resolve_task(config.task, info)
+    except Exception:  # reported with its full message when the pipeline resolves it
+        return None
+    text = f"task: {task.gym_id}"
+    if task.gym_kwargs:
+        text += " with " + ", ".join(f"{k}={v}" for k, v in task.gym_kwargs.items())
+    chosen = layout_for(task.name, info.obs_dim)
+    if chosen is not None and all(task.gym_kwargs.get(k) == v for k, v in chosen.items()):
+        text += (
+            f" (the layout of the data's {info.obs_dim}-wide observations; "
+            "+task.gym_kwargs.<name>=<value> chooses another)"
+        )
+    if task.has_reference_scores:
+        text += f", normalized by returns {task.ref_min_score} (0) and {task.ref_max_score} (100)"
+    return text
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working directory when it is inside it, else absolute."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _where(config: Any, dataset: str, run_dir: Path) -> str:
+    import torch
+
+    from cbop_torchrl.utils import resolve_device
+
+    threads = config.threads if config.threads is not None else torch.get_num_threads()
+    return (
+        f"{dataset}, preset {config.preset}, seed {config.seed}, on "
+        f"{resolve_device(config.device)} with {threads} thread{'s' * (threads != 1)}; run "
+        f"directory {_shown_path(run_dir)}"
+    )
+
+
+def _same_budget_override(total: int, steps_per_epoch: int) -> str:
+    """The baseline overrides that train ``total`` gradient steps."""
+    if total % steps_per_epoch == 0:
+        return f"train.epochs={total // steps_per_epoch}"
+    return f"train.epochs=1 train.steps_per_epoch={total}"
+
+
+def _baseline_command(config: Any, total: int) -> str:
+    """A ``cbop-baseline`` command on the same data and preset with ``total`` gradient steps."""
+    import shlex
+
+    from cbop_torchrl.utils import program_command
+
+    words = ["algo=iql"]
+    if config.env != "demo":
+        words.append(f"env={config.env}")
+    if config.preset != "cpu":
+        words.append(f"preset={config.preset}")
+    words += _same_budget_override(total, config.train.steps_per_epoch).split()
+    return f"{program_command('cbop-baseline')} {shlex.join(words)}"
+
+
+def pipeline_steps(config: Any) -> int:
+    """CBOP's gradient steps over its whole pipeline: BC + FQE + the CBOP stage."""
+    return int(config.bc.steps) + int(config.fqe.steps) + config.train.total_steps
+
+
+def run_banner(config: Any, dataset: str, run_dir: Path, filled: Sequence[str] = ()) -> str:
+    """The lines ``cbop-train`` prints first: where the run goes and each stage's settings.
+
+    ``filled``: the dotted keys taken from the paper's table (their values are listed).
+    """
+    dynamics, agent, estimator = config.dynamics, config.agent, config.estimator
+    train = config.train
+    rollout = str(estimator.rollout_dtype)
+    if rollout == "auto":
+        rollout = "auto (bfloat16 where faster and accurate enough, measured before the stage)"
+    evaluation = f"{config.eval.episodes} episodes of up to {config.eval.max_steps} steps"
+    if config.eval.interval:
+        evaluation += f", every {config.eval.interval} gradient steps and at the end"
+    else:
+        evaluation += ", at the end"
+    total = pipeline_steps(config)
+    lines = [
+        f"[cbop] {_where(config, dataset, run_dir)}",
+        f"[cbop]   dynamics: {dynamics.num_members} members, K={dynamics.num_elites} elites, "
+        f"{dynamics.num_layers}x{dynamics.hidden_size} {dynamics.activation}, up to "
+        f"{dynamics.max_epochs or 'as many as improve'} epoch{'s' * (dynamics.max_epochs != 1)}, "
+        f"batch {dynamics.batch_size}",
+        f"[cbop]   bc: {config.bc.steps} steps, batch {config.bc.batch_size}",
+        f"[cbop]   fqe: {config.fqe.steps} steps, batch {config.fqe.batch_size}, "
+        f"M={agent.num_qvalue_nets}",
+        f"[cbop]   cbop: {train.total_steps} gradient steps ({train.epochs} x "
+        f"{train.steps_per_epoch}), batch {train.batch_size}, psi={estimator.psi}, "
+        f"M={agent.num_qvalue_nets}, K={dynamics.num_elites}, H={estimator.horizon}, "
+        f"{estimator.mode} targets, rollout dtype {rollout}",
+        f"[cbop]   eval: {evaluation}",
+        f"[cbop] {total} gradient steps in all (BC {config.bc.steps} + FQE {config.fqe.steps} "
+        f"+ CBOP {train.total_steps}); a baseline with the same budget (algo=bc|td3bc|iql|cql): "
+        f"{_baseline_command(config, total)}",
+    ]
+    if filled:
+        values = ", ".join(f"{key}={_value_of(config, key)}" for key in filled)
+        lines.append(f"[cbop] from the paper's table for {dataset}: {values}")
+    return "\n".join(lines)
+
+
+def _value_of(config: Any, dotted: str) -> Any:
+    section, _, name = dotted.partition(".")
+    return getattr(getattr(config, section), name)
+
+
+def baseline_banner(config: Any, algo: str, dataset: str, run_dir: Path) -> str:
+    """The lines ``cbop-baseline`` prints first, with its budget beside CBOP's."""
+    train = config.train
+    total = pipeline_steps(config)
+    if total == train.total_steps:
+        budget = "the same as CBOP's whole pipeline with these settings"
+    else:
+        budget = (
+            f"CBOP's whole pipeline with these settings trains {total} (BC {config.bc.steps} + "
+            f"FQE {config.fqe.steps} + CBOP {train.total_steps}); for the same budget add "
+            f"{_same_budget_override(total, train.steps_per_epoch)}"
+        )
+    return "\n".join(
+        [
+            f"[baseline] {algo}: {_where(config, dataset, run_dir)}",
+            f"[baseline]   train: {train.total_steps} gradient steps (train.epochs="
+            f"{train.epochs} x train.steps_per_epoch={train.steps_per_epoch}), batch "
+            f"{train.batch_size}, hidden {'x'.join(map(str, config.agent.hidden_sizes))}",
+            f"[baseline]   budget: {budget}",
+        ]
+    )
 
 
 def train_baseline(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
@@ -135,6 +285,8 @@ def train_baseline(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path) -> 
     if values.get("estimator", {}).get("psi") is None:
         values.setdefault("estimator", {})["psi"] = 0.0
     config, info, data, _ = _load(values)
+    if config.progress:
+        print(baseline_banner(config, algo.name, info.name, Path(run_dir)), flush=True)
     return run_baseline(config, algo, info, data, Path(run_dir))
 
 

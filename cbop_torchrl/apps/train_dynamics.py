@@ -38,7 +38,9 @@ def train(cfg: DictConfig) -> dict:
 
     if cfg.threads is not None:
         torch.set_num_threads(int(cfg.threads))
-    config = DynamicsConfig.from_dict(OmegaConf.to_container(cfg.dynamics, resolve=True))
+    config = DynamicsConfig.from_dict(
+        OmegaConf.to_container(cfg.dynamics, resolve=True, enum_to_str=True)
+    )
     device = resolve_device(cfg.device)
     dataset, info = load_dataset_with_info(str(cfg.env))
     task = resolve_task(OmegaConf.to_container(cfg.task, resolve=True), info)

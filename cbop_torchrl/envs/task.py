@@ -29,6 +29,7 @@ from cbop_torchrl.registry import (
     families,
     family_of_gym_id,
     get_family,
+    layout_for,
     termination_names,
 )
 from cbop_torchrl.utils import program_command, running_program
@@ -93,7 +94,10 @@ def resolve_task(config: TaskConfig | Mapping[str, Any] | None, info: DatasetInf
     The gymnasium id comes from ``task.gym_id``, else the dataset's known family,
     else the gymnasium id recorded in the data's metadata. A known family (found
     by that gym id or the dataset's name) supplies the gym kwargs, score constants
-    and termination function that the command line leaves out.
+    and termination function that the command line leaves out. Where the family's id
+    has more than one observation layout (Ant-v4: 27 or 111 wide), the data's width
+    picks the gym kwargs (:func:`cbop_torchrl.registry.layout_for`); an explicit
+    ``+task.gym_kwargs.<name>=<value>`` still wins.
 
     Raises:
         TaskError: no gymnasium id, no termination function for an unknown task,
@@ -152,10 +156,13 @@ def resolve_task(config: TaskConfig | Mapping[str, Any] | None, info: DatasetInf
             "dynamics model may imagine states past the end of an episode.",
             stacklevel=2,
         )
+    family_kwargs = dict(base.gym_kwargs) if base is not None else {}
+    if base is not None and (layout := layout_for(base.name, info.obs_dim)) is not None:
+        family_kwargs = layout  # the layout of the data's width; task.gym_kwargs still win
     return Task(
         name=base.name if base is not None else gym_id,
         gym_id=gym_id,
-        gym_kwargs={**(base.gym_kwargs if base is not None else {}), **config.gym_kwargs},
+        gym_kwargs={**family_kwargs, **config.gym_kwargs},
         ref_min_score=None if refs[0] is None else float(refs[0]),
         ref_max_score=None if refs[1] is None else float(refs[1]),
         termination=termination,

@@ -22,19 +22,19 @@ Recipe, all members at once (one batched optimizer step updates every member):
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 from tqdm.auto import tqdm
 
+from cbop_torchrl.config import DynamicsConfig
 from cbop_torchrl.modules.dynamics import (
     DynamicsModel,
     GaussianEnsemble,
@@ -50,68 +50,6 @@ from cbop_torchrl.utils import (
 )
 
 EVAL_CHUNK = 2048  # holdout rows per evaluation call (bounds activation memory)
-
-
-@dataclass
-class DynamicsConfig:
-    """Dynamics ensemble architecture and training settings (paper defaults)."""
-
-    num_members: int = 30
-    num_elites: int = 20
-    hidden_size: int = 200
-    num_layers: int = 4
-    activation: str = "silu"
-    lr: float = 1e-3
-    batch_size: int = 256
-    holdout_ratio: float = 0.2
-    max_holdout: int = 5000
-    patience: int = 5
-    improvement_threshold: float = 0.01
-    max_epochs: int | None = None
-    weight_decay: tuple[float, ...] = field(default=(2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4))
-    logvar_bound_coef: float = 0.01
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        self.weight_decay = tuple(float(d) for d in self.weight_decay)
-        problems = []
-        if not 1 <= self.num_elites <= self.num_members:
-            problems.append(
-                f"num_elites={self.num_elites} must be between 1 and num_members={self.num_members}"
-            )
-        if len(self.weight_decay) != self.num_layers + 1:
-            problems.append(
-                f"weight_decay has {len(self.weight_decay)} entries but num_layers="
-                f"{self.num_layers} needs {self.num_layers + 1} (one per hidden layer plus "
-                "the output layer)"
-            )
-        if not 0.0 < self.holdout_ratio < 1.0 or self.max_holdout < 1:
-            problems.append(
-                f"holdout_ratio={self.holdout_ratio} must be in (0, 1) and max_holdout="
-                f"{self.max_holdout} at least 1"
-            )
-        if self.max_epochs is not None and self.max_epochs < 1:
-            problems.append(f"max_epochs={self.max_epochs} must be None or >= 1")
-        if min(self.batch_size, self.patience, self.hidden_size, self.num_layers) < 1:
-            problems.append("batch_size, patience, hidden_size and num_layers must be >= 1")
-        if problems:
-            raise ValueError("invalid dynamics config: " + "; ".join(problems))
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> DynamicsConfig:
-        """Builds a config from a plain dict (e.g. a Hydra node), rejecting unknown keys."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown dynamics config keys {unknown}; valid keys are {sorted(known)}"
-            )
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        values = dataclasses.asdict(self)
-        values["weight_decay"] = list(self.weight_decay)
-        return values
 
 
 @dataclass

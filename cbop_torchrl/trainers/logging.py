@@ -11,11 +11,12 @@ config as the run's config and one run id per run directory.
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from tensordict import TensorDictBase
@@ -303,3 +304,90 @@ class MetricsHook(TrainerHookBase):
     def register(self, trainer: Trainer, name: str = "metrics") -> None:
         trainer.register_op("post_optim_complete_log", self)
         trainer.register_module(name, self)
+
+
+class ProgressLines:
+    """A stream for progress bars on a non-terminal: a few whole lines per bar, not a refresh
+    per fragment.
+
+    tqdm redraws its bar by writing ``"\r" + status`` many times a second; on a terminal
+    that is a live bar, but in a file (``nohup``, a cluster job, CI) each redraw stays, a
+    few MB for a long run. Wrapped around that file (as ``sys.stderr`` while a program
+    runs, :func:`cbop_torchrl.cli.hydra_entry`), a bar's first status is written as a line,
+    then at most one line every ``interval`` seconds and only when the percentage moved by
+    at least ``min_percent`` points, then its final status when the bar closes (or when
+    anything else is written). Everything that is not a bar's redraw passes through unchanged.
+    """
+
+    _PERCENT = re.compile(r"(\d+)%\|")
+
+    def __init__(
+        self,
+        stream: TextIO,
+        interval: float = 30.0,
+        min_percent: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = stream
+        self.interval = float(interval)
+        self.min_percent = float(min_percent)
+        self.clock = clock
+        self._open = False  # a bar has written its first line and not closed
+        self._pending: str | None = None  # the bar's latest status not written yet
+        self._last_time = 0.0
+        self._last_percent: int | None = None
+
+    def write(self, text: str) -> int:
+        if text.startswith("\r"):
+            self._status(text.lstrip("\r").rstrip())
+        elif text == "":  # tqdm writes "" to test the stream before closing a bar
+            pass
+        elif text == "\n" and self._open:  # tqdm closes a bar (leave=True) with a newline
+            self._close()
+        else:
+            self._close()
+            self.stream.write(text)
+        return len(text)
+
+    def _status(self, status: str) -> None:
+        if not status:  # a bar cleared on close (leave=False)
+            self._close()
+            return
+        match = self._PERCENT.search(status)
+        percent = int(match[1]) if match else None
+        now = self.clock()
+        if self._open:
+            moved = (
+                percent is None
+                or self._last_percent is None
+                or percent - self._last_percent >= self.min_percent
+            )
+            if now - self._last_time < self.interval or not moved:
+                self._pending = status
+                return
+        self._line(status, now, percent)
+
+    def _line(self, status: str, now: float, percent: int | None) -> None:
+        self.stream.write(status + "\n")
+        self.stream.flush()
+        self._open, self._pending = True, None
+        self._last_time, self._last_percent = now, percent
+
+    def _close(self) -> None:
+        if self._pending is not None:
+            self.stream.write(self._pending + "\n")
+        self._open, self._pending, self._last_percent = False, None, None
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def close_bars(self) -> None:
+        """Writes the status a bar that was never closed still holds back."""
+        self._close()
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, encoding, ... of the wrapped stream
+        return getattr(self.stream, name)

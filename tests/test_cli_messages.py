@@ -1,0 +1,194 @@
+"""What every program prints for bad input, an interrupt and a log file (issues 28 and 32).
+
+Each console program, started as ``scripts/<name>.py`` (what ``cbop-<name>`` runs), refuses
+a bad value before any stage with one paragraph and exit code 2, never a traceback; Ctrl-C
+exits with 130 and says how to go on; redirected to a file, a run writes a few whole lines
+per progress bar instead of thousands of fragments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cbop_torchrl.config import capped_threads, usable_cores
+from cbop_torchrl.trainers.logging import ProgressLines
+
+ROOT = Path(__file__).resolve().parents[1]
+UNSET = "CBOP_TEST_SURELY_UNSET_VARIABLE"
+
+#: (script, bad overrides, words the one-paragraph error must hold)
+BAD_INPUTS = [
+    ("cbop.py", ["preset=debug", "agent.eta=-5"], ["agent.eta=-5", ">= 0"]),
+    ("cbop.py", ["preset=debug", "seed=${seed}"], ["seed=${seed}", "e.g. seed=0"]),
+    (
+        "baseline.py",
+        ["preset=debug", "dynamics.activation=bogus"],
+        ["dynamics.activation", "silu, relu, tanh, elu"],
+    ),
+    ("evaluate.py", ["checkpoint=x.pt", "seed=${seed}"], ["seed=${seed}", "never the key's own"]),
+    ("collect.py", [f"seed=${{oc.env:{UNSET}}}"], [UNSET, "must be set"]),
+    (
+        "train_dynamics.py",
+        ["output_dir=out", "dynamics.activation=bogus"],
+        ["dynamics.activation", "silu, relu, tanh, elu"],
+    ),
+    ("cbop.py", ["preset=debug", "hydra.run.dir=/proc"], ["'/proc/", "hydra.run.dir="]),
+    ("select_psi.py", ["sweep_dir=.", "qvalue_nets=${qvalue_nets}"], ["qvalue_nets=${"]),
+    ("report.py", ["paths=runs", f"out=${{oc.env:{UNSET}}}"], [UNSET, "must be set"]),
+]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != UNSET}
+    env["CBOP_TORCHRL_CACHE"] = str(tmp_path / "cache")
+    return env
+
+
+@pytest.mark.parametrize(("script", "overrides", "expected"), BAD_INPUTS)
+def test_every_program_refuses_bad_input_in_one_paragraph_with_exit_code_2(
+    tmp_path: Path, script: str, overrides: list[str], expected: list[str]
+) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), *overrides],
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "Traceback" not in output and "Error executing job" not in output, output
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, output
+    for word in expected:
+        assert word in errors[0], errors[0]
+    assert "[cbop] dynamics" not in output  # refused before any stage
+    assert not (tmp_path / "runs").exists()  # and nothing left behind
+
+
+def test_ctrl_c_exits_130_with_how_to_resume_and_no_traceback(tmp_path: Path) -> None:
+    command = [sys.executable, str(ROOT / "scripts" / "cbop.py"), "preset=debug",
+               "train.epochs=500", "eval.interval=0", "logger=none"]  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines = []
+    for line in process.stdout:  # wait until the CBOP stage runs
+        lines.append(line)
+        if line.startswith("[cbop] cbop:"):
+            break
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    rest, _ = process.communicate(timeout=60)
+    output = "".join(lines) + rest
+    assert process.returncode == 130, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    assert "interrupted; resume with the same command" in output
+    assert "preset=debug train.epochs=500" in output  # the command to run again
+
+
+def test_a_run_logged_to_a_file_writes_a_few_lines_per_progress_bar(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "cbop.py"), "preset=debug", "logger=none"],
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "\r" not in done.stderr  # whole lines, not redraws
+    bars = [line for line in done.stderr.splitlines() if "%|" in line]
+    names = {line.split("%|")[0].rsplit(":", 1)[0].split(":")[0].strip() for line in bars}
+    assert {"dynamics", "bc", "fqe"} <= names  # a fresh cache: every stage trains
+    assert len(bars) <= 3 * 4  # four stages (dynamics, BC, FQE, CBOP): first and last lines
+    assert "No target network updater" not in done.stderr
+    assert "Traceback" not in done.stderr
+    # The banner comes first: the run directory and each stage's settings.
+    first = done.stdout.splitlines()[:8]
+    assert "run directory runs/" in first[0]
+    for stage in ("dynamics:", "bc:", "fqe:", "cbop:", "eval:"):
+        assert any(f"[cbop]   {stage}" in line for line in first), first
+    assert any("psi=2.0" in line and "H=2" in line and "M=3" in line for line in first)
+
+
+def test_progress_lines_keep_a_bar_to_a_line_every_interval() -> None:
+    now = [0.0]
+    out = io.StringIO()
+    stream = ProgressLines(out, interval=30.0, clock=lambda: now[0])
+    for percent in range(0, 101):  # 100 redraws over 200 s
+        stream.write(f"\rstage: {percent:3d}%|bar| {percent}/100")
+        now[0] += 2.0
+    stream.write("\n")  # tqdm closes the bar
+    stream.write("after\n")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "stage:   0%|bar| 0/100"
+    assert lines[-2] == "stage: 100%|bar| 100/100" and lines[-1] == "after"
+    assert 3 <= len(lines) - 1 <= 2 + 200 // 30  # first, last, at most one per 30 s
+
+
+def test_progress_lines_need_ten_points_between_lines() -> None:
+    now = [0.0]
+    out = io.StringIO()
+    stream = ProgressLines(out, interval=30.0, clock=lambda: now[0])
+    for percent in (0, 1, 2, 3):  # a slow bar: minutes per percent
+        stream.write(f"\rslow: {percent}%|")
+        now[0] += 100.0
+    stream.close_bars()
+    assert out.getvalue().splitlines() == ["slow: 0%|", "slow: 3%|"]
+
+
+def test_threads_above_the_cores_are_capped_with_a_note() -> None:
+    cores = usable_cores()
+    assert capped_threads(None) == (None, None)
+    assert capped_threads(cores) == (cores, None)
+    capped, note = capped_threads(cores + 1000)
+    assert capped == cores
+    assert f"threads={cores + 1000}" in note and f"threads={cores}" in note
+
+
+def test_a_wandb_project_name_wandb_refuses_is_refused_at_config_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cbop_torchrl.apps.api import compose_config
+    from cbop_torchrl.cli import run_entry
+
+    # The API composes the same config; the program refuses it before loading anything.
+    assert compose_config(["logger=wandb", "logger.project=a/b"]).logger.project == "a/b"
+    from cbop_torchrl.apps import cbop
+
+    monkeypatch.chdir(tmp_path)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = run_entry(cbop.main, ["preset=debug", "logger=wandb", "logger.project=a/b"])
+    assert code == 2
+    assert "logger.project='a/b' is not a wandb project name" in err.getvalue()
+    assert not (tmp_path / "runs").exists()  # the refused run left nothing
+
+
+def test_each_program_help_says_what_it_does_and_lists_only_its_own_choices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    from cbop_torchrl.apps import COMMANDS
+    from cbop_torchrl.cli import run_entry
+
+    monkeypatch.chdir(tmp_path)
+    for command in COMMANDS:
+        program = importlib.import_module(f"cbop_torchrl.apps.{command.module}")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            assert run_entry(program.main, ["--help"]) == 0
+        text = out.getvalue()
+        assert text.startswith(f"{command.name}: "), text[:200]
+        assert "schema:" not in text and "sweep: paper_grid" not in text
+        assert ("algo: bc, cql, iql, td3bc" in text) == (command.name == "cbop-baseline")
+        assert ("preset: cpu, debug, paper" in text) == (
+            command.name in ("cbop-train", "cbop-baseline")
+        )
+        assert "== Config ==" in text and "Powered by Hydra" in text
+    assert list(tmp_path.iterdir()) == []  # --help writes nothing
