@@ -76,6 +76,11 @@ CASES = [
     ),
     ("collect.py", ["medium_reference=x"], ["medium_reference", "best, d4rl"]),
     ("collect.py", ["tag=", "sac.lr=nan"], ["tag is an empty string", "sac.lr=nan is not a"]),
+    (
+        "collect.py",
+        ["tag=x/../../escaped", "out_dir=out"],
+        ["tag='x/../../escaped' must be a plain name part", "tag=demo"],
+    ),
     ("train_dynamics.py", ["dynamics.num_members=abc"], ["dynamics.num_members", "an integer"]),
     ("train_dynamics.py", ["env={missing}"], ["no file at", "missing.hdf5"]),
 ]

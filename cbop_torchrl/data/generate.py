@@ -33,6 +33,7 @@ import dataclasses
 import hashlib
 import json
 import platform
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,8 +69,22 @@ _ROLLOUT_SEED_OFFSET = {"random": 1_000, "medium": 2_000, "expert": 3_000}
 Arrays = dict[str, np.ndarray]
 
 
+#: A tag is one plain file-name part: no separator, no ``..``, so the file stays in out_dir.
+_TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+def check_tag(tag: str | None) -> None:
+    """Raises ValueError unless ``tag`` is None or one plain file-name part."""
+    if tag is not None and (not _TAG_PATTERN.match(str(tag)) or ".." in str(tag)):
+        raise ValueError(
+            f"tag={tag!r} must be a plain name part of the file name (letters, digits, "
+            "'_', '-', '.', '+', starting with a letter or digit, no '..' or '/'), e.g. tag=demo."
+        )
+
+
 def dataset_file_name(family: Task, kind: str, tag: str | None = None) -> str:
     """``hopper-medium-replay-gen.hdf5`` or, with a tag, ``hopper-demo-medium-replay-gen.hdf5``."""
+    check_tag(tag)
     middle = f"{tag}-" if tag else ""
     return f"{family.name}-{middle}{kind}-gen.hdf5"
 
@@ -343,6 +358,7 @@ class GenerationRequest:
     progress: bool = True
 
     def validate(self) -> None:
+        check_tag(self.tag)
         unknown = [kind for kind in self.kinds if kind not in D4RL_KINDS]
         if unknown or not self.kinds:
             raise ValueError(

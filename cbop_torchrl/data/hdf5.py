@@ -4,9 +4,14 @@ A D4RL-format file holds flat arrays ``observations [N, obs]``, ``next_observati
 [N, obs]``, ``actions [N, act]``, ``rewards [N]``, ``terminals [N]``, ``timeouts [N]``
 and optionally ``infos/*`` and ``metadata/*`` (D4RL's own downloads and the files
 ``scripts/collect.py`` writes). The file is read with h5py, validated, turned into the
-dataset TensorDict once and memory-mapped under ``cache_dir("datasets", <fingerprint>)``;
+dataset TensorDict once and stored under ``cache_dir("datasets", <fingerprint>)``;
 later loads read that cache and never open the HDF5 file again. The fingerprint comes
 from the file's content (SHA-256, remembered per path/size/mtime so it is computed once).
+
+The cache is an input like the file itself, so it is stored and read without
+pickle or any class named in its metadata: one raw ``.bin`` file per tensor and a
+``leaves.json`` manifest (key, dtype from a fixed list of numeric ones, shape),
+each file's size checked against its manifest entry before it is read.
 """
 
 from __future__ import annotations
@@ -30,8 +35,12 @@ from cbop_torchrl.data.transitions import build_transitions
 from cbop_torchrl.registry import families, family_of_gym_id
 from cbop_torchrl.utils import atomic_json_dump, cache_dir, config_hash
 
-FORMAT_VERSION = 2
-"""Bump when the conversion changes so old caches are not reused."""
+FORMAT_VERSION = 3
+"""Bump when the conversion changes so old caches are not reused (3: raw leaves, no memmap)."""
+
+#: The only dtypes a cache entry may hold (manifest name -> numpy dtype).
+_LEAF_DTYPES = {"float32": np.float32, "bool": np.bool_, "int64": np.int64}
+_LEAF_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 
 REQUIRED_KEYS = (
     "observations",
@@ -268,17 +277,68 @@ def cached_info(fingerprint: str) -> dict | None:
     return json.loads(info_path.read_text())
 
 
-def _read_cached_data(path: Path) -> TensorDict:
-    """The memory-mapped dataset at ``path`` as an in-memory TensorDict.
+def _write_cache_data(data: TensorDict, directory: Path) -> None:
+    """Writes every leaf of ``data`` (batch ``[N]``) as raw bytes plus ``leaves.json``.
 
-    Copied one leaf at a time, each leaf's mapping dropped before the next is read
-    (``load_memmap(...).to_tensordict()`` would keep every mapped page resident
-    until the end: twice the dataset's size at the peak).
+    One leaf at a time; nothing in the files names a class or needs pickle to read.
     """
-    mapped = TensorDict.load_memmap(path)
-    data = mapped.empty(recurse=True)
-    for key in list(mapped.keys(include_nested=True, leaves_only=True)):
-        data.set(key, mapped.pop(key).clone())
+    directory.mkdir()
+    manifest = []
+    for key in data.keys(include_nested=True, leaves_only=True):
+        parts = [key] if isinstance(key, str) else list(key)
+        tensor = data.get(key).contiguous()
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in _LEAF_DTYPES or not all(_LEAF_KEY.match(part) for part in parts):
+            raise ValueError(f"cannot cache the leaf {parts} of dtype {dtype}")
+        tensor.numpy().tofile(directory / f"{'.'.join(parts)}.bin")
+        manifest.append({"key": parts, "dtype": dtype, "shape": list(tensor.shape)})
+    atomic_json_dump({"batch_size": list(data.batch_size), "leaves": manifest},
+                     directory / "leaves.json")  # fmt: skip
+
+
+def _read_cached_data(path: Path) -> TensorDict:
+    """The dataset stored at ``path`` by :func:`_write_cache_data`, as an in-memory TensorDict.
+
+    Every manifest entry is checked (key names, a dtype of :data:`_LEAF_DTYPES`, a
+    shape whose byte size is the file's) before its file is read with
+    ``numpy.fromfile``, which reads numbers only.
+
+    Raises:
+        DatasetError: the entry is not what this package writes (edited or damaged).
+    """
+
+    def damaged(why: str) -> DatasetError:
+        return DatasetError(
+            f"the dataset cache entry {str(path.parent)!r} is damaged or was not written by "
+            f"cbop-torchrl ({why}); delete that directory and run the command again to "
+            "convert the file afresh."
+        )
+
+    try:
+        manifest = json.loads((path / "leaves.json").read_text())
+        batch_size = [int(size) for size in manifest["batch_size"]]
+        leaves = list(manifest["leaves"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise damaged(f"unreadable leaves.json: {error}") from None
+    data = TensorDict(batch_size=batch_size)
+    for leaf in leaves:
+        try:
+            parts, dtype, shape = list(leaf["key"]), leaf["dtype"], [int(n) for n in leaf["shape"]]
+        except (KeyError, TypeError, ValueError):
+            raise damaged(f"a bad manifest entry {leaf!r}") from None
+        if not parts or not all(isinstance(p, str) and _LEAF_KEY.match(p) for p in parts):
+            raise damaged(f"a bad leaf name {parts!r}")
+        if dtype not in _LEAF_DTYPES:
+            raise damaged(f"leaf {parts} has dtype {dtype!r}, not one of {sorted(_LEAF_DTYPES)}")
+        if shape[: len(batch_size)] != batch_size or any(n < 0 for n in shape):
+            raise damaged(f"leaf {parts} has shape {shape}, batch {batch_size}")
+        file = path / f"{'.'.join(parts)}.bin"
+        numpy_dtype = np.dtype(_LEAF_DTYPES[dtype])
+        expected = int(np.prod(shape, dtype=np.int64)) * numpy_dtype.itemsize
+        if file.is_symlink() or not file.is_file() or file.stat().st_size != expected:
+            raise damaged(f"{file.name} is missing or not {expected} bytes")
+        values = np.fromfile(file, dtype=numpy_dtype).reshape(shape)
+        data.set(tuple(parts), torch.from_numpy(values))
     return data
 
 
@@ -347,10 +407,8 @@ def load_hdf5(path: Path, with_data: bool = True) -> tuple[TensorDict | None, di
     # leaves a half-written cache that a later run would trust.
     staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{fingerprint}."))
     try:
-        # In place, leaf by leaf, so the in-memory and the mapped copy of a leaf
-        # coexist only while it is written; the data is read back below.
-        data.memmap_(staging / "data")
-        del data
+        _write_cache_data(data, staging / "data")
+        del data  # read back below, so a first load returns what later loads will
         atomic_json_dump(info, staging / "info.json")
         try:
             os.replace(staging, entry)

@@ -86,7 +86,7 @@ from cbop_torchrl.trainers.logging import (
     make_logger,
 )
 from cbop_torchrl.trainers.pretrain import load_or_train_bc, load_or_train_fqe
-from cbop_torchrl.trainers.rundir import RunLock, clear_previous_run
+from cbop_torchrl.trainers.rundir import RunLock, claim_run_dir, clear_previous_run
 from cbop_torchrl.utils import atomic_json_dump, resolve_device, seed_everything
 
 CBOP_SEED_OFFSET = 3
@@ -327,10 +327,10 @@ class OfflineRun:
                 info, fingerprint=info.fingerprint + specs.fingerprint_suffix()
             )
         run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
         device = resolve_device(config.device)
         if config.threads is not None:
             torch.set_num_threads(config.threads)
+        claim_run_dir(run_dir)  # refuses a folder of user files a run could overwrite
         lock = RunLock(run_dir)  # a second copy of the command stops here (RunLockedError)
         if lock.previous_holder:
             print(f"[cbop] took over the lock of a run that died ({lock.previous_holder})")

@@ -24,6 +24,14 @@ from cbop_torchrl.trainers.checkpoint import CheckpointError
 
 LOCK_NAME = ".run.lock"
 
+#: Written when a run first takes a directory (:func:`claim_run_dir`): a run only
+#: removes or overwrites files in a directory that holds it.
+MARKER_NAME = ".cbop-run"
+
+#: What may already be in a fresh run directory before the run takes it: Hydra's
+#: ``.hydra/`` and job log (``*.log``), written before the program's own code runs.
+_PRE_RUN_NAMES = (".hydra",)
+
 #: What a run writes into its directory; ``resume=false`` clears these (Hydra's
 #: ``.hydra/`` of the new command and the lock stay).
 RUN_OUTPUTS = (
@@ -62,7 +70,7 @@ class RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._handle = None
         self.previous_holder: str | None = None
-        handle = open(self.path, "a+")  # noqa: SIM115 - the lock lives as long as the handle
+        handle = _open_own_file(self.path)
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -103,6 +111,86 @@ class RunLock:
         self.release()
 
 
+def _open_own_file(path: Path):  # noqa: ANN202 - a text file object
+    """Opens ``path`` for reading and writing, creating it, without following a link.
+
+    ``O_NOFOLLOW`` refuses a symlink at ``path`` (so the later truncation can only
+    ever empty this regular file, never a link's target), and nothing is truncated
+    on open.
+    """
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as error:
+        raise CheckpointError(
+            f"cannot open the run lock {str(path)!r} ({error.strerror}); it must be a regular "
+            "file written by cbop-torchrl, not a link. Remove it or use another run directory "
+            "(hydra.run.dir=...)."
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(
+            f"the run lock {str(path)!r} is not a regular file; remove it or use another "
+            "run directory (hydra.run.dir=...)."
+        )
+    return os.fdopen(fd, "r+")
+
+
+def claim_run_dir(run_dir: str | Path) -> None:
+    """Creates ``run_dir``, or checks that an existing one is a run's; then marks it as one.
+
+    A run directory holds :data:`MARKER_NAME`, written here before the run writes
+    anything else (a run of an earlier version is known by its run lock,
+    :data:`LOCK_NAME`, which every run since the lock existed leaves behind). A
+    folder that already holds other files than Hydra's and neither is refused, so
+    a run never removes or overwrites a file it did not write.
+
+    Raises:
+        CheckpointError: ``run_dir`` is not a directory, or holds other files and no marker.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CheckpointError(
+            f"the run directory {str(run_dir)!r} exists and is not a directory; pass another "
+            "run directory (hydra.run.dir=...)."
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    marker = run_dir / MARKER_NAME
+    if any(_is_regular_file(run_dir / name) for name in (MARKER_NAME, LOCK_NAME)):
+        _create_marker(marker)
+        return
+    foreign = sorted(
+        entry.name
+        for entry in run_dir.iterdir()
+        if entry.name not in _PRE_RUN_NAMES and not (entry.suffix == ".log" and entry.is_file())
+    )
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise CheckpointError(
+            f"the run directory {str(run_dir)!r} already holds files that no cbop-torchrl run "
+            f"wrote there ({shown}), and a run may remove or overwrite its own files. Pass an "
+            "empty or new run directory (hydra.run.dir=...)."
+        )
+    _create_marker(marker)
+
+
+def _is_regular_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
+def _create_marker(marker: Path) -> None:
+    """Creates the (empty) marker unless it is there; never follows a link or truncates."""
+    try:
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    except FileExistsError:
+        if not _is_regular_file(marker):
+            raise CheckpointError(
+                f"{str(marker)!r} is not a regular file; pass another run directory "
+                "(hydra.run.dir=...)."
+            ) from None
+
+
 def clear_previous_run(run_dir: str | Path) -> list[str]:
     """Removes a previous run's outputs from ``run_dir`` (``resume=false``); returns their names.
 
@@ -110,10 +198,16 @@ def clear_previous_run(run_dir: str | Path) -> list[str]:
     CSV files and report the old run's results if it were interrupted.
     """
     run_dir = Path(run_dir)
+    if not _is_regular_file(run_dir / MARKER_NAME):
+        raise CheckpointError(
+            f"{str(run_dir)!r} is not marked as a cbop-torchrl run directory; nothing removed"
+        )
     removed = []
     for name in RUN_OUTPUTS:
         path = run_dir / name
-        if path.is_dir():
+        if path.is_symlink():  # remove the link, never what it points to
+            path.unlink()
+        elif path.is_dir():
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()

@@ -1,0 +1,165 @@
+"""Reliability II (issue 28): a run only touches files it made, and links never redirect a write.
+
+The end-to-end cases run ``scripts/cbop.py`` at the debug preset in a folder that
+is not a run; each is refused before any data is loaded, so each takes only the
+seconds of the script's imports.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from d4rl_files import debug_cbop_command, pipeline_workspace, write_d4rl_hdf5
+from tensordict import NonTensorData, TensorDict
+
+from cbop_torchrl.data import DatasetError
+from cbop_torchrl.data.hdf5 import convert_hdf5, load_hdf5
+from cbop_torchrl.trainers.checkpoint import CheckpointError
+from cbop_torchrl.trainers.rundir import (
+    LOCK_NAME,
+    MARKER_NAME,
+    RunLock,
+    claim_run_dir,
+    clear_previous_run,
+)
+from cbop_torchrl.utils import cache_dir
+
+TIMEOUT_S = 120  # imports on a loaded 2-core machine; refusals come before any training
+
+
+def user_folder(root: Path) -> dict[Path, str]:
+    """A folder of a user's own files, some named like a run's outputs; returns path -> text."""
+    files = {
+        root / "logs" / "sub" / "important.txt": "keep me\n",
+        root / "config.json": '{"mine": true}\n',
+        root / "results.json": '{"also": "mine"}\n',
+    }
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return files
+
+
+@pytest.mark.parametrize("resume", ["false", "auto"])
+def test_a_folder_that_is_not_a_run_is_refused_and_left_as_it_was(
+    tmp_path: Path, resume: str
+) -> None:
+    workspace = pipeline_workspace(tmp_path)
+    folder = tmp_path / "my_folder"
+    files = user_folder(folder)
+    done = subprocess.run(
+        debug_cbop_command(workspace, folder, f"resume={resume}"),
+        env=workspace["env"], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "no cbop-torchrl run wrote there" in error[0], done.stderr
+    assert "hydra.run.dir=" in error[0] and "config.json" in error[0], error
+    for path, text in files.items():
+        assert path.read_text() == text, path
+    assert not (folder / LOCK_NAME).exists() and not (folder / MARKER_NAME).exists()
+
+
+def test_a_run_marks_its_directory_and_a_marked_or_locked_one_is_a_run(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh"
+    (fresh / ".hydra").mkdir(parents=True)
+    (fresh / "cbop.log").write_text("")
+    claim_run_dir(fresh)  # what Hydra writes before the program starts is no user file
+    assert (fresh / MARKER_NAME).is_file()
+    claim_run_dir(tmp_path / "new" / "nested")
+    assert (tmp_path / "new" / "nested" / MARKER_NAME).is_file()
+    for evidence in (MARKER_NAME, LOCK_NAME):  # the lock: a run of an earlier version
+        previous_run = tmp_path / f"run{evidence}"
+        user_folder(previous_run)
+        (previous_run / evidence).write_text("")
+        claim_run_dir(previous_run)
+        assert clear_previous_run(previous_run) == ["results.json", "config.json", "logs"]
+    marked_by_link = tmp_path / "linked"
+    user_folder(marked_by_link)
+    (marked_by_link / MARKER_NAME).symlink_to(fresh / MARKER_NAME)
+    with pytest.raises(CheckpointError, match="no cbop-torchrl run wrote there"):
+        claim_run_dir(marked_by_link)
+
+
+def test_clear_previous_run_refuses_an_unmarked_folder(tmp_path: Path) -> None:
+    files = user_folder(tmp_path)
+    with pytest.raises(CheckpointError, match="not marked as a cbop-torchrl run"):
+        clear_previous_run(tmp_path)
+    assert all(path.read_text() == text for path, text in files.items())
+    with pytest.raises(CheckpointError, match="not a directory"):
+        claim_run_dir(tmp_path / "config.json")
+
+
+def test_clear_previous_run_removes_a_link_not_its_target(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    files = user_folder(elsewhere)
+    run_dir = tmp_path / "run"
+    claim_run_dir(run_dir)
+    (run_dir / "logs").symlink_to(elsewhere / "logs")
+    (run_dir / "results.json").symlink_to(elsewhere / "results.json")
+    assert clear_previous_run(run_dir) == ["results.json", "logs"]
+    assert all(path.read_text() == text for path, text in files.items())
+
+
+def test_the_run_lock_never_follows_a_link_or_empties_its_target(tmp_path: Path) -> None:
+    target = tmp_path / "precious.txt"
+    target.write_text("precious\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / LOCK_NAME).symlink_to(target)
+    with pytest.raises(CheckpointError, match="not a link"):
+        RunLock(run_dir)
+    assert target.read_text() == "precious\n"
+    (run_dir / LOCK_NAME).unlink()
+    (run_dir / LOCK_NAME).mkdir()
+    with pytest.raises(CheckpointError, match="run lock"):
+        RunLock(run_dir)
+
+
+class _RunsCodeWhenUnpickled:
+    """Unpickling this touches ``path``: what a hostile cache entry could do instead."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):  # noqa: ANN204 - pickle's protocol
+        return (Path.touch, (self.path,))
+
+
+def test_a_dataset_cache_entry_is_read_without_pickle_and_checked(tmp_path: Path) -> None:
+    file = write_d4rl_hdf5(tmp_path / "hopper-x.hdf5", episode_lengths=(6, 5, 4))
+    first, info = load_hdf5(file)
+    expected, _, _ = convert_hdf5(file)
+    again, _ = load_hdf5(file)  # from the cache
+    for data in (first, again):
+        assert set(data.keys(True, True)) == set(expected.keys(True, True))
+        assert all(torch.equal(data[key], expected[key]) for key in expected.keys(True, True))
+    entry = cache_dir("datasets") / info["fingerprint"]
+
+    manifest_path = entry / "data" / "leaves.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["leaves"][0]["dtype"] = "object"
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(DatasetError, match="dtype 'object'.*delete that directory"):
+        load_hdf5(file)
+
+    # A TensorDict memmap holding a pickled object, as a hostile entry would.
+    sentinel = tmp_path / "code_ran"
+    shutil.rmtree(entry / "data")
+    hostile = TensorDict(
+        {
+            "observation": expected["observation"],
+            "evil": NonTensorData(_RunsCodeWhenUnpickled(sentinel), batch_size=expected.shape),
+        },
+        batch_size=expected.shape,
+    )
+    hostile.memmap_(entry / "data")
+    with pytest.raises(DatasetError, match="not written by cbop-torchrl"):
+        load_hdf5(file)
+    assert not sentinel.exists()
