@@ -86,6 +86,38 @@ def test_a_no_index_install_from_the_bundle_trains_the_debug_preset(built, tmp_p
     assert json.loads(results.read_text())["gradient_steps"] == 40
 
 
+@pytest.mark.install
+def test_a_bundle_for_another_python_without_the_package_wheel_and_excluded_packages(
+    tmp_path: Path,
+) -> None:
+    """What benchmarks/gpu_session.sh installs from: Python 3.12, the target's torch, no wandb."""
+    dest = tmp_path / "wheels"
+    args = ["--dest", str(dest), "--python-version", "3.12", "--torch", "torch==2.11.0",
+            "--no-package-wheel", "--exclude", "numpy", "wandb"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "cbop_torchrl.apps.bundle", *args],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((dest / "bundle.json").read_text())
+    files = manifest["files"]
+    assert not any(
+        n.startswith(("cbop_torchrl", "torch-", "numpy", "wandb", "nvidia")) for n in files
+    )
+    assert any(n.startswith("setuptools-") for n in files)  # to build the checkout offline
+    assert any(n.startswith("torchrl-") and "cp312" in n for n in files)
+    assert all("cp311" not in n for n in files)
+    assert {"wandb==", "numpy==", "torch==2.11.0"} <= {
+        entry.split("==")[0] + "==" if "torch==" not in entry else entry
+        for entry in manifest["left_out"]
+    }
+    requirements = (dest / "requirements.txt").read_text().split()
+    assert any(r.startswith("torchrl") for r in requirements)
+    assert not any(r.startswith(("torch>", "torch=", "wandb", "numpy")) for r in requirements)
+    assert manifest["left_out_requirements"] == ["numpy", "wandb"]
+    assert "--no-deps" in manifest["install"] and "requirements.txt" in manifest["install"]
+
+
 def _item(name: str, *requires: str) -> dict:
     return {
         "metadata": {"name": name, "version": "1.0", "requires_dist": list(requires)},

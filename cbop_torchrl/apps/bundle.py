@@ -318,15 +318,18 @@ def _bundle_around(
         if (r := Requirement(text)).marker is None
         or any(r.marker.evaluate({**env, "extra": e}) for e in ("", *extras))
     ]
-    roots = [root] if package_wheel else own_requirements
+    roots = [root] if package_wheel else list(own_requirements)
     roots += [*([torch_spec] if with_torch else []), *extra_roots]
     items = needed(report, roots, env, skip)
     download(items, dest, target.pip_flags())
     files = {file_name(i): (dest / file_name(i)).stat().st_size for i in items}
     # The package's own requirements as it states them (a version the target already
     # has is kept), less what was left out: the first step of a --no-deps install.
-    direct = [t for t in own_requirements if canonicalize_name(Requirement(t).name) not in skip]
-    direct += [torch_spec] if with_torch else []
+    direct = [
+        torch_spec if canonicalize_name(Requirement(t).name) == "torch" else t
+        for t in own_requirements
+        if canonicalize_name(Requirement(t).name) not in skip
+    ]
     (dest / "requirements.txt").write_text("\n".join(direct) + "\n")
     missing_direct = sorted(
         {canonicalize_name(Requirement(t).name) for t in own_requirements} & skip - {"torch"}
