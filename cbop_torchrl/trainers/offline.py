@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.checkpoint import GlobalRNGState
 from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase
 from torchrl.objectives import SoftUpdate
@@ -77,7 +76,6 @@ from cbop_torchrl.trainers.hooks import (
     GuardedOptimizationStepper,
     QValueStats,
     ResumeProgressBar,
-    SampleFromBuffer,
 )
 from cbop_torchrl.trainers.logging import (
     MetricsHook,
@@ -85,6 +83,7 @@ from cbop_torchrl.trainers.logging import (
     log_scalars,
     make_logger,
 )
+from cbop_torchrl.trainers.portable import PortableRNGState, PortableSampleFromBuffer
 from cbop_torchrl.trainers.pretrain import load_or_train_bc, load_or_train_fqe
 from cbop_torchrl.trainers.rundir import RunLock, clear_previous_run
 from cbop_torchrl.trainers.slicing import SliceBudgetHook, slice_budget_hook
@@ -536,7 +535,7 @@ def build_offline_training(
         auto_log_optim_steps=False,
         log_interval=config.train.log_interval,
     )
-    SampleFromBuffer(buffer, generator).register(trainer)
+    PortableSampleFromBuffer(buffer, generator).register(trainer)  # resumes across devices
     if target_update is not None:
         trainer.register_op("post_optim", TargetNetUpdaterHook(target_update))
     metrics = MetricsHook(run.logger, config.train.log_interval)
@@ -555,7 +554,7 @@ def build_offline_training(
     slice_budget = slice_budget_hook(checkpoint, run.lock.release if run.lock else None)
     if slice_budget is not None:  # after the checkpoint hook: it stops right after a save
         slice_budget.register(trainer)
-    trainer.register_module("rng", GlobalRNGState())
+    trainer.register_module("rng", PortableRNGState())
     ResumeProgressBar(trainer).register(trainer)
     training = OfflineTraining(trainer, actor, metrics, evaluation, checkpoint, eval_env)
     training.slice_budget = slice_budget
