@@ -218,6 +218,7 @@ def test_the_dynamics_ensemble_trains_on_cuda(models) -> None:
     batch = models["cuda"][3]
     data = batch.clone()
     data = torch.cat([data] * 8)  # 1024 rows: a holdout and several batches
+    data["dynamics_mask"] = torch.ones(data.shape[0], dtype=torch.bool, device=CUDA)
     data["next", "observation"] = data["next", "observation"] + 0.01 * torch.randn_like(
         data["next", "observation"]
     )
@@ -226,7 +227,7 @@ def test_the_dynamics_ensemble_trains_on_cuda(models) -> None:
         num_members=4, num_elites=3, hidden_size=32, num_layers=2, max_epochs=3, patience=10,
         weight_decay=(2.5e-5, 5e-5, 1e-4), batch_size=128,
     )  # fmt: skip
-    model, metrics = train_dynamics(data, "walker2d", config, log_fn=epochs.append)
+    model, metrics = train_dynamics(data, "walker2d", config, progress=False, log_fn=epochs.append)
     assert {p.device.type for p in model.parameters()} == {"cuda"}
     assert len(epochs) == 3 and all(torch.isfinite(torch.tensor(e["train_loss"])) for e in epochs)
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
