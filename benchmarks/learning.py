@@ -34,6 +34,15 @@ whose directory does not exist yet starts as a copy of the unlabelled run when
 that one is shorter, and continues it; the shorter run and its summary stay as
 they are.
 
+In slices (a job with a time limit, a lent GPU): ``--max-minutes M`` trains until
+the wall-clock budget is nearly spent, stops right after a checkpoint, prints
+"resume with the same command" and exits 0; the same command continues exactly
+where it stopped (:mod:`cbop_torchrl.trainers.slicing`). ``--slice-steps N`` stops
+after N gradient steps instead (deterministic). Each run keeps its slices in
+``<run dir>/slices.json`` and a finished run's summary lists them (``slices``)::
+
+    python benchmarks/learning.py --preset paper --algos cbop --seeds 0 --max-minutes 8
+
 Datasets come from ``$CBOP_TORCHRL_CACHE/generated/<name>.hdf5`` and are
 generated there (``benchmarks/make_datasets.sh``, deterministic) when missing.
 """
@@ -49,14 +58,23 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse
 import datetime
 import json
+import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from cbop_torchrl.evaluation.report import summarize_run
+from cbop_torchrl.trainers.slicing import (
+    DEADLINE_ENV,
+    SLICE_END_NAME,
+    SLICE_EXIT_CODE,
+    STEPS_ENV,
+)
 from cbop_torchrl.utils import atomic_json_dump, cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,12 +127,122 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="name runs and summaries <variant>-LABEL (e.g. 60k); a new labelled run continues "
         "a copy of the unlabelled one when that is shorter",
     )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="wall-clock budget of this invocation: stop after a checkpoint before it is spent, "
+        "exit 0, and continue with the same command (a run still in its dynamics/BC/FQE stage "
+        f"at the budget is stopped {KILL_GRACE_S:.0f} s after it and resumes from that "
+        "stage's last checkpoint)",
+    )
+    parser.add_argument(
+        "--slice-steps",
+        type=int,
+        default=None,
+        help="stop each invocation at the first checkpoint at least this many gradient steps "
+        "after where it started (deterministic slices; with --max-minutes, whichever is first)",
+    )
     parser.add_argument("--no-analysis", action="store_true", help="skip checkpoint analysis")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument(
         "overrides", nargs="*", help="extra Hydra overrides for every run (e.g. eval.episodes=5)"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        parser.error(f"--max-minutes {args.max_minutes}: give a positive number (e.g. 8)")
+    if args.slice_steps is not None and args.slice_steps < 1:
+        parser.error(f"--slice-steps {args.slice_steps}: give a positive number (e.g. 10000)")
+    return args
+
+
+#: Seconds past the --max-minutes budget after which a run that has not stopped by itself
+#: (it is in a stage before CBOP's, which has checkpoints but no budget check) is stopped.
+KILL_GRACE_S = 60.0
+
+
+@dataclass
+class SliceOutcome:
+    """How one invocation of a run's command ended under a slice budget."""
+
+    finished: bool  # the run reached its last step (exit 0)
+    step: int | None  # the CBOP step it stopped at (None: stopped before the CBOP stage)
+    returncode: int
+
+
+def run_slice(
+    command: list[str], run_dir: Path, args: argparse.Namespace, deadline: float | None
+) -> SliceOutcome:
+    """Runs ``command`` under the invocation's budget and records the slice in ``slices.json``.
+
+    Returns a :class:`SliceOutcome`. The child gets the budget through the
+    environment (:mod:`cbop_torchrl.trainers.slicing`); one still running
+    :data:`KILL_GRACE_S` after the deadline is interrupted (SIGINT, then SIGKILL).
+    """
+    env = dict(os.environ)
+    env.pop(DEADLINE_ENV, None)
+    env.pop(STEPS_ENV, None)
+    if deadline is not None:
+        env[DEADLINE_ENV] = repr(deadline)
+    if args.slice_steps is not None:
+        env[STEPS_ENV] = str(args.slice_steps)
+    (run_dir / SLICE_END_NAME).unlink(missing_ok=True)
+    started_utc = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    start = time.time()
+    process = subprocess.Popen(command, cwd=ROOT, env=env)
+    try:
+        timeout = None if deadline is None else max(deadline + KILL_GRACE_S - time.time(), 1.0)
+        returncode = process.wait(timeout=timeout)
+        killed = False
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        try:
+            returncode = process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            returncode = process.wait()
+        killed = True
+    end_path = run_dir / SLICE_END_NAME
+    step = None
+    if returncode == SLICE_EXIT_CODE and end_path.is_file():
+        step = int(json.loads(end_path.read_text())["step"])
+        end_path.unlink()
+    finished = returncode == 0 and not killed
+    if finished:
+        step = run_steps(run_dir)
+        outcome = "finished"
+    elif killed:
+        outcome = "interrupted at the deadline (resumes from the last checkpoint of its stage)"
+    elif step is not None:
+        outcome = "budget spent after a checkpoint"
+    else:
+        outcome = f"failed (exit {returncode})"
+    history_path = run_dir / "slices.json"
+    history = json.loads(history_path.read_text()) if history_path.is_file() else []
+    if run_dir.is_dir():
+        history.append(
+            {
+                "slice": len(history) + 1,
+                "started_utc": started_utc,
+                "wall_s": round(time.time() - start, 1),
+                "end_step": step,
+                "outcome": outcome,
+                "max_minutes": args.max_minutes,
+                "slice_steps": args.slice_steps,
+                "host": platform.node(),
+            }
+        )
+        atomic_json_dump(history, history_path)
+    if killed:
+        returncode = SLICE_EXIT_CODE
+    return SliceOutcome(finished, step, returncode)
+
+
+def resume_message(argv: list[str] | None, why: str) -> str:
+    command = shlex.join(
+        ["python", "benchmarks/learning.py", *(sys.argv[1:] if argv is None else argv)]
+    )
+    return f"[bench] {why}; resume with the same command:\n    {command}"
 
 
 def pretraining_steps(preset: str, overrides: list[str]) -> int:
@@ -279,6 +407,8 @@ def portable_command(command: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    deadline = None if args.max_minutes is None else time.time() + 60 * args.max_minutes
+    sliced = deadline is not None or args.slice_steps is not None
     runs_root = args.runs or cache_dir("benchmark_runs")
     plan = [
         (dataset, seed, variant)
@@ -328,12 +458,33 @@ def main(argv: list[str] | None = None) -> int:
         if not provenance and dataset_provenance(dataset):
             return main(argv)  # just generated: its version now names the run directories
         command = run_command(variant, data, seed, args.preset, run_dir, args)
+        if deadline is not None and time.time() >= deadline:
+            print(resume_message(argv, f"the --max-minutes {args.max_minutes:g} budget is spent"))
+            return 0
         print(f"[bench] running  {shlex.join(command)}", flush=True)
         start = time.time()
-        finished = subprocess.run(command, cwd=ROOT, check=False)
-        if finished.returncode != 0:
+        if sliced:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            outcome = run_slice(command, run_dir, args, deadline)
+            returncode = outcome.returncode
+            if returncode == SLICE_EXIT_CODE:
+                where = (
+                    "before its CBOP stage"
+                    if outcome.step is None
+                    else f"at gradient step {outcome.step} of {steps}"
+                )
+                print(
+                    resume_message(
+                        argv, f"slice ended: {dataset} {name} seed {seed} stopped {where}"
+                    ),
+                    flush=True,
+                )
+                return 0
+        else:
+            returncode = subprocess.run(command, cwd=ROOT, check=False).returncode
+        if returncode != 0:
             print(
-                f"[bench] FAILED   {dataset} {name} seed {seed} (exit {finished.returncode});"
+                f"[bench] FAILED   {dataset} {name} seed {seed} (exit {returncode});"
                 " moving on (re-run to resume it)",
                 flush=True,
             )
@@ -347,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
         summary["session_wall_s"] = time.time() - start
         summary["finished_utc"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         summary["host"] = {"nproc": os.cpu_count(), "loadavg": os.getloadavg()}
+        if (run_dir / "slices.json").is_file():  # a run made in slices (--max-minutes)
+            summary["slices"] = json.loads((run_dir / "slices.json").read_text())
         atomic_json_dump(summary, summary_path)
         print(
             f"[bench] finished {dataset} {name} seed {seed}: final "

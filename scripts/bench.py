@@ -2,7 +2,7 @@
 
     python scripts/bench.py                      # paper and CPU-preset sizes, ~5-10 min on 2 cores
     python scripts/bench.py --quick              # CPU-preset sizes only, < 2 min
-    python scripts/bench.py --json bench_cuda.json --device cuda
+    python scripts/bench.py --device cuda --json benchmarks/bench_cuda.json  # paper sizes on a GPU
 
 Everything is measured in ONE process, variants interleaved round by round so
 that a busy machine slows them alike: ratios are what to compare.
@@ -20,8 +20,15 @@ For each size it times (ms per call, median over rounds):
   peak each size's "% peak" is taken against (the start-of-run figure is
   printed too; on a busy machine the two differ);
 - ``update``: a full :class:`CBOPLoss` gradient step (fp32 target, critic with
-  EDAC term, actor, alpha, Adam), and ``sac_update``: a stock TorchRL
+  EDAC term, actor, alpha, Adam), ``update_bf16`` the same with bf16 rollouts
+  (what ``estimator.rollout_dtype=auto`` picks where bf16 is fast and accurate,
+  as on a GPU), and ``sac_update``: a stock TorchRL
   ``SACLoss`` step with the same M, the floor without model rollouts.
+
+Every variant also gets its share of the bf16 matmul peak (``*_bf16_peak_share``,
+the "% bf16" column: a GPU's headline figure). ``--device cuda`` times the paper's
+sizes (``paper``: walker2d and the other tasks, M = 20; ``paper-hopper``: M = 50)
+against an 8192 x 8192 matmul peak and skips the CPU-only parts.
 
 With the CPU-preset size it also times the CBOP stage's whole step (sample, loss,
 guarded Adam step, target update, metrics) now, with bf16 rollouts, at
@@ -89,7 +96,7 @@ from benchmarks.speed.report import (  # noqa: E402
     print_size,
 )
 from benchmarks.speed.size_timings import bench_size  # noqa: E402
-from benchmarks.speed.sizes import PAPER, TINY, cpu_preset_size  # noqa: E402
+from benchmarks.speed.sizes import PAPER, PAPER_HOPPER, TINY, cpu_preset_size  # noqa: E402
 from cbop_torchrl.utils import atomic_json_dump, unwritable_reason  # noqa: E402
 
 
@@ -103,7 +110,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="CPU-preset sizes only, fewer rounds, short evaluation (< 2 min)",
     )
     parser.add_argument(
-        "--sizes", help="comma list of paper,cpu,tiny (default: paper,cpu; --quick: cpu)"
+        "--sizes",
+        help="comma list of paper,paper-hopper,cpu,tiny (default: paper,cpu; --quick: cpu; "
+        "--device cuda: paper,paper-hopper)",
     )
     parser.add_argument(
         "--rounds",
@@ -160,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     if device.type not in ("cpu", "cuda"):
         print(f"--device {args.device!r}: only cpu and cuda are supported.", file=sys.stderr)
         return 2
-    known = {"paper": PAPER, "cpu": None, "tiny": TINY}
-    names = (args.sizes or ("cpu" if args.quick else "paper,cpu")).split(",")
+    known = {"paper": PAPER, "paper-hopper": PAPER_HOPPER, "cpu": None, "tiny": TINY}
+    default_sizes = "cpu" if args.quick else "paper,cpu"
+    if device.type == "cuda" and not args.quick:
+        default_sizes = "paper,paper-hopper"
+    names = (args.sizes or default_sizes).split(",")
     unknown = [n for n in names if n not in known]
     if unknown:
         print(f"--sizes: unknown size(s) {unknown}; choose from {sorted(known)}.", file=sys.stderr)
@@ -200,13 +212,16 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", "scripts/bench.py", *(argv or sys.argv[1:])]),
     }
     matmul_n = 256 if tiny else (2048 if args.quick else 4096)
+    if device.type == "cuda" and not tiny:
+        matmul_n = 8192  # a GPU reaches its bf16 peak only on large products
+        report["gpu"] = torch.cuda.get_device_name(device)
     report["peak_fp32_gflops"] = matmul_peak(torch.float32, matmul_n, device, rounds + 2)
     report["peak_bf16_gflops"] = matmul_peak(torch.bfloat16, matmul_n, device, rounds + 2)
     print_host(report)
     report["sizes"] = {}
     for name in names:
         size = known[name] or cpu_preset_size()
-        size_rounds = rounds if args.rounds or size is not PAPER else min(rounds, 3)
+        size_rounds = rounds if args.rounds or size not in (PAPER, PAPER_HOPPER) else min(rounds, 3)
         result = bench_size(size, device, size_rounds, matmul_n, args.compile)
         report["sizes"][name] = result
         print_size(result)

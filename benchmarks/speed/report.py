@@ -34,11 +34,15 @@ def print_size(result: dict) -> None:
         f"matmul peak in the same rounds: {result['peak_fp32_gflops']:.0f} GFLOP/s fp32, "
         f"{result['peak_bf16_gflops']:.0f} bf16 (% peak: target_bf16 against bf16, others fp32)"
     )
-    print(f"{'':18}{'ms/call':>10}{'GFLOP/s':>10}{'% peak':>8}{'vs ref':>8}")
-    for name in ("reference_target", "target_fp32", "target_bf16", "update", "sac_update"):
+    print(f"{'':18}{'ms/call':>10}{'GFLOP/s':>10}{'% peak':>8}{'% bf16':>8}{'vs ref':>8}")
+    names = ("reference_target", "target_fp32", "target_bf16", "update", "update_bf16")
+    for name in (*names, "sac_update"):
+        if name + "_ms" not in result:  # a report from before update_bf16 was timed
+            continue
         print(
-            f"{name:18}{result[name + '_ms']:10.1f}{result[name + '_gflops']:10.1f}"
+            f"{name:18}{result[name + '_ms']:10.2f}{result[name + '_gflops']:10.1f}"
             f"{100 * result[name + '_peak_share']:8.1f}"
+            f"{100 * result.get(name + '_bf16_peak_share', math.nan):8.2f}"
             f"{result[name + '_speedup_vs_reference']:7.2f}x"
         )
     print(

@@ -27,6 +27,8 @@ class Size:
 
 
 PAPER = Size("paper", 256, 20, 20, 10, (256, 256, 256), (200,) * 4, 30)
+#: The paper's hopper settings: M = 50 critics (the other tasks: 20), the rest as PAPER.
+PAPER_HOPPER = Size("paper-hopper", 256, 20, 50, 10, (256, 256, 256), (200,) * 4, 30, "hopper")
 TINY = Size("tiny", 8, 2, 2, 2, (16, 16), (16, 16), 3)
 
 

@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.checkpoint import GlobalRNGState
 from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase
 from torchrl.objectives import SoftUpdate
@@ -77,7 +76,6 @@ from cbop_torchrl.trainers.hooks import (
     GuardedOptimizationStepper,
     QValueStats,
     ResumeProgressBar,
-    SampleFromBuffer,
 )
 from cbop_torchrl.trainers.logging import (
     MetricsHook,
@@ -85,8 +83,10 @@ from cbop_torchrl.trainers.logging import (
     log_scalars,
     make_logger,
 )
+from cbop_torchrl.trainers.portable import PortableRNGState, PortableSampleFromBuffer
 from cbop_torchrl.trainers.pretrain import load_or_train_bc, load_or_train_fqe
 from cbop_torchrl.trainers.rundir import RunLock, claim_run_dir, clear_previous_run
+from cbop_torchrl.trainers.slicing import SliceBudgetHook, slice_budget_hook
 from cbop_torchrl.utils import atomic_json_dump, resolve_device, seed_everything
 
 CBOP_SEED_OFFSET = 3
@@ -491,13 +491,20 @@ class OfflineTraining:
     eval_env: EnvBase
     start_step: int = 0
     train_time: float = 0.0
+    slice_budget: SliceBudgetHook | None = None  # a budget from benchmarks/learning.py
 
     def train(self, total_steps: int) -> None:
-        """Runs the remaining gradient steps (none when the checkpoint is at the end)."""
+        """Runs the remaining gradient steps (none when the checkpoint is at the end).
+
+        Raises:
+            SliceEnded: the process's slice budget was spent (a checkpoint was just written).
+        """
         train_start = time.perf_counter()
         if self.start_step < total_steps:
             self.trainer.train()
         self.train_time = time.perf_counter() - train_start
+        if self.slice_budget is not None:
+            self.slice_budget.exit_if_stopped()
 
 
 def build_offline_training(
@@ -534,7 +541,7 @@ def build_offline_training(
         auto_log_optim_steps=False,
         log_interval=config.train.log_interval,
     )
-    SampleFromBuffer(buffer, generator).register(trainer)
+    PortableSampleFromBuffer(buffer, generator).register(trainer)  # resumes across devices
     if target_update is not None:
         trainer.register_op("post_optim", TargetNetUpdaterHook(target_update))
     metrics = MetricsHook(run.logger, config.train.log_interval)
@@ -550,9 +557,13 @@ def build_offline_training(
     )
     evaluation.register(trainer)
     checkpoint.register(trainer)
-    trainer.register_module("rng", GlobalRNGState())
+    slice_budget = slice_budget_hook(checkpoint, run.lock.release if run.lock else None)
+    if slice_budget is not None:  # after the checkpoint hook: it stops right after a save
+        slice_budget.register(trainer)
+    trainer.register_module("rng", PortableRNGState())
     ResumeProgressBar(trainer).register(trainer)
     training = OfflineTraining(trainer, actor, metrics, evaluation, checkpoint, eval_env)
+    training.slice_budget = slice_budget
     if run.resume_state is not None:
         state = run.resume_state["trainer"]
         started_without_average = average is not None and "actor_average" not in state

@@ -1,0 +1,176 @@
+"""The offline install bundle (issue 29): ``python -m cbop_torchrl.apps.bundle``.
+
+The bundle is built once for this machine's Python, with torch (the version this
+venv has); a fresh venv installs it with ``--no-index`` and no pip configuration
+(so nothing but the bundle is seen) and trains the debug preset from an empty
+directory. Building reaches the package index by name (pip's cache makes a
+second build fast); the dependency walk and the refusals are checked offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+import torch
+
+from cbop_torchrl.apps import bundle
+
+TORCH_SPEC = f"torch=={torch.__version__.split('+')[0]}"
+
+
+def offline_env(**extra: str) -> dict[str, str]:
+    """This environment without any pip configuration: only the bundle can be found."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1", **extra}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
+    dest = tmp_path_factory.mktemp("bundle") / "wheels"
+    done = subprocess.run(
+        [sys.executable, "-m", "cbop_torchrl.apps.bundle", "--dest", str(dest),
+         "--with-torch", "--torch", TORCH_SPEC],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dest, json.loads((dest / "bundle.json").read_text()), done.stdout
+
+
+@pytest.mark.install
+def test_bundle_holds_the_package_torch_and_its_requirements(built) -> None:
+    dest, manifest, printed = built
+    names = {name.split("-")[0].lower() for name in manifest["files"]}
+    assert {"cbop_torchrl", "torch", "torchrl", "tensordict", "hydra_core", "mujoco"} <= names
+    # Hydra's parser is published only as a source archive: built here into a pure wheel.
+    assert any(n.startswith("antlr4") and n.endswith("none-any.whl") for n in manifest["files"])
+    on_disk = {p.name: p.stat().st_size for p in dest.glob("*.whl")}
+    assert manifest["files"].items() <= on_disk.items()
+    assert manifest["total_bytes"] == sum(manifest["files"].values())
+    assert f"{manifest['total_bytes'] / 2**20:.1f} MiB" in printed and "largest: " in printed
+    assert "pip install --no-index --find-links" in printed
+
+
+@pytest.mark.install
+def test_a_no_index_install_from_the_bundle_trains_the_debug_preset(built, tmp_path) -> None:
+    dest, manifest, _ = built
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    install = [str(python), "-m", "pip", "install", "-q", "--no-index", "--no-compile",
+               "--find-links", str(dest), "cbop-torchrl"]  # fmt: skip
+    done = subprocess.run(install, env=offline_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = offline_env(CBOP_TORCHRL_CACHE=str(tmp_path / "cache"), WANDB_MODE="offline")
+    env.pop("PYTHONPATH", None)
+    where = subprocess.run(
+        [str(python), "-c", "import cbop_torchrl; print(cbop_torchrl.__file__)"],
+        cwd=empty, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(env_dir)  # the bundle's, not the checkout's
+    train = subprocess.run(
+        [str(env_dir / "bin" / "cbop-train"), "preset=debug", "progress=false"],
+        cwd=empty, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert "normalized score" in train.stdout
+    (results,) = empty.rglob("results.json")
+    assert json.loads(results.read_text())["gradient_steps"] == 40
+
+
+@pytest.mark.install
+def test_a_bundle_for_another_python_without_the_package_wheel_and_excluded_packages(
+    tmp_path: Path,
+) -> None:
+    """What benchmarks/gpu_session.sh installs from: Python 3.12, the target's torch, no wandb."""
+    dest = tmp_path / "wheels"
+    args = ["--dest", str(dest), "--python-version", "3.12", "--torch", "torch==2.11.0",
+            "--no-package-wheel", "--exclude", "numpy", "wandb"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "cbop_torchrl.apps.bundle", *args],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((dest / "bundle.json").read_text())
+    files = manifest["files"]
+    assert not any(
+        n.startswith(("cbop_torchrl", "torch-", "numpy", "wandb", "nvidia")) for n in files
+    )
+    assert any(n.startswith("setuptools-") for n in files)  # to build the checkout offline
+    assert any(n.startswith("torchrl-") and "cp312" in n for n in files)
+    assert all("cp311" not in n for n in files)
+    assert {"wandb==", "numpy==", "torch==2.11.0"} <= {
+        entry.split("==")[0] + "==" if "torch==" not in entry else entry
+        for entry in manifest["left_out"]
+    }
+    requirements = (dest / "requirements.txt").read_text().split()
+    assert any(r.startswith("torchrl") for r in requirements)
+    assert not any(r.startswith(("torch>", "torch=", "wandb", "numpy")) for r in requirements)
+    assert manifest["left_out_requirements"] == ["numpy", "wandb"]
+    assert "--no-deps" in manifest["install"] and "requirements.txt" in manifest["install"]
+
+
+def _item(name: str, *requires: str) -> dict:
+    return {
+        "metadata": {"name": name, "version": "1.0", "requires_dist": list(requires)},
+        "download_info": {"url": f"https://example.org/{name}-1.0-py3-none-any.whl"},
+    }
+
+
+def test_the_walk_leaves_out_what_only_torch_needs_and_follows_markers_and_extras() -> None:
+    report = {
+        "install": [
+            _item("cbop-torchrl", "torch>=2.4", "gymnasium[mujoco]>=1", "tomli; python_version<'3.11'"),  # noqa: E501
+            _item("torch", "nvidia-cublas", "typing-extensions"),
+            _item("nvidia-cublas"),
+            _item("typing-extensions"),
+            _item("gymnasium", "typing-extensions", "mujoco; extra == 'mujoco'", "ale; extra == 'atari'"),  # noqa: E501
+            _item("mujoco"),
+            _item("ale"),
+            _item("tomli"),
+        ]
+    }  # fmt: skip
+    target = bundle.Target("3.12", bundle.expand_platform("manylinux_2_28_x86_64"))
+    env = target.marker_environment({"python_version": "3.11", "platform_machine": "x86_64"})
+    names = [i["metadata"]["name"] for i in bundle.needed(report, ["cbop-torchrl"], env, {"torch"})]
+    assert names == ["cbop-torchrl", "gymnasium", "mujoco", "typing-extensions"]
+    old_python = {**env, "python_version": "3.10"}
+    with_torch = bundle.needed(report, ["cbop-torchrl"], old_python, set())
+    assert {"torch", "nvidia-cublas", "tomli"} <= {i["metadata"]["name"] for i in with_torch}
+
+
+def test_a_manylinux_tag_stands_for_every_older_one() -> None:
+    tags = bundle.expand_platform("manylinux_2_28_x86_64")
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert {"manylinux2014_x86_64", "manylinux1_x86_64"} <= set(tags)
+    assert "manylinux_2_29_x86_64" not in tags
+    assert bundle.expand_platform("win_amd64") == ["win_amd64"]
+    assert "--python-version" in bundle.Target("3.12", tags).pip_flags()
+    assert bundle.Target(bundle.host_python_version()).pip_flags() == []
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--python-version", "3"], "--python-version"),
+        (["--torch", "numpy==2"], "--torch"),
+        (["--torch", "torch=>2"], "--torch"),
+        (["--source", "."], "not a checkout"),
+    ],
+)
+def test_bad_input_is_refused_with_exit_code_2(
+    args: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [a if a != "." else str(tmp_path) for a in args]
+    assert bundle.main(["--dest", str(tmp_path / "b"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and named in err
+    assert not (tmp_path / "b").exists()
