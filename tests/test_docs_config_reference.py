@@ -14,7 +14,7 @@ from cbop_torchrl import cli
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "configuration.md"
 spec = importlib.util.spec_from_file_location(
-    "config_reference", ROOT / "docs" / "_build" / "config_reference.py"
+    "config_reference", ROOT / "docs" / "_tools" / "config_reference.py"
 )
 config_reference = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(config_reference)
@@ -36,7 +36,7 @@ def rows_by_section(text: str) -> dict[str, set[str]]:
 def test_the_committed_reference_is_the_generated_one():
     assert PAGE.read_text().rstrip("\n") == config_reference.generate().rstrip("\n"), (
         "docs/configuration.md is stale: regenerate it with "
-        "`.venv/bin/python docs/_build/config_reference.py > docs/configuration.md`"
+        "`.venv/bin/python docs/_tools/config_reference.py > docs/configuration.md`"
     )
 
 

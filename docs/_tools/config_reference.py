@@ -4,7 +4,7 @@ Every program's typed schema (``cbop_torchrl.cli.CONFIG_SCHEMAS``, dataclasses) 
 their types, choices and defaults; the comment next to a key in the program's YAML file
 (``cbop_torchrl/configs/<name>.yaml``), or else next to the dataclass field, gives its
 description. The config groups (``preset/``, ``logger/``, ``algo/``, ...) are listed from their
-YAML files. The docs build runs this (``docs/_build/hooks.py``), so the page cannot drift from
+YAML files. The docs build runs this (``docs/_tools/hooks.py``), so the page cannot drift from
 the code; ``tests/test_docs_config_reference.py`` checks that every key has a row.
 """
 
@@ -33,7 +33,9 @@ PROGRAMS = {  # primary config -> the console script and the script that compose
     "select_psi": "`cbop-select-psi` (`scripts/select_psi.py`)",
     "report": "`cbop-report` (`scripts/report.py`)",
 }
-KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w\-]*):(?P<value>[^#]*?)\s*(#\s*(?P<comment>.*))?$")
+KEY_LINE = re.compile(
+    r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w\-]*):(?P<value>[^#]*?)\s*(#\s*(?P<comment>.*))?$"
+)
 
 
 def yaml_comments(path: Path) -> dict[str, str]:
@@ -99,8 +101,11 @@ def show(value: Any) -> str:
         value = value.value
     if isinstance(value, list | tuple | dict):
         text = OmegaConf.to_yaml({"v": value}).split(":", 1)[1].strip()
-        text = text if not text.startswith("-") else "[" + ", ".join(
-            item.lstrip("- ").strip() for item in text.splitlines()) + "]"
+        text = (
+            text
+            if not text.startswith("-")
+            else "[" + ", ".join(item.lstrip("- ").strip() for item in text.splitlines()) + "]"
+        )
     else:
         text = "null" if value is None else OmegaConf.to_yaml({"v": value})[3:].strip()
     return f"`{text}`" if text else "`''`"
@@ -171,7 +176,7 @@ def generate() -> str:
         "",
         "Generated at build time from the typed schema (`cbop_torchrl/cli.py`, "
         "`cbop_torchrl/config.py`) and the YAML files in `cbop_torchrl/configs/` by "
-        "`docs/_build/config_reference.py`: do not edit this page, edit the comment next to "
+        "`docs/_tools/config_reference.py`: do not edit this page, edit the comment next to "
         "the key in the YAML file (or the dataclass field).",
         "",
         "Every key is set on the command line as `key=value` (`estimator.psi=0.5`); "
