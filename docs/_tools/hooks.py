@@ -68,5 +68,10 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     return "".join(parts)
 
 
+SPHINX_ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc):(?=<)")
+
+
 def on_page_content(html: str, page, config, files) -> str:
+    # the docstrings name objects Sphinx-style (:class:`X`); mkdocstrings shows the role as text
+    html = SPHINX_ROLE.sub("", html)
     return html.replace(f'href="{REPO_SCHEME}', 'href="')
