@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates ./.venv (if missing) and installs cbop-torchrl with its test tools.
+# Creates ./.venv (if missing) and installs cbop-torchrl with its test and docs tools.
 # Idempotent: re-running only installs what changed. Override the torch
 # requirement with TORCH_SPEC (e.g. TORCH_SPEC="torch==2.13.0" is the default,
 # a CPU wheel on the development machines; any torch>=2.4 works).
@@ -12,4 +12,4 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "$TORCH_SPEC"
-.venv/bin/python -m pip install -q -e ".[test,cluster]"
+.venv/bin/python -m pip install -q -e ".[test,cluster,docs]"
