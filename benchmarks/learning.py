@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cbop_torchrl.evaluation.report import summarize_run
+from cbop_torchrl.trainers.rundir import MARKER_NAME
 from cbop_torchrl.trainers.slicing import (
     DEADLINE_ENV,
     SLICE_END_NAME,
@@ -356,6 +357,8 @@ def continuation_source(run_dir: Path, base_dir: Path, steps: int) -> Path | Non
 def copy_run(source: Path, run_dir: Path) -> None:
     """``source``'s files in the new ``run_dir``, without its lock (the copy is not running)."""
     shutil.copytree(source, run_dir, ignore=shutil.ignore_patterns(".run.lock"))
+    # A run made before runs were marked has no marker; the copy is this benchmark's run.
+    (run_dir / MARKER_NAME).touch()
 
 
 def git_commit() -> str:

@@ -60,7 +60,7 @@ from cbop_torchrl.data.collect_sac import SACConfig
 from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.registry import d4rl_ids, parse_d4rl_id
 from cbop_torchrl.trainers.logging import ProgressLines
-from cbop_torchrl.trainers.rundir import LOCK_NAME
+from cbop_torchrl.trainers.rundir import LOCK_NAME, MARKER_NAME
 from cbop_torchrl.utils import (
     cache_root,
     program_command,
@@ -309,7 +309,8 @@ def refuse(message: object, created_dir: str | Path | None = None) -> NoReturn:
 def remove_if_only_hydra_files(run_dir: Path) -> None:
     """Removes ``run_dir`` if it holds only what this command put there, then empty parents.
 
-    That is ``.hydra/``, Hydra's empty job log and a run lock (``.run.lock``)
+    That is ``.hydra/``, Hydra's empty job log, the run marker (``.cbop-run``) and a run
+    lock (``.run.lock``)
     that is free or held by this process; a lock naming another process, a log
     with content or any other file belongs to another run and keeps the directory.
     """
@@ -317,7 +318,7 @@ def remove_if_only_hydra_files(run_dir: Path) -> None:
     if not run_dir.is_dir() or run_dir == Path.cwd().resolve():
         return
     for path in run_dir.iterdir():
-        if path.name == ".hydra":
+        if path.name in (".hydra", MARKER_NAME):
             continue
         if path.name == LOCK_NAME:
             holder = path.read_text().strip()
