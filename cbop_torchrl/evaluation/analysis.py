@@ -75,9 +75,12 @@ def load_cbop_loss(run_dir: Path) -> tuple[Any, RunConfig, Any, Any]:
     config, data, info = load_run_config(run_dir)
     state = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
     task = resolve_task(config.task, info)
-    dynamics, _ = load_or_train_dynamics(
-        data, info, config.dynamics, progress=False, termination=task.termination
-    )
+    # The analysis runs under no_grad; training the model again (its cache entry was
+    # deleted) needs gradients.
+    with torch.enable_grad():
+        dynamics, _ = load_or_train_dynamics(
+            data, info, config.dynamics, progress=False, termination=task.termination
+        )
     loss, _ = build_cbop_loss(config, info, dynamics, torch.device("cpu"))
     loss.load_state_dict(state["trainer"]["loss_module"])
     # Only read here: no target updates, so TorchRL's "no target updater" notice is noise.
