@@ -289,7 +289,7 @@ def ensure_dataset(name: str) -> Path:
     if not path.is_file():
         raise SystemExit(
             f"error: the generator did not write {path}; is {name!r} a kind it makes "
-            "(hopper|walker2d)-(medium|medium-replay)-gen?"
+            "(hopper|walker2d|halfcheetah)-(medium|medium-replay)-gen?"
         )
     return path
 

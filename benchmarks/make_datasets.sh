@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The learning benchmark's datasets: hopper and walker2d medium-replay-gen and medium-gen at
+# The learning benchmark's datasets: hopper, walker2d and halfcheetah medium-replay-gen and medium-gen at
 # D4RL level (the medium policy scores >= 30 normalized on its recorded 10-episode evaluation).
 #
 #   bash benchmarks/make_datasets.sh                        # into <cache>/generated
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
 SAC_STEPS=${SAC_STEPS:-1000000}        # cap on the behaviour SAC's environment steps
 ROLLOUTS=${ROLLOUTS:-200000}           # transitions of the medium rollouts (D4RL: 1M)
-FAMILIES=${FAMILIES:-"hopper walker2d"}
+FAMILIES=${FAMILIES:-"hopper walker2d halfcheetah"}
 mkdir -p benchmarks/results
 
 for family in $FAMILIES; do
