@@ -101,7 +101,8 @@ def load_d4rl(dataset_id: str, *, torchrl_root: str | Path | None = None):
             f"TorchRL's cache for it would be {str(root / dataset_id)!r}. Either run this on a "
             f"machine with network access and copy that directory here, or download "
             f"{D4RL_DATASETS[dataset_id]} and place it at {str(raw_file)!r} (or pass the "
-            f"file's path to load_dataset). Without D4RL, generate a look-alike with "
+            f"file's path: env=<path> on the command line, load_dataset(<path>) in "
+            f"Python). Without D4RL, generate a look-alike with "
             f"`{generate_command(family.name, kind)}` and load the .hdf5 file it writes."
         ) from None
     stored = buffer.storage.get(slice(None))
