@@ -65,8 +65,8 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from cbop_torchrl.evaluation.report import summarize_run
 from cbop_torchrl.trainers.rundir import MARKER_NAME
@@ -162,9 +162,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 KILL_GRACE_S = 60.0
 
 
-@dataclass
-class SliceOutcome:
-    """How one invocation of a run's command ended under a slice budget."""
+class SliceOutcome(NamedTuple):
+    """How one invocation of a run's command ended under a slice budget.
+
+    (A NamedTuple, not a dataclass: tests load this file without registering it as a module,
+    which a dataclass's string annotations need.)
+    """
 
     finished: bool  # the run reached its last step (exit 0)
     step: int | None  # the CBOP step it stopped at (None: stopped before the CBOP stage)
