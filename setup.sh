@@ -2,7 +2,7 @@
 # Creates ./.venv (if missing) and installs cbop-torchrl with its test and docs tools.
 # Idempotent: re-running only installs what changed. Override the torch
 # requirement with TORCH_SPEC (e.g. TORCH_SPEC="torch==2.13.0" is the default,
-# a CPU wheel on the development machines; any torch>=2.4 works).
+# a CPU wheel on the development machines; any torch>=2.11 works).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
