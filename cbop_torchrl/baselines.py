@@ -39,6 +39,7 @@ from torchrl.trainers import OptimizationStepper, Trainer
 
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo, make_replay_buffer
+from cbop_torchrl.data.transitions import warn_about_action_range
 from cbop_torchrl.envs import make_eval_env
 from cbop_torchrl.modules.actor_critic import (
     action_spec,
@@ -352,6 +353,7 @@ def run_baseline(
     parts = build_baseline(algo, config, info, run.device)
     optimizer = torch.optim.Adam([{"params": p, "lr": lr} for _, p, lr, _ in parts.groups])
     data = run.specs.to_agent_actions(data.to(run.device))
+    warn_about_action_range(data, info.name)
     buffer = make_replay_buffer(
         _dataset_for(algo.name, data), config.train.batch_size, device=run.device
     )

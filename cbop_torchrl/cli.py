@@ -62,7 +62,9 @@ from cbop_torchrl.registry import d4rl_ids, parse_d4rl_id
 from cbop_torchrl.trainers.logging import ProgressLines
 from cbop_torchrl.trainers.rundir import LOCK_NAME, MARKER_NAME
 from cbop_torchrl.utils import (
+    as_disk_full_error,
     cache_root,
+    is_disk_full,
     program_command,
     running_program,
     unwritable_reason,
@@ -647,6 +649,8 @@ def hydra_entry(
             except Exception as error:
                 if raised_while_interrupted(error):
                     raise KeyboardInterrupt from None
+                if is_disk_full(error):  # wherever it happened: one message, exit 2
+                    refuse(as_disk_full_error(error, run_dir), run_dir)
                 raised_by_task.append(error)
                 raise
             finally:

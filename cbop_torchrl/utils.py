@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import random
+import re
 import shlex
 import shutil
+import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -89,32 +93,258 @@ def unwritable_reason(path: str | Path) -> str | None:
     return f"no part of {str(path)!r} exists"
 
 
+LOCK_REPORT_INTERVAL_S = 30.0
+"""How often a process waiting for a cache entry's lock says so (seconds)."""
+
+_LOCK_POLL_S = 0.5
+
+
 @contextlib.contextmanager
 def cache_entry_lock(directory: str | Path, what: str) -> Iterator[None]:
     """Holds an exclusive lock on a cache entry (``<directory>/.lock``) while it is read or made.
 
     Runs that share an entry (every psi of a sweep with one seed shares the BC,
     FQE and dynamics stages) then make it once: the first trains it, the others
-    wait, say so, and read the finished entry. An OS file lock (``flock``), so
-    a process that dies releases it.
+    wait, say so (naming the holder's PID, every :data:`LOCK_REPORT_INTERVAL_S`
+    seconds with the time waited), and read the finished entry. An OS file
+    lock (``flock``), so a process that dies releases it; the lock file is
+    opened without following a link and records the holder (``pid N on host``).
+    Temporary files that a killed writer left in the entry are removed once the
+    lock is held (:func:`remove_stale_temporaries`).
     """
     import fcntl
 
     path = Path(directory) / ".lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
+    with open_own_file(path) as handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(
-                f"[cbop] waiting for another process that is making the same {what} "
-                f"({directory})", flush=True,
-            )  # fmt: skip
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            _wait_for_lock(handle, f"the same {what} ({directory})")
         try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            handle.flush()
+            remove_stale_temporaries(path.parent)
             yield
         finally:
+            handle.seek(0)
+            handle.truncate()
+            handle.flush()
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _wait_for_lock(handle: Any, what: str) -> None:
+    """Blocks until ``handle``'s ``flock`` is taken, printing who holds it and for how long."""
+    import fcntl
+
+    start = time.monotonic()
+    next_report = 0.0
+    while True:
+        waited = time.monotonic() - start
+        if waited >= next_report:
+            handle.seek(0)
+            holder = handle.read().strip() or "a process that has not written its PID yet"
+            print(
+                f"[cbop] waiting for another process ({holder}) that is making {what}; "
+                f"waited {waited:.0f} s so far (a stopped process keeps the lock: resume or "
+                "end it)", flush=True,
+            )  # fmt: skip
+            next_report = waited + LOCK_REPORT_INTERVAL_S
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(min(_LOCK_POLL_S, LOCK_REPORT_INTERVAL_S))
+
+
+def open_own_file(path: str | Path) -> Any:
+    """Opens ``path`` for reading and writing (a text file), creating it, never through a link.
+
+    ``O_NOFOLLOW`` refuses a symlink and nothing is truncated on open, so a lock
+    or record file planted as a link can never redirect a write.
+
+    Raises:
+        OSError: ``path`` is a link or not a regular file.
+    """
+    import stat
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return os.fdopen(fd, "r+")
+
+
+# ------------------------------------------------------------------ temporaries, disk space
+
+TEMPORARY_SUFFIX = ".tmp"
+"""Every temporary file or directory this package makes ends so, and starts with a dot:
+``.<final name>.<random>.tmp`` (:func:`make_temporary`)."""
+
+_TEMPORARY_NAME = re.compile(r"^\.[^/]+\.[A-Za-z0-9_]{8}\.tmp$")
+STALE_AFTER_S = 60.0
+"""A temporary this young is never removed (its maker may not have locked it yet)."""
+
+
+def make_temporary(directory: Path, name: str, is_dir: bool = False) -> tuple[Path, int]:
+    """A new temporary file or directory for ``directory/name`` and an fd holding its ``flock``.
+
+    Named ``.<name>.<8 random characters>.tmp``; the shared ``flock`` on the
+    returned descriptor marks it as in use until the descriptor is closed (or
+    the process dies), which :func:`remove_stale_temporaries` checks.
+    """
+    import fcntl
+
+    if is_dir:
+        path = Path(tempfile.mkdtemp(dir=directory, prefix=f".{name}.", suffix=TEMPORARY_SUFFIX))
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    else:
+        fd, name_ = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=TEMPORARY_SUFFIX)
+        path = Path(name_)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return path, fd
+
+
+def remove_stale_temporaries(directory: str | Path) -> list[str]:
+    """Removes temporaries left in ``directory`` by a killed process; returns their names.
+
+    Only entries named as :func:`make_temporary` names them, at least
+    :data:`STALE_AFTER_S` old, that are not links, and whose ``flock`` can be
+    taken (no live process holds them) are removed; anything else stays.
+    """
+    import fcntl
+
+    removed = []
+    directory = Path(directory)
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        if not _TEMPORARY_NAME.match(entry.name) or entry.is_symlink():
+            continue
+        try:
+            if now - entry.lstat().st_mtime < STALE_AFTER_S:
+                continue
+            flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if entry.is_dir() else 0)
+            fd = os.open(entry, flags)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held by a live process (or not lockable here): keep it
+            os.close(fd)
+            continue
+        try:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+        finally:
+            os.close(fd)
+    return removed
+
+
+class DiskFullError(OSError):
+    """A write did not fit on its file system; the message names the place and what to do.
+
+    An :class:`OSError` with ``errno.ENOSPC``; whatever was being written was removed.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_RESERVE_BYTES = 16 << 20  # left free besides what a write needs (logs, other files)
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether ``error`` (or an error it was raised from) is "no space left" or "quota"."""
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def disk_full_error(where: str | Path, needed: int | None = None) -> DiskFullError:
+    """The :class:`DiskFullError` for a write into ``where`` (``needed`` bytes, if known)."""
+    where = Path(where)
+    try:
+        free = f"{shutil.disk_usage(where).free / 1e6:.0f} MB free"
+    except OSError:
+        free = "free space unknown"
+    size = f" needs about {needed / 1e6:.0f} MB and" if needed is not None else ""
+    hint = (
+        f" the cache ($CBOP_TORCHRL_CACHE, now {str(cache_root())!r}) may be moved elsewhere "
+        "with CBOP_TORCHRL_CACHE=<folder>, and clearing it is safe"
+        if _is_within(where, cache_root())
+        else " or pass another output or run directory (hydra.run.dir=...)"
+    )
+    return DiskFullError(
+        f"not enough disk space to write into {str(where)!r}: the write{size} the file system "
+        f"has {free}. Nothing half-written was left there. Free some space and run the same "
+        f"command again;{hint}."
+    )
+
+
+def as_disk_full_error(error: BaseException, default_dir: str | Path) -> DiskFullError:
+    """``error`` (one :func:`is_disk_full` accepts) as a :class:`DiskFullError` naming the
+    folder of the file it failed on, else ``default_dir``."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__cause__ or error.__context__
+    if isinstance(error, DiskFullError):
+        return error
+    filename = getattr(error, "filename", None)
+    return disk_full_error(Path(filename).parent if filename else default_dir)
+
+
+def _is_within(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def _nearly_full(directory: Path) -> bool:
+    try:
+        return shutil.disk_usage(directory).free < _RESERVE_BYTES
+    except OSError:
+        return False
+
+
+def check_free_space(directory: str | Path, needed: int) -> None:
+    """Raises :class:`DiskFullError` when ``directory``'s file system lacks ``needed`` bytes
+    (plus a small reserve), before anything is written; unknown free space passes."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return
+    if free < needed + _RESERVE_BYTES:
+        raise disk_full_error(directory, needed)
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor/array in a nested dict/list/tuple (an estimate of its file size)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(value) for value in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(value) for value in obj)
+    return 0
 
 
 def config_hash(config: Any, length: int = 12) -> str:
@@ -127,13 +357,18 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Calls ``write(tmp_path)`` and renames the result onto ``path``.
 
     A reader sees either the old file or the complete new one, never a partial
-    write, even if the process is killed in between.
+    write, even if the process is killed in between (its temporary,
+    ``.<name>.<random>.tmp``, is removed by :func:`remove_stale_temporaries`
+    later). A full disk raises :class:`DiskFullError` with the temporary removed.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp_path = Path(tmp_name)
+    try:
+        tmp_path, fd = make_temporary(path.parent, path.name)
+    except OSError as error:
+        if is_disk_full(error):
+            raise disk_full_error(path.parent) from None
+        raise
     try:
         write(tmp_path)
         with open(tmp_path, "rb+") as handle:
@@ -143,13 +378,27 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         os.umask(umask)
         os.chmod(tmp_path, 0o666 & ~umask)
         os.replace(tmp_path, path)
+    except Exception as error:
+        # torch.save reports a full disk as a RuntimeError ("file write failed"): a failed
+        # write on a file system that is now nearly full is taken for one.
+        full = is_disk_full(error) or _nearly_full(path.parent)
+        if full and not isinstance(error, DiskFullError):
+            raise disk_full_error(path.parent) from None
+        raise
     finally:
         tmp_path.unlink(missing_ok=True)
+        os.close(fd)
     return path
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> Path:
-    """``torch.save`` through :func:`atomic_write`. Load with ``weights_only=True``."""
+    """``torch.save`` through :func:`atomic_write`, after checking the free space for its tensors.
+
+    Load with ``weights_only=True``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(path.parent, tensor_bytes(obj))
     return atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 

@@ -30,6 +30,7 @@ def train(cfg: DictConfig) -> dict:
     import torch
 
     from cbop_torchrl.data import load_dataset_with_info
+    from cbop_torchrl.data.transitions import warn_about_action_range
     from cbop_torchrl.envs import check_data_fits_env, read_env_specs, resolve_task
     from cbop_torchrl.modules.dynamics import save_dynamics
     from cbop_torchrl.trainers.datasize import check_dataset_size
@@ -50,6 +51,7 @@ def train(cfg: DictConfig) -> dict:
     # the dynamics inputs use the agent's [-1, 1] actions, as in cbop-train (same cache)
     info = dataclasses.replace(info, fingerprint=info.fingerprint + specs.fingerprint_suffix())
     dataset = specs.to_agent_actions(dataset.to(device))
+    warn_about_action_range(dataset, info.name)
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     log_path = output_dir / "dynamics_log.jsonl"
@@ -72,12 +74,15 @@ def train(cfg: DictConfig) -> dict:
 def run(cfg: DictConfig) -> None:
     """The Hydra task: train, print the fit's summary."""
     from cbop_torchrl.data import DatasetError
+    from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
 
     run_dir = HydraConfig.get().runtime.output_dir
     check_output_writable("output_dir", cfg.output_dir, created_dir=run_dir)
     try:
         metrics = train(cfg)
-    except (DatasetError, ValueError, KeyError, RuntimeError, OSError) as error:
+    except (
+        DatasetError, ValueError, KeyError, RuntimeError, OSError, NonFiniteLossError
+    ) as error:  # fmt: skip
         refuse(error.args[0] if isinstance(error, KeyError) and error.args else error, run_dir)
     summary = {
         key: metrics[key]

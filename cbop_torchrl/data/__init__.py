@@ -14,6 +14,7 @@ from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.data.replay import make_replay_buffer
 from cbop_torchrl.data.sources import (
     DEMO_DATASET_PATH,
+    data_record,
     dataset_info,
     load_dataset,
     load_dataset_with_info,
@@ -27,6 +28,7 @@ __all__ = [
     "DatasetError",
     "DatasetInfo",
     "build_transitions",
+    "data_record",
     "dataset_info",
     "generate_command",
     "load_dataset",

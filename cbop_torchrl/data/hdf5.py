@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -33,7 +32,17 @@ from tensordict import TensorDict
 from cbop_torchrl.data.errors import DatasetError
 from cbop_torchrl.data.transitions import build_transitions
 from cbop_torchrl.registry import families, family_of_gym_id
-from cbop_torchrl.utils import atomic_json_dump, cache_dir, config_hash
+from cbop_torchrl.utils import (
+    atomic_json_dump,
+    atomic_write,
+    cache_dir,
+    check_free_space,
+    config_hash,
+    disk_full_error,
+    is_disk_full,
+    make_temporary,
+    remove_stale_temporaries,
+)
 
 FORMAT_VERSION = 3
 """Bump when the conversion changes so old caches are not reused (3: raw leaves, no memmap)."""
@@ -141,23 +150,68 @@ def _first_bad_row(bad: np.ndarray) -> int:
     return int(np.flatnonzero(bad.reshape(bad.shape[0], -1).any(-1))[0])
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _check_numeric(dataset: h5py.Dataset, key: str, where: str) -> None:
+    """Refuses an array that is not real numbers or booleans (complex, strings, compounds)."""
+    kind = dataset.dtype.kind
+    if kind in "biuf":
+        return
+    what = "complex numbers" if kind == "c" else f"values of type {dataset.dtype}"
+    raise DatasetError(
+        f"{where}: {key} holds {what}; D4RL-format arrays must hold real numbers (float or "
+        "integer; booleans for terminals and timeouts). Write the real values only (for a "
+        "complex array, its real part if the imaginary part is zero)."
+    )
+
+
 def _read_finite_float32(dataset: h5py.Dataset, key: str, where: str) -> np.ndarray:
     """``dataset`` as a float32 array, read in blocks of :data:`READ_BLOCK_ROWS` rows.
 
-    Each block is checked for NaN/inf in the file's own dtype before it is
-    converted, so the error names the same first bad row as a whole-array check.
+    Each block is checked after its conversion to float32, so both NaN/inf in the
+    file and finite values beyond float32's range (``|x| > 3.4e38``, e.g. float64
+    ``1e300``, which become inf) are refused, naming how many rows hold them and
+    the first one.
     """
     values = np.empty(dataset.shape, dtype=np.float32)
+    bad_rows = {"non-finite": 0, "overflow": 0}
+    first: dict[str, tuple[int, float]] = {}
     for start in range(0, dataset.shape[0], READ_BLOCK_ROWS):
         block = dataset[start : start + READ_BLOCK_ROWS]
-        finite = np.isfinite(block)
+        with np.errstate(over="ignore", invalid="ignore"):
+            converted = block.astype(np.float32)
+        finite = np.isfinite(converted)
         if not finite.all():
-            row = start + _first_bad_row(~finite)
-            raise DatasetError(
-                f"{where}: {key} has a non-finite value (NaN or inf) at row {row}; every "
-                "observation, action and reward must be finite. Drop or repair those rows."
-            )
-        values[start : start + block.shape[0]] = block
+            source_finite = np.isfinite(block)
+            for kind, bad in (
+                ("non-finite", ~source_finite),
+                ("overflow", source_finite & ~finite),
+            ):
+                rows = np.flatnonzero(bad.reshape(bad.shape[0], -1).any(-1))
+                bad_rows[kind] += rows.size
+                if rows.size and kind not in first:
+                    row = int(rows[0])
+                    first[kind] = (
+                        start + row,
+                        float(block[row].reshape(-1)[bad[row].reshape(-1)][0]),
+                    )
+        values[start : start + block.shape[0]] = converted
+    if bad_rows["non-finite"]:
+        row, value = first["non-finite"]
+        raise DatasetError(
+            f"{where}: {key} has a non-finite value (NaN or inf) in {bad_rows['non-finite']} "
+            f"row(s), the first at row {row} ({value}); every observation, action and reward "
+            "must be finite. Drop or repair those rows."
+        )
+    if bad_rows["overflow"]:
+        row, value = first["overflow"]
+        raise DatasetError(
+            f"{where}: {key} has values beyond float32's range (|x| > {_FLOAT32_MAX:.3g}) in "
+            f"{bad_rows['overflow']} row(s), the first at row {row} ({value:.3g}); training "
+            "converts the data to float32, where they would become inf. Drop or rescale those "
+            "rows."
+        )
     return values
 
 
@@ -200,6 +254,8 @@ def _read_and_validate(handle: h5py.File, path: Path) -> dict[str, np.ndarray]:
                 f"{where}: {key} has shape {list(shape)}, expected one value per row, [N]."
             )
 
+    for key in REQUIRED_KEYS:
+        _check_numeric(handle[key], key, where)
     num_rows = shapes["observations"][0]
     for key, shape in shapes.items():
         if shape[0] != num_rows:
@@ -238,6 +294,31 @@ def _open_hdf5(path: Path) -> h5py.File:
         ) from None
 
 
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+"""The 8 bytes an HDF5 file starts with, at byte 0 or, after a user block, at 512, 1024, ..."""
+
+
+def check_hdf5_signature(path: Path) -> None:
+    """Refuses a file that is not HDF5, reading a few bytes only (before any hashing).
+
+    Raises:
+        DatasetError: no HDF5 signature at byte 0, 512, 1024, 2048, ... of the file.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        offset = 0
+        while offset + len(HDF5_SIGNATURE) <= size:
+            handle.seek(offset)
+            if handle.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
+                return
+            offset = 512 if offset == 0 else offset * 2
+    raise DatasetError(
+        f"{str(path)!r} cannot be opened as an HDF5 file (its {size} bytes lack the HDF5 "
+        "signature: it is another format); pass a D4RL-format .hdf5 file, a D4RL id, "
+        "minari:<id> or demo."
+    )
+
+
 # ---------------------------------------------------------------------- fingerprint
 
 
@@ -246,19 +327,23 @@ def file_sha256(path: Path) -> str:
     stat = path.stat()
     key = config_hash([str(path.resolve()), stat.st_size, stat.st_mtime_ns], length=24)
     memo = cache_dir("datasets", "_sha256") / f"{key}.txt"
-    if memo.exists():
-        return memo.read_text().strip()
+    if memo.is_file() and re.fullmatch(r"[0-9a-f]{64}", text := memo.read_text().strip()):
+        return text
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
-    memo.write_text(digest.hexdigest() + "\n")
+    remove_stale_temporaries(memo.parent)
+    # written atomically: an empty memo (a kill or a full disk mid-write) would give every
+    # file the same fingerprint
+    atomic_write(memo, lambda tmp: tmp.write_text(digest.hexdigest() + "\n"))
     return digest.hexdigest()
 
 
-def hdf5_fingerprint(path: Path) -> str:
-    """``<file stem>-<hash of content and conversion version>``."""
-    content = file_sha256(path)
+def hdf5_fingerprint(path: Path, content: str | None = None) -> str:
+    """``<file stem>-<hash of content and conversion version>`` (``content``: the file's
+    :func:`file_sha256`, when already known)."""
+    content = content or file_sha256(path)
     return f"{path.stem}-{config_hash([content, FORMAT_VERSION])}"
 
 
@@ -384,13 +469,15 @@ def load_hdf5(path: Path, with_data: bool = True) -> tuple[TensorDict | None, di
         raise DatasetError(
             f"no file at {str(path)!r}; pass the path of an existing D4RL-format HDF5 file."
         )
-    fingerprint = hdf5_fingerprint(path)
+    check_hdf5_signature(path)  # a large file of another format is refused before hashing
+    content = file_sha256(path)
+    fingerprint = hdf5_fingerprint(path, content)
     entry = _cache_entry(fingerprint)
     info = cached_info(fingerprint)
     if info is not None and not with_data:
-        return None, info
+        return None, {**info, "sha256": content}
     if info is not None:
-        return _read_cached_data(entry / "data"), info
+        return _read_cached_data(entry / "data"), {**info, "sha256": content}
 
     data, family, env_id = convert_hdf5(path)
     info = {
@@ -403,18 +490,38 @@ def load_hdf5(path: Path, with_data: bool = True) -> tuple[TensorDict | None, di
         "source": str(path.resolve()),
         "format_version": FORMAT_VERSION,
     }
-    # Build the entry in a temporary directory and rename it, so a killed run never
-    # leaves a half-written cache that a later run would trust.
-    staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{fingerprint}."))
+    _store_cache_entry(data, info, entry)
+    del data  # read back below, so a first load returns what later loads will
+    return _read_cached_data(entry / "data"), {**info, "sha256": content}
+
+
+def _store_cache_entry(data: TensorDict, info: dict, entry: Path) -> None:
+    """Writes ``data`` and ``info`` as the cache entry ``entry``, all or nothing.
+
+    The entry is built in a temporary directory (:func:`~cbop_torchrl.utils.make_temporary`)
+    and renamed, so a killed run never leaves a half-written entry that a later run would
+    trust; the free space is checked first, and a full disk raises
+    :class:`~cbop_torchrl.utils.DiskFullError` with the temporary directory removed.
+    """
+    remove_stale_temporaries(entry.parent)  # left by a killed conversion
+    needed = sum(
+        tensor.numel() * tensor.element_size()
+        for tensor in data.values(include_nested=True, leaves_only=True)
+    )
+    check_free_space(entry.parent, needed)
+    staging, fd = make_temporary(entry.parent, entry.name, is_dir=True)
     try:
         _write_cache_data(data, staging / "data")
-        del data  # read back below, so a first load returns what later loads will
         atomic_json_dump(info, staging / "info.json")
         try:
             os.replace(staging, entry)
         except OSError:  # another process finished the same entry first
-            if cached_info(fingerprint) is None:
+            if cached_info(entry.name) is None:
                 raise
+    except OSError as error:
+        if is_disk_full(error):
+            raise disk_full_error(entry.parent, needed) from None
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return _read_cached_data(entry / "data"), info
+        os.close(fd)

@@ -31,6 +31,7 @@ class DatasetInfo:
             ``metadata/family``, the recorded gym id or the file name), or None.
         env_id: the gymnasium id recorded in the data's metadata, or None.
         source: the source string as given (``env=...``), for messages.
+        sha256: SHA-256 of the data file's bytes (HDF5 files and the demo), else None.
     """
 
     name: str
@@ -42,3 +43,4 @@ class DatasetInfo:
     family: str | None = None
     env_id: str | None = None
     source: str = ""
+    sha256: str | None = None

@@ -15,6 +15,7 @@ Whatever the source, the result is the TensorDict described in
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 from tensordict import TensorDict
@@ -152,5 +153,32 @@ def _from_hdf5(
         family=family or summary["family"],
         env_id=summary["env_id"],
         source=str(path) if kind != "demo" else "demo",
+        sha256=summary.get("sha256"),
     )
     return data, info
+
+
+def data_record(info: DatasetInfo) -> dict:
+    """What identifies the data of a run, stored in its run directory (``data.json``).
+
+    ``content`` decides whether two datasets are the same: the file's SHA-256
+    for HDF5 files and the demo (the one the dataset cache computed), else the
+    dataset's fingerprint. The file's size and modification time, where there
+    is a file, are only for messages.
+    """
+    record = {
+        "source": info.source,
+        "name": info.name,
+        "fingerprint": info.fingerprint,
+        "content": info.sha256 or info.fingerprint,
+        "num_transitions": info.num_transitions,
+    }
+    path = DEMO_DATASET_PATH if info.source_kind == "demo" else Path(info.source).expanduser()
+    if info.source_kind in ("hdf5", "demo") and path.is_file():
+        stat = path.stat()
+        record.update(
+            path=str(path.resolve()),
+            size_bytes=stat.st_size,
+            modified=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stat.st_mtime)),
+        )
+    return record

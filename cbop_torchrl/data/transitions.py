@@ -130,3 +130,31 @@ def build_transitions(
         },
         batch_size=[n],
     )
+
+
+ACTION_TOLERANCE = 1e-6
+"""How far past ``[-1, 1]`` an action may lie (float rounding) before it is reported."""
+
+
+def warn_about_action_range(data: TensorDict, name: str) -> None:
+    """Warns (one line, the range found) when ``data``'s actions leave the agent's ``[-1, 1]``.
+
+    ``data`` holds actions in the agent's units (the task's action box mapped to
+    ``[-1, 1]``, as the stages see them). D4RL's actions lie in ``[-1, 1]``; ones
+    outside cannot come from the tanh policy that the stages fit, which usually
+    means the file's actions are in other units than the environment's box.
+    """
+    action = data.get("action")
+    outside = (action.abs() > 1.0 + ACTION_TOLERANCE).reshape(action.shape[0], -1).any(-1)
+    count = int(outside.sum())
+    if count == 0:
+        return
+    import warnings
+
+    warnings.warn(
+        f"the dataset {name!r} has actions outside the action range [-1, 1] (the task's "
+        f"action box, in the agent's units) in {count} of {action.shape[0]} rows: found "
+        f"[{float(action.min()):.4g}, {float(action.max()):.4g}]; the policy can only take "
+        "actions inside the box, so check the file's action units (or clip them).",
+        stacklevel=2,
+    )

@@ -41,6 +41,7 @@ from cbop_torchrl.modules.dynamics import (
     load_dynamics,
     save_dynamics,
 )
+from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
 from cbop_torchrl.utils import (
     atomic_json_dump,
     cache_dir,
@@ -320,6 +321,55 @@ def train_dynamics(
     return model, metrics
 
 
+def non_finite_parts(model: DynamicsModel, metrics: dict[str, Any] | None = None) -> list[str]:
+    """What of a trained model is NaN/inf: its elites' parameters, its normalizer, its
+    holdout metrics (``holdout_r2_mean``, ``holdout_mse_elites``); empty when all is finite."""
+    ensemble = model.ensemble
+    elites = torch.as_tensor(model.elite_indices, device=next(ensemble.parameters()).device)
+    bad = [
+        f"parameter {name}"
+        for name, param in ensemble.named_parameters()
+        if not bool(torch.isfinite(param.detach().index_select(0, elites)).all())
+    ]
+    bad += [
+        f"buffer {name}"
+        for name, buffer in ensemble.named_buffers()
+        if buffer.is_floating_point() and not bool(torch.isfinite(buffer).all())
+    ]
+    for key in ("holdout_r2_mean", "holdout_mse_elites"):
+        value = (metrics or {}).get(key)
+        if value is not None and not math.isfinite(float(value)):
+            bad.append(f"{key}={value}")
+    return bad
+
+
+def check_trained_dynamics(
+    model: DynamicsModel,
+    metrics: dict[str, Any],
+    config: DynamicsConfig,
+    dataset_td: TensorDictBase,
+) -> None:
+    """Raises :class:`NonFiniteLossError` when the trained model is not finite (before caching).
+
+    A diverged model must never be cached: every later run with the same data
+    and settings would read it and fail far from the cause.
+    """
+    bad = non_finite_parts(model, metrics)
+    if not bad:
+        return
+    shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
+    rows = dynamics_rows(dataset_td)
+    scale = max(float(rows.obs.abs().max()), float(rows.target.abs().max()))
+    raise NonFiniteLossError(
+        f"the dynamics model diverged: after {metrics.get('epochs', '?')} epochs these are "
+        f"not finite (NaN or inf): {shown}; it was neither cached nor saved. The usual "
+        f"causes are a learning rate too large for the data (dynamics.lr={config.lr:g}; "
+        f"the default is {DynamicsConfig().lr:g}) or data of a very large scale (the "
+        f"largest observation or target magnitude is {scale:.3g}). Run again with a "
+        f"smaller learning rate, e.g. dynamics.lr={DynamicsConfig().lr:g}, or rescale the data."
+    )
+
+
 def dynamics_cache_key(info: Any, config: DynamicsConfig) -> str:
     """Cache key of a trained ensemble: dataset fingerprint and the full config.
 
@@ -361,6 +411,8 @@ def load_or_train_dynamics(
             try:
                 model = load_dynamics(model_path, device=device, termination=termination)
                 metrics = json.loads(metrics_path.read_text())
+                if bad := non_finite_parts(model, metrics):  # cached by an earlier version
+                    raise ValueError(f"its {', '.join(bad[:3])} are not finite")
                 metrics.update(cached=True, cache_path=str(model_path))
                 return model, metrics
             except Exception as error:  # a corrupt entry is retrained, not fatal
@@ -371,6 +423,7 @@ def load_or_train_dynamics(
                     stacklevel=2,
                 )
         model, metrics = train_dynamics(dataset_td, termination, config, progress, log_fn)
+        check_trained_dynamics(model, metrics, config, dataset_td)
         metadata = {"dataset": info.name, "config": config.to_dict()}
         save_dynamics(model, model_path, metadata=metadata)
         metrics.update(dataset=info.name, config=config.to_dict())

@@ -43,7 +43,8 @@ from torchrl.record.loggers import Logger
 from torchrl.trainers import OptimizationStepper, TargetNetUpdaterHook, Trainer, TrainerHookBase
 
 from cbop_torchrl.config import RunConfig
-from cbop_torchrl.data import DatasetInfo, make_replay_buffer
+from cbop_torchrl.data import DatasetInfo, data_record, make_replay_buffer
+from cbop_torchrl.data.transitions import warn_about_action_range
 from cbop_torchrl.envs import (
     NO_NORMALIZED_SCORE,
     EnvSpecs,
@@ -85,7 +86,12 @@ from cbop_torchrl.trainers.logging import (
 )
 from cbop_torchrl.trainers.portable import PortableRNGState, PortableSampleFromBuffer
 from cbop_torchrl.trainers.pretrain import load_or_train_bc, load_or_train_fqe
-from cbop_torchrl.trainers.rundir import RunLock, claim_run_dir, clear_previous_run
+from cbop_torchrl.trainers.rundir import (
+    RunLock,
+    check_run_data,
+    claim_run_dir,
+    clear_previous_run,
+)
 from cbop_torchrl.trainers.slicing import SliceBudgetHook, slice_budget_hook
 from cbop_torchrl.utils import atomic_json_dump, resolve_device, seed_everything
 
@@ -266,6 +272,7 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     warn_about_terminals(data, info.name, run.task)
     run.start(config.to_dict())
     data = run.specs.to_agent_actions(data.to(run.device))
+    warn_about_action_range(data, info.name)
     seed_everything(config.seed)
     dynamics, dynamics_metrics = dynamics_stage(run, data)
     bc_state, bc_cached = behaviour_cloning_stage(run, data)
@@ -319,6 +326,7 @@ class OfflineRun:
             TaskError: the task cannot be resolved, or the data's sizes do not fit its env.
         """
         start_time = time.perf_counter()
+        record = data_record(info)
         task = resolve_task(config.task, info)
         specs = read_env_specs(task)
         check_data_fits_env(info, specs, task)
@@ -339,7 +347,12 @@ class OfflineRun:
                 f"[cbop] resume=false: removed the previous run's {', '.join(removed)} "
                 f"from {run_dir}", flush=True,
             )  # fmt: skip
-        resume_state = _resume_state(config, run_dir / CHECKPOINT_NAME, training_config)
+        try:
+            resume_state = _resume_state(config, run_dir / CHECKPOINT_NAME, training_config)
+            check_run_data(run_dir, record, continuing=resume_state is not None)
+        except BaseException:
+            lock.release()  # a refused run (in a Python session too) leaves the directory free
+            raise
         return cls(
             config, info, task, specs, run_dir, device, training_config, resume_state,
             start_time, StageClock(config.progress), lock,

@@ -161,6 +161,26 @@ def read_cached_stage(path: Path, key: str | None = None) -> Any | None:
         return None
 
 
+def check_finite_state(state: dict[str, torch.Tensor], stage: str, lr: float) -> None:
+    """Raises :class:`NonFiniteLossError` when a trained stage's parameters hold NaN/inf.
+
+    Checked before the stage is cached: the per-step checks see the loss and the
+    gradients, not the parameters that the last optimizer step wrote.
+    """
+    bad = [
+        name
+        for name, value in state.items()
+        if value.is_floating_point() and not bool(torch.isfinite(value).all())
+    ]
+    if bad:
+        raise NonFiniteLossError(
+            f"the {stage} stage diverged: its trained {', '.join(bad[:3])} hold NaN or inf, so "
+            f"it was not cached. The usual causes are a learning rate too large for the data "
+            f"({stage}.lr={lr:g}) or data of a very large scale; run again with a smaller "
+            f"{stage}.lr or rescale the data."
+        )
+
+
 def _stage_dir(stage: str, key: dict[str, Any]) -> Path:
     return cache_dir("pretrain", stage, config_hash(key))
 
@@ -199,6 +219,7 @@ def load_or_train_bc(
         )
         run_supervised_stage("bc", loss, buffer, generator, config, work_dir, progress, log_fn)
         state = {k: v.detach().cpu() for k, v in actor.state_dict().items()}
+        check_finite_state(state, "bc", config.lr)
         atomic_torch_save({"actor": state}, result)
         (work_dir / "partial.pt").unlink(missing_ok=True)
         return state, False
@@ -435,6 +456,7 @@ def load_or_train_fqe(
                 fqe_target_update(loss, config),
             )  # fmt: skip
         state = {k: v.detach().cpu() for k, v in loss.state_dict().items()}
+        check_finite_state(state, "fqe", config.lr)
         atomic_torch_save({"qvalue": state}, result)
         (work_dir / "partial.pt").unlink(missing_ok=True)
         return state, False

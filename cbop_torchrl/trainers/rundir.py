@@ -15,18 +15,25 @@ supports through its lock manager.)
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 from pathlib import Path
+from typing import Any
 
 from cbop_torchrl.trainers.checkpoint import CheckpointError
+from cbop_torchrl.utils import atomic_json_dump, remove_stale_temporaries
 
 LOCK_NAME = ".run.lock"
 
 #: Written when a run first takes a directory (:func:`claim_run_dir`): a run only
 #: removes or overwrites files in a directory that holds it.
 MARKER_NAME = ".cbop-run"
+
+#: What identifies the run's data (:func:`cbop_torchrl.data.data_record`), written when
+#: the run starts; a run is only continued on the same data (:func:`check_run_data`).
+DATA_RECORD_NAME = "data.json"
 
 #: What may already be in a fresh run directory before the run takes it: Hydra's
 #: ``.hydra/`` and job log (``*.log``), written before the program's own code runs.
@@ -41,6 +48,7 @@ RUN_OUTPUTS = (
     "results.json",
     "config.json",
     "dynamics_metrics.json",
+    DATA_RECORD_NAME,
     "logs",
 )
 
@@ -159,6 +167,8 @@ def claim_run_dir(run_dir: str | Path) -> None:
     marker = run_dir / MARKER_NAME
     if any(_is_regular_file(run_dir / name) for name in (MARKER_NAME, LOCK_NAME)):
         _create_marker(marker)
+        for directory in (run_dir, run_dir / "logs"):  # left by a run killed mid-write
+            remove_stale_temporaries(directory)
         return
     foreign = sorted(
         entry.name
@@ -215,3 +225,52 @@ def clear_previous_run(run_dir: str | Path) -> list[str]:
             continue
         removed.append(name)
     return removed
+
+
+def check_run_data(run_dir: str | Path, record: dict[str, Any], continuing: bool) -> None:
+    """Refuses to continue a run on other data than it started with; records the data.
+
+    ``record`` (:func:`cbop_torchrl.data.data_record`) is compared by its
+    ``content`` with the one stored in ``run_dir/data.json`` when the run is
+    ``continuing`` (a checkpoint is resumed, or a finished run would be reported).
+    A run directory of an earlier version without the file, and every run that
+    starts afresh, get ``record`` written.
+
+    Raises:
+        CheckpointError: the stored record names other data (both are described).
+    """
+    path = Path(run_dir) / DATA_RECORD_NAME
+    stored = _read_record(path) if continuing else None
+    if stored is not None and stored.get("content") != record.get("content"):
+        raise CheckpointError(
+            f"the run in {str(run_dir)!r} was started on other data than env={record['source']} "
+            f"holds now: it recorded {describe_data(stored)}, the data is now "
+            f"{describe_data(record)}. Continuing it would train (or report as finished) a run "
+            "on data it did not start with. Pass a new run directory (hydra.run.dir=...) to "
+            "train on this data, resume=false to start over in this one (its checkpoint, "
+            "results and logs are removed), or restore the original data to continue the run."
+        )
+    if stored is None:
+        atomic_json_dump(record, path)
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    if not _is_regular_file(path):
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def describe_data(record: dict[str, Any]) -> str:
+    """One phrase naming a :func:`cbop_torchrl.data.data_record`: name, hash, size, date."""
+    parts = [f"content {str(record.get('content'))[:16]}"]
+    if record.get("size_bytes") is not None:
+        parts.append(f"{record['size_bytes']} bytes")
+    if record.get("modified"):
+        parts.append(f"modified {record['modified']}")
+    if record.get("num_transitions") is not None:
+        parts.append(f"{record['num_transitions']} transitions")
+    return f"{record.get('name', '?')!r} ({', '.join(parts)})"
