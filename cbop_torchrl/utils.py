@@ -145,11 +145,11 @@ def _wait_for_lock(handle: Any, what: str) -> None:
         waited = time.monotonic() - start
         if waited >= next_report:
             handle.seek(0)
-            holder = handle.read().strip() or "a process that has not written its PID yet"
+            holder = handle.read().strip() or "not yet known"
             print(
-                f"[cbop] waiting for another process ({holder}) that is making {what}; "
-                f"waited {waited:.0f} s so far (a stopped process keeps the lock: resume or "
-                "end it)", flush=True,
+                f"[cbop] waiting for another process that is making {what}: held by {holder}, "
+                f"waited {waited:.0f} s so far (a stopped process keeps the lock until it is "
+                "resumed or ended)", flush=True,
             )  # fmt: skip
             next_report = waited + LOCK_REPORT_INTERVAL_S
         try:
@@ -271,6 +271,8 @@ def is_disk_full(error: BaseException | None) -> bool:
     seen = 0
     while error is not None and seen < 16:
         if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
+            return True
+        if "No space left on device" in str(error):  # h5py's errors carry the text only
             return True
         error, seen = error.__cause__ or error.__context__, seen + 1
     return False

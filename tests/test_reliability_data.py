@@ -379,8 +379,14 @@ def test_stale_temporaries_are_removed_and_nothing_else(tmp_path: Path) -> None:
     staging = cache_dir("datasets") / ".hopper-x-0123456789ab.qwertyui.tmp"
     (staging / "data").mkdir(parents=True)
     age(staging)
+    leaked = cache_dir("datasets") / ".hopper-y-0123456789ab.k2j4h6g8"  # an older version's
+    (leaked / "data").mkdir(parents=True)
+    age(leaked, 2 * 86400)
+    recent = cache_dir("datasets") / ".hopper-z-0123456789ab.k2j4h6g8"  # may be live
+    recent.mkdir()
+    age(recent)
     hdf5.load_hdf5(write_d4rl_hdf5(tmp_path / "hopper-x.hdf5"))
-    assert not staging.exists()
+    assert not staging.exists() and not leaked.exists() and recent.exists()
     entry = tmp_path / "entry"
     entry.mkdir()
     left = entry / ".model.pt.9z8y7x6w.tmp"

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -495,6 +496,24 @@ def load_hdf5(path: Path, with_data: bool = True) -> tuple[TensorDict | None, di
     return _read_cached_data(entry / "data"), {**info, "sha256": content}
 
 
+_OLD_STAGING = re.compile(r"^\.[^/]+-[0-9a-f]{12}\.[a-z0-9_]{8}$")
+_OLD_STAGING_AGE_S = 24 * 3600
+
+
+def _remove_old_staging(directory: Path) -> None:
+    """Removes staging directories that versions before ``.tmp`` names leaked (a killed or
+    disk-full conversion): ``.<stem>-<12 hex digits>.<8 characters>``, a day old or more.
+
+    Those versions held no lock on them, so age is what tells that no conversion still
+    writes there (one takes minutes at most).
+    """
+    now = time.time()
+    for entry in directory.iterdir():
+        if _OLD_STAGING.match(entry.name) and entry.is_dir() and not entry.is_symlink():
+            if now - entry.lstat().st_mtime >= _OLD_STAGING_AGE_S:
+                shutil.rmtree(entry, ignore_errors=True)
+
+
 def _store_cache_entry(data: TensorDict, info: dict, entry: Path) -> None:
     """Writes ``data`` and ``info`` as the cache entry ``entry``, all or nothing.
 
@@ -504,6 +523,7 @@ def _store_cache_entry(data: TensorDict, info: dict, entry: Path) -> None:
     :class:`~cbop_torchrl.utils.DiskFullError` with the temporary directory removed.
     """
     remove_stale_temporaries(entry.parent)  # left by a killed conversion
+    _remove_old_staging(entry.parent)
     needed = sum(
         tensor.numel() * tensor.element_size()
         for tensor in data.values(include_nested=True, leaves_only=True)
