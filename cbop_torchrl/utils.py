@@ -203,7 +203,8 @@ def make_temporary(directory: Path, name: str, is_dir: bool = False) -> tuple[Pa
     else:
         fd, name_ = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=TEMPORARY_SUFFIX)
         path = Path(name_)
-    fcntl.flock(fd, fcntl.LOCK_SH)
+    with contextlib.suppress(OSError):  # a file system without locks: the age check remains
+        fcntl.flock(fd, fcntl.LOCK_SH)
     return path, fd
 
 
@@ -278,24 +279,29 @@ def is_disk_full(error: BaseException | None) -> bool:
     return False
 
 
-def disk_full_error(where: str | Path, needed: int | None = None) -> DiskFullError:
-    """The :class:`DiskFullError` for a write into ``where`` (``needed`` bytes, if known)."""
+def disk_full_error(
+    where: str | Path, needed: int | None = None, cleaned: bool = True
+) -> DiskFullError:
+    """The :class:`DiskFullError` for a write into ``where`` (``needed`` bytes, if known;
+    ``cleaned``: the caller removed what it had begun to write)."""
     where = Path(where)
+    existing = next((p for p in (where, *where.parents) if p.exists()), where)
     try:
-        free = f"{shutil.disk_usage(where).free / 1e6:.0f} MB free"
+        free = f"{shutil.disk_usage(existing).free / 1e6:.0f} MB free"
     except OSError:
-        free = "free space unknown"
-    size = f" needs about {needed / 1e6:.0f} MB and" if needed is not None else ""
-    hint = (
-        f" the cache ($CBOP_TORCHRL_CACHE, now {str(cache_root())!r}) may be moved elsewhere "
-        "with CBOP_TORCHRL_CACHE=<folder>, and clearing it is safe"
-        if _is_within(where, cache_root())
-        else " or pass another output or run directory (hydra.run.dir=...)"
-    )
+        free = "an unknown amount of free space"
+    size = f"the write needs about {needed / 1e6:.0f} MB and " if needed is not None else ""
+    if _is_within(where, cache_root()):
+        hint = (
+            "; the cache may also move to a larger disk (CBOP_TORCHRL_CACHE=<folder>), and "
+            "clearing it is safe"
+        )
+    else:
+        hint = ", or write to another disk (hydra.run.dir=... or the output setting)"
     return DiskFullError(
-        f"not enough disk space to write into {str(where)!r}: the write{size} the file system "
-        f"has {free}. Nothing half-written was left there. Free some space and run the same "
-        f"command again;{hint}."
+        f"not enough disk space to write into {str(where)!r}: {size}its file system has "
+        f"{free}.{' Nothing half-written was left there.' if cleaned else ''} Free some "
+        f"space and run the same command again (a run resumes from its last checkpoint){hint}."
     )
 
 
@@ -307,7 +313,7 @@ def as_disk_full_error(error: BaseException, default_dir: str | Path) -> DiskFul
     if isinstance(error, DiskFullError):
         return error
     filename = getattr(error, "filename", None)
-    return disk_full_error(Path(filename).parent if filename else default_dir)
+    return disk_full_error(Path(filename).parent if filename else default_dir, cleaned=False)
 
 
 def _is_within(path: Path, root: Path) -> bool:
