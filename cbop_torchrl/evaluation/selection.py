@@ -504,8 +504,8 @@ def score_runs(
         data, info = datasets[env]
         # Offline selection never makes the environment; a module-qualified id is still
         # accepted only when the command line gives it (task.gym_id=...).
-        command_line_gym_id = TaskConfig.from_dict(task).gym_id if task is not None else None
-        actor, _, meta = load_policy(policy_file(run_dir), device, command_line_gym_id)
+        given = task if isinstance(task, TaskConfig) else TaskConfig.from_dict(task)
+        actor, _, meta = load_policy(policy_file(run_dir), device, given.gym_id)
         fqe_config = fqe_config_for_run(config, **fqe_overrides)
         seed = int(config.get("seed", 0))
         value = evaluate_policy_offline(
