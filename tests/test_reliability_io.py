@@ -124,6 +124,17 @@ def test_a_truncated_summary_is_an_error_naming_the_file_not_a_missing_seed(
     assert "seed1.json" in err and "truncated or damaged" in err
     assert not (tmp_path / "report").exists()
 
+    run = tmp_path / "run"
+    shutil.copytree(finished_run["run"], run)
+    results = json.loads((run / "results.json").read_text())
+    del results["seed"]
+    (run / "results.json").write_text(json.dumps(results))
+    with pytest.raises(ReportError, match=r"results\.json.*lacks seed"):
+        load_summaries([run], analysis=False)
+    (run / "results.json").write_text(json.dumps(results)[:50])
+    with pytest.raises(ReportError, match=r"cannot read .*results\.json"):
+        load_summaries([run], analysis=False)
+
     summary = json.loads(text)
     del summary["final_normalized_score"]  # parses, but is no longer a whole summary
     seed1.write_text(json.dumps(summary))

@@ -137,6 +137,10 @@ def _thin(points: list[list[float]], limit: int = MAX_CURVE_POINTS) -> list[list
     return kept if kept[-1] == points[-1] else [*kept, points[-1]]
 
 
+RESULTS_KEYS = ("dataset", "seed", "gradient_steps", "normalized_score_mean")
+"""What every run's ``results.json`` holds (the score may be null: no reference scores)."""
+
+
 def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
     """The summary of one finished run directory (see the module doc).
 
@@ -153,6 +157,12 @@ def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
     results = _read_json(run_dir / "results.json")
     config_path = run_dir / "config.json"
     config = _read_json(config_path) if config_path.is_file() else {}
+    missing = [key for key in RESULTS_KEYS if key not in results]
+    if missing:
+        raise ReportError(
+            f"{str(run_dir / 'results.json')!r} lacks {', '.join(missing)} (damaged or edited); "
+            "run the run's command again to rewrite it, or leave the run out of paths="
+        )
     if results.get("normalized_score_mean") is None:
         raise ReportError(
             f"{str(run_dir)!r} has no normalized score (its task {results.get('gym_id')} has "
