@@ -209,6 +209,22 @@ def test_evaluate_refuses_more_episodes_than_fit_before_making_any_environment(
     assert "closed environment" not in err
 
 
+def test_an_out_of_memory_error_while_evaluating_is_reported_not_a_closed_environment(
+    finished_run: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    import cbop_torchrl.envs as envs
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("mj_makeData: could not allocate memory")  # before any env started
+
+    monkeypatch.setattr(envs, "evaluate_policy", out_of_memory)
+    checkpoint = finished_run["run"] / "policy.pt"
+    assert _evaluate(tmp_path, monkeypatch, f"checkpoint={checkpoint}", "episodes=2") == 2
+    err = capsys.readouterr().err
+    assert "ran out of memory with episodes=2" in err and "could not allocate" in err, err
+    assert "closed environment" not in err and "Traceback" not in err
+
+
 # --------------------------------------------- item 9: no file makes gymnasium import code
 
 
