@@ -104,6 +104,20 @@ def _load(values: dict[str, Any]) -> tuple[Any, Any, Any, list[str]]:
     return config, loaded["info"], loaded["data"], filled
 
 
+def _check_memory(config: Any, info: Any, rollouts: bool) -> None:
+    """Refuses (:class:`~cbop_torchrl.config.ConfigError`) sizes that cannot fit in memory,
+    before any stage allocates them (:mod:`cbop_torchrl.trainers.memory`)."""
+    from cbop_torchrl.config import ConfigError
+    from cbop_torchrl.trainers.memory import MemoryLimitError, check_run_fits
+    from cbop_torchrl.utils import resolve_device
+
+    try:
+        check_run_fits(config, info.obs_dim, info.action_dim, resolve_device(config.device),
+                       rollouts)  # fmt: skip
+    except MemoryLimitError as error:
+        raise ConfigError(str(error)) from None
+
+
 def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """Trains CBOP as ``cbop-train`` does (dynamics -> BC -> FQE -> CBOP -> evaluation).
 
@@ -118,6 +132,7 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path) -> dict[str,
     from cbop_torchrl.trainers.offline import run_pipeline
 
     config, info, data, filled = _load(config_values(_as_config(cfg, "run")))
+    _check_memory(config, info, rollouts=True)
     if config.progress:
         banner = run_banner(config, info.name, Path(run_dir), filled)
         if (task := task_line(config, info)) is not None:
@@ -285,6 +300,7 @@ def train_baseline(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path) -> 
     if values.get("estimator", {}).get("psi") is None:
         values.setdefault("estimator", {})["psi"] = 0.0
     config, info, data, _ = _load(values)
+    _check_memory(config, info, rollouts=False)
     if config.progress:
         print(baseline_banner(config, algo.name, info.name, Path(run_dir)), flush=True)
     return run_baseline(config, algo, info, data, Path(run_dir))
@@ -304,13 +320,16 @@ def evaluate(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     """
     from cbop_torchrl.config import ConfigError
     from cbop_torchrl.envs import (
+        EVALUATION_FORMAT,
         check_sizes_fit_env,
         evaluate_policy,
+        evaluation_output_problem,
         make_eval_env,
         read_env_specs,
     )
     from cbop_torchrl.envs.task import override_task
     from cbop_torchrl.trainers.checkpoint import load_policy
+    from cbop_torchrl.trainers.memory import MemoryLimitError, check_evaluation_fits
     from cbop_torchrl.utils import atomic_json_dump, resolve_device
 
     cfg = _as_config(cfg, "evaluate")
@@ -319,7 +338,15 @@ def evaluate(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
             f"episodes={cfg.episodes} and max_steps={cfg.max_steps} must be positive integers "
             "(e.g. episodes=10 max_steps=1000)"
         )
-    actor, recorded, meta = load_policy(cfg.checkpoint, resolve_device(cfg.device))
+    if cfg.output and (problem := evaluation_output_problem(cfg.output, cfg.checkpoint)):
+        raise ConfigError(problem)
+    command_line_gym_id = cfg.task.get("gym_id")
+    actor, recorded, meta = load_policy(cfg.checkpoint, resolve_device(cfg.device),
+                                        command_line_gym_id)  # fmt: skip
+    try:
+        check_evaluation_fits(cfg.episodes, cfg.max_steps, meta["obs_dim"], meta["action_dim"])
+    except MemoryLimitError as error:
+        raise ConfigError(str(error)) from None
     task = override_task(recorded, OmegaConf.to_container(cfg.task, resolve=True))
     specs = read_env_specs(task)
     check_sizes_fit_env(f"the policy {str(cfg.checkpoint)!r}", meta["obs_dim"],
@@ -327,10 +354,20 @@ def evaluate(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     env = make_eval_env(task, cfg.episodes, cfg.backend)
     try:
         result = evaluate_policy(actor, task, env, cfg.max_steps, cfg.seed)
+    except Exception as error:
+        if isinstance(error, MemoryError) or "memory" in str(error).lower():
+            raise ConfigError(
+                f"the evaluation ran out of memory with episodes={cfg.episodes} environments "
+                f"side by side ({type(error).__name__}: {error}); pass fewer episodes, and run "
+                "the command again with another seed= for more"
+            ) from None
+        raise
     finally:
-        env.close()
-    summary = {"checkpoint": str(cfg.checkpoint), **meta, "task": task.to_dict(),
-               **result.summary()}  # fmt: skip
+        env.close(raise_if_closed=False)  # a failed start closed it; its error is the one to see
+    summary = {"format": EVALUATION_FORMAT, "checkpoint": str(cfg.checkpoint), **meta,
+               "task": task.to_dict(), **result.summary()}  # fmt: skip
     if cfg.output:
+        if problem := evaluation_output_problem(cfg.output, cfg.checkpoint):
+            raise ConfigError(problem)  # something else took its place meanwhile
         atomic_json_dump(summary, cfg.output)
     return summary

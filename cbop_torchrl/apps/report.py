@@ -19,6 +19,7 @@ Every setting: ``cbop_torchrl/configs/report.yaml``.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -58,8 +59,27 @@ def report_paths(value: object) -> list[str]:
     return [str(item) for item in items]
 
 
+REQUIRED_MODULES = ("matplotlib",)
+"""What the report cannot do without (its figures); ``rliable`` is optional (IQM tables)."""
+
+
+def check_report_dependencies() -> None:
+    """Refuses (exit 2) before any work when a module of the ``[report]`` extra is missing,
+    so no partial report (tables without figures) is left behind."""
+    for name in REQUIRED_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError as error:
+            refuse(
+                f"cbop-report draws its figures with {name}, which cannot be imported "
+                f'({error}); install the report extra: pip install "cbop-torchrl[report]" '
+                "(matplotlib, rliable, pandas), then run the same command again"
+            )
+
+
 def run(cfg: DictConfig) -> None:
     """The Hydra task: load the runs and summaries, write the report, print its table."""
+    check_report_dependencies()
     paths = report_paths(cfg.paths)
     check_output_writable("out", cfg.out)
     try:

@@ -7,11 +7,13 @@ trainers and uses them.
 """
 
 from cbop_torchrl.envs.evaluate import (
+    EVALUATION_FORMAT,
     NO_NORMALIZED_SCORE,
     EvalResult,
     describe_score,
     episode_returns,
     evaluate_policy,
+    evaluation_output_problem,
 )
 from cbop_torchrl.envs.gym import (
     EnvSpecs,
@@ -25,6 +27,7 @@ from cbop_torchrl.envs.gym import (
 from cbop_torchrl.envs.task import TaskConfig, TaskError, resolve_task
 
 __all__ = [
+    "EVALUATION_FORMAT",
     "NO_NORMALIZED_SCORE",
     "EnvSpecs",
     "EvalResult",
@@ -35,6 +38,7 @@ __all__ = [
     "describe_score",
     "episode_returns",
     "evaluate_policy",
+    "evaluation_output_problem",
     "filter_env_warnings",
     "make_env",
     "make_eval_env",

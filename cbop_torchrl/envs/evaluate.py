@@ -9,8 +9,10 @@ episode has ended; finished environments are not stepped again.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from tensordict.nn import TensorDictModuleBase
@@ -24,6 +26,52 @@ NO_NORMALIZED_SCORE = (
     "task.ref_max_score, the returns that normalize to 0 and 100)"
 )
 """What ``results.json`` says instead of a normalized score for a task without constants."""
+
+
+EVALUATION_FORMAT = "cbop-torchrl-evaluation/1"
+"""The ``format`` of the JSON file ``cbop-evaluate output=<path>`` writes; only such a file
+(or one written before the key existed) is ever replaced by a later evaluation."""
+
+_OLD_EVALUATION_KEYS = frozenset(("checkpoint", "task", "returns", "episodes"))
+"""Keys every evaluation output held before :data:`EVALUATION_FORMAT` was recorded."""
+
+
+def evaluation_output_problem(path: str | Path, checkpoint: str | Path | None = None) -> str | None:
+    """Why ``output=path`` must not be written by an evaluation, or None when it may.
+
+    It may be a new file in an existing directory or a previous evaluation output of
+    this program (a JSON object with ``format`` :data:`EVALUATION_FORMAT`, or the keys
+    such an output had before); never a directory, the checkpoint being evaluated or any
+    other existing file (a checkpoint, a results.json, a user's file).
+    """
+    path = Path(path)
+    if checkpoint is not None and path.exists() and Path(checkpoint).exists():
+        if path.resolve() == Path(checkpoint).resolve():
+            return f"output={path} is the checkpoint being evaluated, which it would replace"
+    if path.is_dir():
+        return (
+            f"output={path} is a directory; output= takes the path of a JSON file to write, "
+            f"e.g. output={path / 'evaluation.json'}"
+        )
+    if not path.exists() and not path.is_symlink():
+        return None
+    if not path.is_file():
+        return f"output={path} exists and is not a regular file"
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(1 << 20)
+        value = json.loads(head)
+    except (OSError, ValueError):
+        value = None
+    if isinstance(value, dict) and (
+        value.get("format") == EVALUATION_FORMAT or _OLD_EVALUATION_KEYS <= value.keys()
+    ):
+        return None
+    return (
+        f"output={path} exists and is not an evaluation output of cbop-evaluate, so it is not "
+        "replaced; give a new file name (e.g. output=evaluation.json) or remove that file "
+        "first if you no longer need it"
+    )
 
 
 @dataclass

@@ -108,6 +108,14 @@ def resolve_task(config: TaskConfig | Mapping[str, Any] | None, info: DatasetInf
     gym_id = config.gym_id
     if gym_id is None and info.family is None:
         gym_id = info.env_id
+        if gym_id is not None and ":" in gym_id:
+            raise TaskError(
+                f"the dataset {info.name!r} records the gymnasium id {gym_id!r}, which names "
+                f"a Python module ({gym_id.partition(':')[0]!r}) that gymnasium would import, "
+                "running its code; an id read from a file is not trusted to do that. If you "
+                f"trust that module, pass the id on the command line (task.gym_id={gym_id}); "
+                "otherwise the id of an installed environment (e.g. task.gym_id=Hopper-v4)."
+            )
     if gym_id is not None:
         base = family_of_gym_id(gym_id)
     else:

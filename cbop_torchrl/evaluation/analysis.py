@@ -33,7 +33,11 @@ from cbop_torchrl.config import RunConfig, load_config
 from cbop_torchrl.data import load_dataset_with_info
 from cbop_torchrl.envs import resolve_task
 from cbop_torchrl.objectives.posterior import gaussian_posterior
-from cbop_torchrl.trainers.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from cbop_torchrl.trainers.checkpoint import (
+    CHECKPOINT_NAME,
+    check_recorded_gym_id,
+    load_checkpoint,
+)
 from cbop_torchrl.trainers.conservatism import (
     MC_STATES,
     dataset_conservatism,
@@ -54,8 +58,16 @@ SHARE_BINS = 20
 
 def load_run_config(run_dir: Path) -> tuple[RunConfig, Any, Any]:
     """The run's :class:`RunConfig`, its dataset TensorDict and :class:`DatasetInfo`."""
-    values = json.loads((Path(run_dir) / "config.json").read_text())
+    path = Path(run_dir) / "config.json"
+    values = json.loads(path.read_text())
     values.pop("algo", None)
+    # No command line names the task here: a stored module-qualified id is never trusted.
+    check_recorded_gym_id(
+        str((values.get("task") or {}).get("gym_id")),
+        None,
+        f"the run's config {str(path)!r}",
+        "leave that run out of the report, or pass analysis=false (no environment is made)",
+    )
     loaded: dict[str, Any] = {}
 
     def lookup(env: str):

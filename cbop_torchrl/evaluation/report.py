@@ -137,6 +137,10 @@ def _thin(points: list[list[float]], limit: int = MAX_CURVE_POINTS) -> list[list
     return kept if kept[-1] == points[-1] else [*kept, points[-1]]
 
 
+RESULTS_KEYS = ("dataset", "seed", "gradient_steps", "normalized_score_mean")
+"""What every run's ``results.json`` holds (the score may be null: no reference scores)."""
+
+
 def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
     """The summary of one finished run directory (see the module doc).
 
@@ -153,6 +157,12 @@ def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
     results = _read_json(run_dir / "results.json")
     config_path = run_dir / "config.json"
     config = _read_json(config_path) if config_path.is_file() else {}
+    missing = [key for key in RESULTS_KEYS if key not in results]
+    if missing:
+        raise ReportError(
+            f"{str(run_dir / 'results.json')!r} lacks {', '.join(missing)} (damaged or edited); "
+            "run the run's command again to rewrite it, or leave the run out of paths="
+        )
     if results.get("normalized_score_mean") is None:
         raise ReportError(
             f"{str(run_dir)!r} has no normalized score (its task {results.get('gym_id')} has "
@@ -229,6 +239,60 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
+FOREIGN_JSON_DIRS = frozenset((".hydra", "wandb", "selection_fqe"))
+"""Folders whose JSON files other tools write (Hydra, W&B, the psi selection's cache):
+never summaries, so not read."""
+
+SUMMARY_KEYS = {
+    "variant": str,
+    "dataset": str,
+    "seed": int,
+    "final_normalized_score": (int, float),
+    "best_normalized_score": (int, float),
+    "gradient_steps": int,
+}
+"""What every summary holds (and its type), checked before a summary enters the table."""
+
+
+def _read_summary_file(file: Path) -> dict[str, Any] | None:
+    """The summary in ``file``, or None when it is another program's JSON.
+
+    Raises:
+        ReportError: ``file`` cannot be read or parsed (truncated, damaged), or it says it
+            is a summary but lacks a field; silently skipping it would drop a run from the
+            table.
+    """
+    try:
+        value = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        raise ReportError(
+            f"cannot read {str(file)!r} ({type(error).__name__}: {error}); a truncated or "
+            "damaged file may be a run's summary, and leaving it out would show fewer seeds. "
+            "Restore the file (e.g. from git or the run that wrote it), or move it out of "
+            "the folders given in paths="
+        ) from None
+    if not isinstance(value, dict) or not str(value.get("summary_format", "")).startswith(
+        "cbop-torchrl-summary"
+    ):
+        return None
+    if value["summary_format"] != SUMMARY_FORMAT:
+        raise ReportError(
+            f"{str(file)!r} is a summary of format {value['summary_format']!r}; this version "
+            f"reads {SUMMARY_FORMAT!r}. Make it again with this version, or move it out of paths="
+        )
+    wrong = [
+        key
+        for key, kind in SUMMARY_KEYS.items()
+        if not isinstance(value.get(key), kind) or isinstance(value.get(key), bool)
+    ]
+    if wrong:
+        raise ReportError(
+            f"the summary {str(file)!r} lacks valid {', '.join(wrong)} (damaged or edited); "
+            "restore it or make it again, or move it out of paths="
+        )
+    return value
+
+
 def load_summaries(paths: Iterable[str | Path], analysis: bool = True) -> list[dict[str, Any]]:
     """Summaries from any mix of summary files, summary folders, run dirs and sweep dirs.
 
@@ -255,13 +319,10 @@ def load_summaries(paths: Iterable[str | Path], analysis: bool = True) -> list[d
             if file.name == "results.json":
                 run_dirs.append(file.parent)
                 continue
-            if file.name == "config.json" or ".hydra" in file.parts:
+            if file.name == "config.json" or FOREIGN_JSON_DIRS & set(file.parts):
                 continue
-            try:
-                value = json.loads(file.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(value, dict) and value.get("summary_format") == SUMMARY_FORMAT:
+            value = _read_summary_file(file)
+            if value is not None:
                 # Summaries written before the final score became a window mean.
                 value["final_normalized_score"] = final_window_score(
                     value.get("curve", []), value["final_normalized_score"]

@@ -502,7 +502,10 @@ def score_runs(
             data, info = load_dataset_with_info(env)
             datasets[env] = (data.to(device), info)
         data, info = datasets[env]
-        actor, _, meta = load_policy(policy_file(run_dir), device)
+        # Offline selection never makes the environment; a module-qualified id is still
+        # accepted only when the command line gives it (task.gym_id=...).
+        given = task if isinstance(task, TaskConfig) else TaskConfig.from_dict(task)
+        actor, _, meta = load_policy(policy_file(run_dir), device, given.gym_id)
         fqe_config = fqe_config_for_run(config, **fqe_overrides)
         seed = int(config.get("seed", 0))
         value = evaluate_policy_offline(

@@ -165,22 +165,94 @@ def export_policy(actor: TensorDictModuleBase, obs_dim: int, path: str | Path) -
 
 
 def load_policy(
-    path: str | Path, device: torch.device | str = "cpu"
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    command_line_gym_id: str | None = None,
 ) -> tuple[TensorDictModuleBase, Task, dict[str, Any]]:
     """The actor stored in a ``checkpoint.pt`` or ``policy.pt``, its task and metadata.
 
     CBOP's and the stochastic baselines' actors are TanhNormal policies
     (:func:`make_actor`); TD3+BC's records ``actor_kind="deterministic"`` in
     its metadata (:func:`make_deterministic_actor`).
+
+    Args:
+        path: the checkpoint or policy file.
+        device: where the actor goes.
+        command_line_gym_id: the ``task.gym_id`` the user gave on the command line (None
+            when none). A recorded module-qualified id (``module:Env-v0``, which makes
+            gymnasium import ``module``) is refused unless it is this same id
+            (:func:`check_recorded_gym_id`).
+
+    Raises:
+        CheckpointError: the file is not a readable policy, its recorded task is invalid
+            (a module-qualified gym id, equal reference scores), or its weights are not
+            all finite.
     """
     state = load_checkpoint(path)
-    meta = state["policy"]
-    # Policies saved before tasks were recorded name a known family only.
-    task = Task(**meta["task"]) if "task" in meta else get_family(meta["family"])
-    build = make_deterministic_actor if meta.get("actor_kind") == "deterministic" else make_actor
-    actor = build(meta["obs_dim"], meta["action_dim"], tuple(meta["hidden_sizes"]))
-    actor.load_state_dict(state["actor"])
+    meta = state.get("policy")
+    if not isinstance(meta, dict) or not isinstance(state.get("actor"), dict):
+        raise CheckpointError(
+            f"{str(path)!r} holds no policy (no 'policy' metadata or 'actor' weights); pass "
+            "the checkpoint.pt or policy.pt of a run directory"
+        )
+    try:
+        # Policies saved before tasks were recorded name a known family only.
+        task = Task(**meta["task"]) if "task" in meta else get_family(meta["family"])
+        build = (
+            make_deterministic_actor if meta.get("actor_kind") == "deterministic" else make_actor
+        )
+        actor = build(meta["obs_dim"], meta["action_dim"], tuple(meta["hidden_sizes"]))
+        actor.load_state_dict(state["actor"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise CheckpointError(
+            f"the policy recorded in {str(path)!r} is invalid ({type(error).__name__}: "
+            f"{error}); the file was edited or damaged. Pass the checkpoint.pt or policy.pt "
+            "of a run directory as this package wrote it"
+        ) from None
+    check_recorded_gym_id(task.gym_id, command_line_gym_id, f"the checkpoint {str(path)!r}")
+    check_finite_weights(state["actor"], path)
     return actor.to(device), task, meta
+
+
+def check_recorded_gym_id(
+    gym_id: str, command_line_gym_id: str | None, source: str, remedy: str | None = None
+) -> None:
+    """Refuses a module-qualified gymnasium id (``module:Env-v0``) read from a file.
+
+    Gymnasium imports ``module`` to make such an environment, so an id taken from a
+    checkpoint, a stored config or a dataset would let that file run code. It is accepted
+    only when the user gave the same id on the command line (``task.gym_id=<id>``).
+
+    ``remedy``: what to do instead, for a program without a ``task.gym_id`` setting.
+
+    Raises:
+        CheckpointError: ``gym_id`` names a module and is not ``command_line_gym_id``.
+    """
+    if ":" not in str(gym_id) or gym_id == command_line_gym_id:
+        return
+    remedy = remedy or (
+        f"if you trust that module, pass the same id on the command line (task.gym_id="
+        f"{gym_id}); otherwise pass the id of an installed environment (e.g. "
+        "task.gym_id=Hopper-v4)"
+    )
+    raise CheckpointError(
+        f"{source} records the gymnasium id {gym_id!r}, which names a Python module "
+        f"({str(gym_id).partition(':')[0]!r}) that gymnasium would import, running its code. "
+        f"An id read from a file is not trusted to do that: {remedy}"
+    )
+
+
+def check_finite_weights(weights: dict[str, Any], path: str | Path) -> None:
+    """Raises :class:`CheckpointError` naming the first tensor of ``weights`` with NaN/inf."""
+    for name, value in weights.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            if not bool(torch.isfinite(value).all()):
+                raise CheckpointError(
+                    f"the policy in {str(path)!r} has non-finite weights (NaN or inf in "
+                    f"{name!r}); it cannot act. The file was edited or the run diverged: "
+                    "use a policy.pt or checkpoint.pt with finite weights (an earlier "
+                    "checkpoint, or train again)"
+                )
 
 
 class CheckpointHook(TrainerHookBase):
