@@ -381,3 +381,20 @@ def test_cbop_train_refuses_impossible_sizes_before_any_stage(
         assert word in errors[0], errors[0]
     assert "[cbop]" not in captured.out  # refused before the banner and any stage
     assert not run.exists()
+
+
+def test_train_dynamics_refuses_an_ensemble_that_cannot_fit_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    from cbop_torchrl.apps import train_dynamics as dynamics_app
+
+    workspace = pipeline_workspace(tmp_path, episode_lengths=(40,) * 4)
+    out = tmp_path / "out"
+    monkeypatch.chdir(tmp_path)
+    argv = [f"env={workspace['dataset']}", f"output_dir={out}", "dynamics.num_members=100000"]
+    assert run_entry(dynamics_app.main, argv) == 2
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in captured.err, captured.err
+    assert "dynamics.num_members" in errors[0] and "GB" in errors[0], errors[0]
+    assert not (out / "dynamics.pt").exists()

@@ -35,6 +35,7 @@ def train(cfg: DictConfig) -> dict:
     from cbop_torchrl.modules.dynamics import save_dynamics
     from cbop_torchrl.trainers.datasize import check_dataset_size
     from cbop_torchrl.trainers.dynamics import DynamicsConfig, load_or_train_dynamics
+    from cbop_torchrl.trainers.memory import check_dynamics_fits
     from cbop_torchrl.utils import atomic_json_dump, resolve_device
 
     if cfg.threads is not None:
@@ -48,6 +49,7 @@ def train(cfg: DictConfig) -> dict:
     specs = read_env_specs(task)
     check_data_fits_env(info, specs, task)
     check_dataset_size(dataset, info.name, {}, dynamics=config)
+    check_dynamics_fits(config, info.obs_dim, info.action_dim, device)
     # the dynamics inputs use the agent's [-1, 1] actions, as in cbop-train (same cache)
     info = dataclasses.replace(info, fingerprint=info.fingerprint + specs.fingerprint_suffix())
     dataset = specs.to_agent_actions(dataset.to(device))

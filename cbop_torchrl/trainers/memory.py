@@ -199,6 +199,33 @@ def check_run_fits(
     return estimate
 
 
+def check_dynamics_fits(
+    dynamics, obs_dim: int, action_dim: int, device: torch.device | str
+) -> Estimate:
+    """Raises :class:`MemoryLimitError` when the dynamics ensemble alone cannot fit.
+
+    ``dynamics``: a :class:`~cbop_torchrl.config.DynamicsConfig` (``cbop-train-dynamics``).
+    Returns the estimate otherwise.
+    """
+    members = int(dynamics.num_members)
+    hidden = [int(dynamics.hidden_size)] * int(dynamics.num_layers)
+    params = members * mlp_parameters(obs_dim + action_dim, hidden, 2 * (obs_dim + 1))
+    training = 3 * members * int(dynamics.batch_size) * sum(hidden)
+    estimate = Estimate(
+        total=(4 * params + training) * FLOAT_BYTES,
+        parts={
+            "dynamics ensemble (dynamics.num_members x hidden_size x num_layers)": 4
+            * params
+            * FLOAT_BYTES,
+            "dynamics training batch (dynamics.batch_size)": training * FLOAT_BYTES,
+        },
+    )
+    _refuse_if_too_large(
+        estimate, device, "the settings in parentheses above (the paper: 30 members of 4 x 200)"
+    )
+    return estimate
+
+
 def check_evaluation_fits(episodes: int, max_steps: int, obs_dim: int, action_dim: int) -> Estimate:
     """Raises :class:`MemoryLimitError` when ``episodes`` environments run side by side
     (``cbop-evaluate``) cannot fit in the host's available memory."""
