@@ -68,6 +68,68 @@ from cbop_torchrl.utils import seed_everything
 
 ALGOS = ("bc", "td3bc", "iql", "cql")
 BASELINE_SEED_OFFSET = 5
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+@dataclass(frozen=True)
+class PipelineBudget:
+    """The gradient steps of ``cbop-train``'s whole pipeline: BC + FQE + the CBOP stage."""
+
+    bc_steps: int
+    fqe_steps: int
+    cbop_steps: int  # train.epochs x train.steps_per_epoch of the CBOP stage
+
+    @property
+    def total(self) -> int:
+        return self.bc_steps + self.fqe_steps + self.cbop_steps
+
+    def describe(self) -> str:
+        """``14000 (BC 5000 + FQE 5000 + CBOP 4000)``."""
+        return f"{self.total} (BC {self.bc_steps} + FQE {self.fqe_steps} + CBOP {self.cbop_steps})"
+
+
+def preset_training(preset: str) -> dict[str, int]:
+    """``bc.steps``, ``fqe.steps``, ``train.epochs`` and ``train.steps_per_epoch`` of a preset.
+
+    Read from ``configs/preset/<preset>.yaml`` (``configs/config.yaml`` for a key the preset
+    leaves out); a null is the paper's value (:data:`cbop_torchrl.config.PAPER_SHARED`).
+    """
+    from omegaconf import OmegaConf
+
+    from cbop_torchrl.config import PAPER_SHARED
+
+    values = OmegaConf.merge(
+        OmegaConf.load(CONFIG_DIR / "config.yaml"),
+        OmegaConf.load(CONFIG_DIR / "preset" / f"{preset}.yaml"),
+    )
+    found = {}
+    for key in ("bc.steps", "fqe.steps", "train.epochs", "train.steps_per_epoch"):
+        value = OmegaConf.select(values, key)
+        found[key] = int(PAPER_SHARED[key] if value is None else value)
+    return found
+
+
+def cbop_pipeline_budget(
+    preset: str, bc_steps: int, fqe_steps: int, steps_per_epoch: int | None
+) -> PipelineBudget:
+    """``cbop-train``'s pipeline with ``preset``'s CBOP epochs and these steps.
+
+    ``steps_per_epoch``: the CBOP stage's (None: the preset's, or the paper's).
+    """
+    preset_values = preset_training(preset)
+    steps_per_epoch = steps_per_epoch or preset_values["train.steps_per_epoch"]
+    return PipelineBudget(
+        int(bc_steps), int(fqe_steps), preset_values["train.epochs"] * int(steps_per_epoch)
+    )
+
+
+def pipeline_epochs(preset: str, bc_steps: int, fqe_steps: int, steps_per_epoch: int | None) -> int:
+    """A baseline's default ``train.epochs``: as many gradient steps as ``cbop-train``'s whole
+    pipeline with the same preset and settings (:func:`cbop_pipeline_budget`), rounded up to
+    whole epochs of ``steps_per_epoch`` (None: the preset's)."""
+    steps_per_epoch = steps_per_epoch or preset_training(preset)["train.steps_per_epoch"]
+    budget = cbop_pipeline_budget(preset, bc_steps, fqe_steps, steps_per_epoch)
+    return -(-budget.total // int(steps_per_epoch))
 
 
 class BaselineConfigError(ValueError):
@@ -371,12 +433,9 @@ def run_baseline(
         target_update=SoftUpdate(parts.loss, tau=config.agent.tau) if parts.has_targets else None,
     )  # fmt: skip
     restore_final_records(run, training)
-    if config.progress:
-        start = training.start_step
+    if config.progress and training.start_step:  # the settings are in the run banner
         print(
-            f"[baseline] {algo.name} on {info.name}: {total_steps} gradient steps, batch "
-            f"{config.train.batch_size}" + (f", resuming at {start}" if start else ""),
-            flush=True,
+            f"[baseline] {algo.name}: resuming at gradient step {training.start_step}", flush=True
         )
     training.train(total_steps)
     final = final_evaluation(run, training)
@@ -432,8 +491,11 @@ __all__ = [
     "AlgoConfig",
     "BaselineConfigError",
     "BaselineParts",
+    "PipelineBudget",
     "GroupedOptimizationStepper",
     "build_baseline",
+    "cbop_pipeline_budget",
+    "pipeline_epochs",
     "make_state_value",
     "run_baseline",
 ]

@@ -44,7 +44,7 @@ from omegaconf.errors import (
     OmegaConfBaseException,
 )
 
-from cbop_torchrl.baselines import AlgoConfig
+from cbop_torchrl.baselines import AlgoConfig, pipeline_epochs
 from cbop_torchrl.config import (
     Choice,
     DynamicsActivation,
@@ -286,6 +286,8 @@ def register_schemas() -> None:
         store.store(name=f"{PAPER_DATASET_CONFIG}{dataset_id}", node=node)
     OmegaConf.register_new_resolver("cbop_run_name", run_name, replace=True)
     OmegaConf.register_new_resolver("cbop_overrides", lambda text: text or "default", replace=True)
+    # ${cbop_pipeline_epochs:...}: a baseline's default train.epochs (configs/baseline.yaml)
+    OmegaConf.register_new_resolver("cbop_pipeline_epochs", pipeline_epochs, replace=True)
     # ${cbop_cache:}: where the reporting programs' multiruns keep Hydra's files (not the cwd)
     OmegaConf.register_new_resolver("cbop_cache", lambda: str(cache_root()), replace=True)
 

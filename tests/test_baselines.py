@@ -60,6 +60,8 @@ def sweep(workspace: dict) -> Path:
         "hydra.sweep.subdir=${algo.name}", flags=("-m",),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "Warning" not in done.stderr, done.stderr  # TorchRL's target-updater notice included
+    assert not list(sweep.rglob("*.log"))  # no empty baseline.log: the program prints
     return sweep
 
 
@@ -68,19 +70,77 @@ def test_every_algorithm_trains_and_writes_results(sweep: Path) -> None:
         run = sweep / algo
         results = json.loads((run / "results.json").read_text())
         assert results["algo"] == algo
-        assert results["gradient_steps"] == 40  # debug preset: 2 x 20, the same as CBOP's
+        # debug preset: CBOP's whole pipeline, BC 40 + FQE 40 + CBOP 2 x 20
+        assert results["gradient_steps"] == 120
         assert results["dataset"] == "hopper-tiny"
-        assert [r["step"] for r in results["eval_history"]] == [20, 40]
+        assert [r["step"] for r in results["eval_history"]] == [20, 40, 60, 80, 100, 120]
         assert len(results["episode_returns"]) == 2
         config = json.loads((run / "config.json").read_text())
         assert config["algo"]["name"] == algo
         state = load_checkpoint(run / "checkpoint.pt")
-        assert state["step"] == 40
+        assert state["step"] == 120
         actor, task, meta = load_policy(run / "policy.pt")
         assert task.name == "hopper" and meta["algo"] == algo
         action = actor(_obs_td(meta["obs_dim"])).get("action")
         assert action.shape == (4, meta["action_dim"]) and action.abs().max() <= 1.0
         assert list((run / "logs").rglob("eval/normalized_score.csv"))
+
+
+def _pipeline_steps(cbop_overrides: list[str]) -> int:
+    """BC + FQE + CBOP gradient steps of ``cbop-train`` with these overrides."""
+    from cbop_torchrl.apps.api import compose_config
+    from cbop_torchrl.config import PAPER_SHARED
+
+    cfg = compose_config(cbop_overrides)
+    epochs = cfg.train.epochs or PAPER_SHARED["train.epochs"]
+    steps_per_epoch = cfg.train.steps_per_epoch or PAPER_SHARED["train.steps_per_epoch"]
+    return cfg.bc.steps + cfg.fqe.steps + epochs * steps_per_epoch
+
+
+@pytest.mark.parametrize("preset", ["cpu", "debug", "paper"])
+def test_a_baseline_trains_as_many_steps_as_cbops_pipeline_unless_told(preset: str) -> None:
+    from cbop_torchrl.apps.api import compose_config
+
+    def baseline_steps(*overrides: str) -> int:
+        train = compose_config(["algo=iql", f"preset={preset}", *overrides], "baseline").train
+        return train.epochs * (train.steps_per_epoch or 1000)  # null: the paper's 1000
+
+    assert baseline_steps() == _pipeline_steps([f"preset={preset}"])
+    assert baseline_steps("bc.steps=2000") == _pipeline_steps([f"preset={preset}", "bc.steps=2000"])
+    assert baseline_steps("train.epochs=3") == 3 * (1000 if preset != "debug" else 20)  # given
+
+
+def _banner_config(command: str, *overrides: str) -> RunConfig:
+    from cbop_torchrl.apps.api import compose_config
+    from cbop_torchrl.cli import config_values
+
+    values = config_values(compose_config(["preset=debug", *overrides], command))
+    values.pop("algo", None)
+    values["estimator"]["psi"] = 0.0
+    return load_config(values, lambda env: ("hopper", "hopper-demo"))[0]
+
+
+def test_both_banners_state_the_budget_and_the_matching_baseline() -> None:
+    from cbop_torchrl.apps.api import baseline_banner, run_banner
+
+    def budget_lines(banner: str) -> str:
+        return "\n".join(line for line in banner.splitlines() if "budget" in line)
+
+    run_dir = Path("runs/x")
+    default = baseline_banner(_banner_config("baseline", "algo=iql"), "iql", "d", run_dir)
+    assert "train: 120 gradient steps (train.epochs=6 x train.steps_per_epoch=20)" in default
+    assert "budget: the default, cbop-train's whole pipeline with these settings trains 120 " \
+        "(BC 40 + FQE 40 + CBOP 40)" in default  # fmt: skip
+    given = baseline_banner(_banner_config("baseline", "train.epochs=2"), "iql", "d", run_dir)
+    assert "train: 40 gradient steps" in given
+    assert "trains 120 (BC 40 + FQE 40 + CBOP 40); train.epochs=6 (the default)" in given
+    # CBOP's banner names the baseline command with the same budget: its default ...
+    cbop = budget_lines(run_banner(_banner_config("cbop"), "d", run_dir))
+    assert "120 gradient steps in all (BC 40 + FQE 40 + CBOP 40)" in cbop
+    assert cbop.endswith("cbop-baseline algo=iql preset=debug"), cbop
+    # ... or, for a CBOP run of other settings, the override that matches it
+    longer = budget_lines(run_banner(_banner_config("cbop", "train.epochs=4"), "d", run_dir))
+    assert longer.endswith("cbop-baseline algo=iql preset=debug train.epochs=8"), longer
 
 
 def test_evaluate_script_scores_a_td3bc_policy(sweep: Path, workspace: dict) -> None:

@@ -197,9 +197,14 @@ def _same_budget_override(total: int, steps_per_epoch: int) -> str:
 
 
 def _baseline_command(config: Any, total: int) -> str:
-    """A ``cbop-baseline`` command on the same data and preset with ``total`` gradient steps."""
+    """A ``cbop-baseline`` command on the same data and preset with ``total`` gradient steps.
+
+    Without overrides a baseline trains as many steps as the preset's own pipeline
+    (:func:`cbop_torchrl.baselines.pipeline_epochs`); other settings need ``train.epochs``.
+    """
     import shlex
 
+    from cbop_torchrl.baselines import cbop_pipeline_budget, preset_training
     from cbop_torchrl.utils import program_command
 
     words = ["algo=iql"]
@@ -207,7 +212,12 @@ def _baseline_command(config: Any, total: int) -> str:
         words.append(f"env={config.env}")
     if config.preset != "cpu":
         words.append(f"preset={config.preset}")
-    words += _same_budget_override(total, config.train.steps_per_epoch).split()
+    preset = preset_training(config.preset)
+    default = cbop_pipeline_budget(
+        config.preset, preset["bc.steps"], preset["fqe.steps"], preset["train.steps_per_epoch"]
+    ).total
+    if default != total:
+        words += _same_budget_override(total, preset["train.steps_per_epoch"]).split()
     return f"{program_command('cbop-baseline')} {shlex.join(words)}"
 
 
@@ -263,16 +273,20 @@ def _value_of(config: Any, dotted: str) -> Any:
 
 def baseline_banner(config: Any, algo: str, dataset: str, run_dir: Path) -> str:
     """The lines ``cbop-baseline`` prints first, with its budget beside CBOP's."""
+    from cbop_torchrl.baselines import cbop_pipeline_budget
+
     train = config.train
-    total = pipeline_steps(config)
-    if total == train.total_steps:
-        budget = "the same as CBOP's whole pipeline with these settings"
-    else:
-        budget = (
-            f"CBOP's whole pipeline with these settings trains {total} (BC {config.bc.steps} + "
-            f"FQE {config.fqe.steps} + CBOP {train.total_steps}); for the same budget add "
-            f"{_same_budget_override(total, train.steps_per_epoch)}"
+    pipeline = cbop_pipeline_budget(
+        config.preset, config.bc.steps, config.fqe.steps, train.steps_per_epoch
+    )
+    default_epochs = -(-pipeline.total // train.steps_per_epoch)  # pipeline_epochs, the default
+    budget = f"cbop-train's whole pipeline with these settings trains {pipeline.describe()}"
+    if train.epochs == default_epochs:
+        budget = f"the default, {budget}" + (
+            "" if train.total_steps == pipeline.total else ", rounded up to whole epochs"
         )
+    else:
+        budget += f"; train.epochs={default_epochs} (the default) trains as many"
     return "\n".join(
         [
             f"[baseline] {algo}: {_where(config, dataset, run_dir)}",

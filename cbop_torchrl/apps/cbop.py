@@ -14,7 +14,6 @@ checkpoint; ``resume=false`` starts over, ``resume=true`` insists on one.
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -26,9 +25,6 @@ from cbop_torchrl.config import ConfigError
 from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs import describe_score, filter_env_warnings
 from cbop_torchrl.trainers.checkpoint import CheckpointError, NonFiniteLossError
-
-TARGET_UPDATER_WARNING = "No target network updater has been associated with this loss module"
-"""The start of TorchRL's warning about target parameters read before a target updater exists."""
 
 
 def format_summary(results: dict, run_dir: Path) -> str:
@@ -50,13 +46,7 @@ def run(cfg: DictConfig) -> None:
     """The Hydra task: one training run in Hydra's run directory."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        with warnings.catch_warnings():
-            # The rollout-dtype choice (estimator.rollout_dtype=auto) computes CBOP targets
-            # once from the FQE-initialised ensemble before the training loop creates its
-            # SoftUpdate, and TorchRL warns about any target read before an updater exists.
-            # The loop's SoftUpdate updates the targets from the first step on.
-            warnings.filterwarnings("ignore", message=TARGET_UPDATER_WARNING, category=UserWarning)
-            results = train(cfg, run_dir)
+        results = train(cfg, run_dir)
     except (ConfigError, DatasetError, CheckpointError, NonFiniteLossError) as error:
         refuse(error, run_dir)
     print(format_summary(results, run_dir))

@@ -108,17 +108,22 @@ CBOP_KEYS = (
 
 
 class StageClock:
-    """Prints a banner per stage and records its wall-clock and process CPU seconds."""
+    """Records each stage's wall-clock and process CPU seconds.
+
+    The stages' settings are in the run banner (:func:`cbop_torchrl.apps.api.run_banner`),
+    printed before the first stage; a stage prints a line only for a ``note`` the banner
+    cannot know (where a resumed stage continues).
+    """
 
     def __init__(self, progress: bool) -> None:
         self.progress = progress
         self.times: dict[str, dict[str, float]] = {}
         self._current: tuple[str, float, float] | None = None
 
-    def start(self, name: str, detail: str) -> None:
+    def start(self, name: str, note: str | None = None) -> None:
         self.stop()
-        if self.progress:
-            print(f"[cbop] {name}: {detail}", flush=True)
+        if self.progress and note:
+            print(f"[cbop] {name}: {note}", flush=True)
         self._current = (name, time.perf_counter(), time.process_time())
 
     def stop(self) -> None:
@@ -463,7 +468,7 @@ class OfflineRun:
 
 def dynamics_stage(run: OfflineRun, data: TensorDictBase) -> tuple[Any, dict[str, Any]]:
     """The dynamics ensemble (cached by dataset and dynamics config) and its metrics."""
-    run.clock.start("dynamics", f"{run.config.dynamics.num_members} members")
+    run.clock.start("dynamics")
     dynamics, metrics = load_or_train_dynamics(
         data, run.info, run.config.dynamics, progress=run.config.progress,
         log_fn=run.log_dynamics_epoch, termination=run.task.termination,
@@ -474,7 +479,7 @@ def dynamics_stage(run: OfflineRun, data: TensorDictBase) -> tuple[Any, dict[str
 def behaviour_cloning_stage(run: OfflineRun, data: TensorDictBase) -> tuple[dict, bool]:
     """The BC actor's parameters (cached, resumable) and whether they came from the cache."""
     config, info = run.config, run.info
-    run.clock.start("bc", f"{config.bc.steps} steps")
+    run.clock.start("bc")
     return load_or_train_bc(
         data, info.fingerprint, info.obs_dim, info.action_dim, run.hidden_sizes,
         config.bc, config.seed, config.progress, run.log,
@@ -484,7 +489,7 @@ def behaviour_cloning_stage(run: OfflineRun, data: TensorDictBase) -> tuple[dict
 def fitted_q_evaluation_stage(run: OfflineRun, data: TensorDictBase) -> tuple[dict, bool]:
     """The Q-ensemble's parameters after FQE of the behaviour policy (cached, resumable)."""
     config, info = run.config, run.info
-    run.clock.start("fqe", f"{config.fqe.steps} steps, M={config.agent.num_qvalue_nets}")
+    run.clock.start("fqe")
     return load_or_train_fqe(
         data, info.fingerprint, info.obs_dim, info.action_dim, critic_hidden_sizes(config),
         config.agent.num_qvalue_nets, config.agent.gamma, config.fqe,
@@ -661,6 +666,17 @@ def choose_rollout_dtype(run: OfflineRun, loss: CBOPLoss, data: TensorDictBase) 
     return estimator.select_rollout_dtype(sample)
 
 
+def copy_online_to_target(loss: Any) -> None:
+    """Copies every online parameter set of ``loss`` onto its ``target_<name>_params``.
+
+    What constructing a TorchRL target updater does (``TargetNetUpdater.init_``); here for
+    an updater constructed before the loss's parameters were loaded.
+    """
+    for name, target in loss.named_children():
+        if name.startswith("target_") and name.endswith("_params"):
+            target.data.update_(getattr(loss, name.removeprefix("target_")).data)
+
+
 def cbop_stage(
     run: OfflineRun,
     data: TensorDictBase,
@@ -672,11 +688,14 @@ def cbop_stage(
     config = run.config
     seed_everything(config.seed + CBOP_SEED_OFFSET)
     loss, actor = build_cbop_loss(config, run.info, dynamics, run.device)
+    # TorchRL's contract: the target updater is associated before the loss reads its targets.
+    target_update = SoftUpdate(loss, tau=config.agent.tau)
     actor.load_state_dict(bc_state)
-    incompatible = loss.load_state_dict(fqe_state, strict=False)
+    incompatible = loss.load_state_dict(fqe_state, strict=False)  # FQE's online and target Qs
     if incompatible.unexpected_keys:
         raise RuntimeError(f"FQE parameters do not fit the Q-ensemble: {incompatible}")
-    rollout_choice = choose_rollout_dtype(run, loss, data)
+    rollout_choice = choose_rollout_dtype(run, loss, data)  # measured on FQE's target ensemble
+    copy_online_to_target(loss)  # CBOP's target ensemble starts as FQE's online ensemble
     optimizer = make_optimizer(loss, config)
     buffer = make_replay_buffer(data.select(*CBOP_KEYS), config.train.batch_size, device=run.device)
     generator = torch.Generator(device=run.device).manual_seed(config.seed + CBOP_SEED_OFFSET)
@@ -698,17 +717,11 @@ def cbop_stage(
     training = build_offline_training(
         run, loss=loss, optimizer=optimizer, stepper=GuardedOptimizationStepper(checkpoint),
         checkpoint=checkpoint, buffer=buffer, generator=generator, actor=actor,
-        eval_env=eval_env, target_update=SoftUpdate(loss, tau=config.agent.tau),
+        eval_env=eval_env, target_update=target_update,
         extra_hooks=(QValueStats(loss, run.logger, config.train.log_interval), *diagnostics),
     )  # fmt: skip
     start = training.start_step
-    run.clock.start(
-        "cbop",
-        f"{config.train.total_steps} gradient steps (K={dynamics.num_elites}, M="
-        f"{config.agent.num_qvalue_nets}, H={config.estimator.horizon}, psi="
-        f"{config.estimator.psi}, batch {config.train.batch_size})"
-        + (f", resuming at step {start}" if start else ""),
-    )
+    run.clock.start("cbop", f"resuming at gradient step {start}" if start else None)
     if diagnostics and start == 0:
         # The curves' reference point: the BC actor and the FQE critic, before any CBOP step.
         training.evaluation.evaluate(0)
@@ -736,7 +749,7 @@ def cbop_checkpoint_payload(
 
 def final_evaluation(run: OfflineRun, training: OfflineTraining) -> dict[str, Any]:
     """Scores the final policy on ``eval.episodes`` episodes and closes the environments."""
-    run.clock.start("eval", f"{run.config.eval.episodes} episodes")
+    run.clock.start("eval")
     final = training.evaluation.evaluate(run.config.train.total_steps)
     training.eval_env.close()
     run.clock.stop()

@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.checkpoint import GlobalRNGState
 from torchrl.data import ReplayBuffer
-from torchrl.objectives import LossModule, SoftUpdate
+from torchrl.objectives import HardUpdate, LossModule, SoftUpdate
 from tqdm.auto import tqdm
 
 from cbop_torchrl.config import FQEConfig, PretrainConfig
@@ -236,9 +236,10 @@ def fqe_target_update(loss: LossModule, config: FQEConfig) -> Callable[[int], No
         soft_update = SoftUpdate(loss, tau=config.target_tau)
         return lambda step: soft_update.step()
     round_steps = config.steps // config.rounds
-    # tau = 1 is an exact copy; HardUpdate counts calls in a counter that a resumed run
-    # would not restore, the step number here comes from the stage's checkpoint.
-    hard_update = SoftUpdate(loss, tau=1.0)
+    # An exact copy at every call: HardUpdate's counter starts at 0 and, with an interval of
+    # 0, stays there, so a resumed stage needs no counter state (the step comes from the
+    # stage's checkpoint). SoftUpdate(tau=1.0) copies too but warns that eps < 0.5.
+    hard_update = HardUpdate(loss, value_network_update_interval=0)
 
     def update(step: int) -> None:
         if step % round_steps == 0:
@@ -321,7 +322,7 @@ def fit_fqe_rounds_to_convergence(
     holdout = min(config.holdout, data_rows // 5)
     params = loss.qvalue_network_params
     optimizer = torch.optim.Adam(loss.parameters(), lr=config.lr)
-    copy_to_target = SoftUpdate(loss, tau=1.0)
+    copy_to_target = HardUpdate(loss, value_network_update_interval=0)  # a copy per step()
     rng = GlobalRNGState()
     partial = work_dir / "partial.pt"
     first_round = 0
