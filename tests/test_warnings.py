@@ -38,6 +38,22 @@ def test_a_debug_run_records_no_warning(tmp_path: Path, monkeypatch: pytest.Monk
     assert results["settings"]["rollout_choice"] is not None  # the choice read the targets
     assert _described(caught) == []
 
+    # The report's analysis loads the same loss from the checkpoint: no warning, and the
+    # associated updater leaves the stored target weights as they were.
+    from cbop_torchrl.evaluation.analysis import load_cbop_loss
+    from cbop_torchrl.trainers.checkpoint import CHECKPOINT_NAME, load_checkpoint
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = load_cbop_loss(tmp_path / "run")[0]
+        target = loss.target_qvalue_network_params.data
+        silenced = [f for f in warnings.filters if f[1] and "target network" in f[1].pattern]
+    assert _described(caught) == [] and silenced == []  # associated, not silenced
+    stored = load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)["trainer"]["loss_module"]
+    key = next(k for k in stored if k.startswith("target_qvalue_network_params"))
+    name = key.removeprefix("target_qvalue_network_params.")
+    assert torch.equal(target.get(tuple(name.split("."))), stored[key])
+
 
 def test_fqe_rounds_copy_the_ensemble_exactly_without_a_warning() -> None:
     torch.manual_seed(0)

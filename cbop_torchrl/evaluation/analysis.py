@@ -23,11 +23,11 @@ the checkpoint:
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+from torchrl.objectives import SoftUpdate
 
 from cbop_torchrl.config import RunConfig, load_config
 from cbop_torchrl.data import load_dataset_with_info
@@ -94,9 +94,10 @@ def load_cbop_loss(run_dir: Path) -> tuple[Any, RunConfig, Any, Any]:
             data, info, config.dynamics, progress=False, termination=task.termination
         )
     loss, _ = build_cbop_loss(config, info, dynamics, torch.device("cpu"))
+    # Associated as in training (TorchRL warns on a loss without one); never stepped here,
+    # and built before the checkpoint's weights are loaded, so they are kept as stored.
+    SoftUpdate(loss, tau=config.agent.tau)
     loss.load_state_dict(state["trainer"]["loss_module"])
-    # Only read here: no target updates, so TorchRL's "no target updater" notice is noise.
-    warnings.filterwarnings("ignore", message="No target network updater")
     return loss, config, data, info
 
 
