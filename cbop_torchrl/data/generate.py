@@ -175,7 +175,9 @@ def write_d4rl_hdf5(
             options["compression_opts"] = compression_level
 
     def write(tmp: Path) -> None:
-        with h5py.File(tmp, "w") as handle:
+        # The temporary is private and atomic_write already holds a flock on it (marking it
+        # in use); HDF5's own flock would conflict with that one, so HDF5's is turned off.
+        with h5py.File(tmp, "w", locking=False) as handle:
             for key, value in arrays.items():
                 handle.create_dataset(key, data=value, **options)
             for key, value in metadata.items():
