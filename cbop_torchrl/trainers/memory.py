@@ -96,6 +96,20 @@ def available_memory(device: torch.device | str = "cpu") -> tuple[int, str] | No
     return int(pages), "free physical memory"
 
 
+DYNAMICS_MODEL = "dynamics ensemble (dynamics.num_members x hidden_size x num_layers)"
+DYNAMICS_BATCH = "dynamics training batch (dynamics.batch_size)"
+
+
+def _dynamics_bytes(dynamics, obs_dim: int, action_dim: int) -> tuple[int, int]:
+    """Bytes of the dynamics ensemble (weights, gradients, Adam's two moments) and of one
+    training batch's activations (forward, backward, a copy)."""
+    members = int(dynamics.num_members)
+    hidden = [int(dynamics.hidden_size)] * int(dynamics.num_layers)
+    params = members * mlp_parameters(obs_dim + action_dim, hidden, 2 * (obs_dim + 1))
+    training = 3 * members * int(dynamics.batch_size) * sum(hidden)
+    return 4 * params * FLOAT_BYTES, training * FLOAT_BYTES
+
+
 def run_estimate(config, obs_dim: int, action_dim: int, rollouts: bool = True) -> Estimate:
     """The bytes of :class:`~cbop_torchrl.config.RunConfig` ``config``'s tensors (module doc).
 
@@ -108,14 +122,12 @@ def run_estimate(config, obs_dim: int, action_dim: int, rollouts: bool = True) -
     obs, act = int(obs_dim), int(action_dim)
     q_params = M * mlp_parameters(obs + act, critic_hidden, 1)
     actor_params = mlp_parameters(obs, actor_hidden, 2 * act)
-    members = int(dynamics.num_members)
     dyn_hidden = [int(dynamics.hidden_size)] * int(dynamics.num_layers)
-    dyn_params = members * mlp_parameters(obs + act, dyn_hidden, 2 * (obs + 1))
+    dyn_model, dyn_batch = _dynamics_bytes(dynamics, obs, act)
 
     batch = max(int(config.train.batch_size or 1), int(config.bc.batch_size),
                 int(config.fqe.batch_size))  # fmt: skip
     training = 3 * batch * (M * sum(critic_hidden) + sum(actor_hidden))
-    dyn_training = 3 * members * int(dynamics.batch_size) * sum(dyn_hidden)
     rollout = 0
     if rollouts:
         H, K = int(estimator.horizon or 0), int(dynamics.num_elites)
@@ -129,16 +141,14 @@ def run_estimate(config, obs_dim: int, action_dim: int, rollouts: bool = True) -
         * q_params
         * FLOAT_BYTES,
         "actor (agent.hidden_sizes)": 4 * actor_params * FLOAT_BYTES,
-        "dynamics ensemble (dynamics.num_members x hidden_size x num_layers)": (
-            4 * dyn_params * FLOAT_BYTES
-        ),
+        DYNAMICS_MODEL: dyn_model,
     }
     stages = {
         (
             "training batches (the largest of train.batch_size, bc.batch_size and "
             "fqe.batch_size, x agent.num_qvalue_nets x widths)"
         ): training * FLOAT_BYTES,
-        "dynamics training batch (dynamics.batch_size)": dyn_training * FLOAT_BYTES,
+        DYNAMICS_BATCH: dyn_batch,
         "CBOP target rollouts (train.batch_size x estimator.horizon x dynamics.num_elites x "
         "agent.num_qvalue_nets)": rollout * FLOAT_BYTES,
         "evaluation (eval.episodes)": evaluation_bytes(
@@ -207,19 +217,8 @@ def check_dynamics_fits(
     ``dynamics``: a :class:`~cbop_torchrl.config.DynamicsConfig` (``cbop-train-dynamics``).
     Returns the estimate otherwise.
     """
-    members = int(dynamics.num_members)
-    hidden = [int(dynamics.hidden_size)] * int(dynamics.num_layers)
-    params = members * mlp_parameters(obs_dim + action_dim, hidden, 2 * (obs_dim + 1))
-    training = 3 * members * int(dynamics.batch_size) * sum(hidden)
-    estimate = Estimate(
-        total=(4 * params + training) * FLOAT_BYTES,
-        parts={
-            "dynamics ensemble (dynamics.num_members x hidden_size x num_layers)": 4
-            * params
-            * FLOAT_BYTES,
-            "dynamics training batch (dynamics.batch_size)": training * FLOAT_BYTES,
-        },
-    )
+    model, batch = _dynamics_bytes(dynamics, int(obs_dim), int(action_dim))
+    estimate = Estimate(total=model + batch, parts={DYNAMICS_MODEL: model, DYNAMICS_BATCH: batch})
     _refuse_if_too_large(
         estimate, device, "the settings in parentheses above (the paper: 30 members of 4 x 200)"
     )
