@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import venv
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,33 +32,7 @@ def offline_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def other_python_build(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[Path, subprocess.Popen]]:
-    """``(dest, process)``: the bundle for Python 3.12 that benchmarks/gpu_session.sh installs
-    from (the target's torch, no package wheel, no numpy or wandb), building in the background.
-
-    Most of a bundle's build is pip waiting on the package index; started first, it runs
-    alongside the host bundle's build, install and training run instead of after them.
-    """
-    work = tmp_path_factory.mktemp("bundle312")
-    dest = work / "wheels"
-    args = ["--dest", str(dest), "--python-version", "3.12", "--torch", "torch==2.11.0",
-            "--no-package-wheel", "--exclude", "numpy", "wandb"]  # fmt: skip
-    with (work / "stdout").open("w") as out, (work / "stderr").open("w") as err:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "cbop_torchrl.apps.bundle", *args], stdout=out, stderr=err
-        )
-    yield dest, process
-    if process.poll() is None:  # its test was not selected or failed before waiting
-        process.kill()
-        process.wait()
-
-
-@pytest.fixture(scope="module")
-def built(
-    tmp_path_factory: pytest.TempPathFactory, other_python_build: tuple[Path, subprocess.Popen]
-) -> tuple[Path, dict, str]:
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
     dest = tmp_path_factory.mktemp("bundle") / "wheels"
     done = subprocess.run(
         [sys.executable, "-m", "cbop_torchrl.apps.bundle", "--dest", str(dest),
@@ -120,12 +93,17 @@ def test_a_no_index_install_from_the_bundle_trains_the_debug_preset(built, tmp_p
 
 @pytest.mark.install
 def test_a_bundle_for_another_python_without_the_package_wheel_and_excluded_packages(
-    other_python_build: tuple[Path, subprocess.Popen],
+    tmp_path: Path,
 ) -> None:
     """What benchmarks/gpu_session.sh installs from: Python 3.12, the target's torch, no wandb."""
-    dest, process = other_python_build
-    code = process.wait(timeout=900)
-    assert code == 0, (dest.parent / "stderr").read_text()[-3000:]
+    dest = tmp_path / "wheels"
+    args = ["--dest", str(dest), "--python-version", "3.12", "--torch", "torch==2.11.0",
+            "--no-package-wheel", "--exclude", "numpy", "wandb"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "cbop_torchrl.apps.bundle", *args],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((dest / "bundle.json").read_text())
     files = manifest["files"]
     assert not any(
