@@ -3,8 +3,9 @@
 The bundle is built once for this machine's Python, with torch (the version this
 venv has); a fresh venv installs it with ``--no-index`` and no pip configuration
 (so nothing but the bundle is seen) and trains the debug preset from an empty
-directory. Building reaches the package index by name (pip's cache makes a
-second build fast); the dependency walk and the refusals are checked offline.
+directory (the tests' one end-to-end run of an installed ``cbop-train``). Building
+reaches the package index by name (pip's cache makes a second build fast); the
+dependency walk and the refusals are checked offline.
 """
 
 from __future__ import annotations
@@ -82,8 +83,12 @@ def test_a_no_index_install_from_the_bundle_trains_the_debug_preset(built, tmp_p
     )  # fmt: skip
     assert train.returncode == 0, train.stderr[-3000:]
     assert "normalized score" in train.stdout
-    (results,) = empty.rglob("results.json")
-    assert json.loads(results.read_text())["gradient_steps"] == 40
+    (results_path,) = empty.rglob("results.json")
+    assert results_path == empty / "runs" / "demo" / "debug" / "default" / "results.json"
+    results = json.loads(results_path.read_text())
+    assert results["preset"] == "debug" and results["gradient_steps"] == 40
+    assert str(results_path) in train.stdout
+    assert (results_path.parent / "policy.pt2").is_file()
 
 
 @pytest.mark.install
@@ -145,6 +150,20 @@ def test_the_walk_leaves_out_what_only_torch_needs_and_follows_markers_and_extra
     old_python = {**env, "python_version": "3.10"}
     with_torch = bundle.needed(report, ["cbop-torchrl"], old_python, set())
     assert {"torch", "nvidia-cublas", "tomli"} <= {i["metadata"]["name"] for i in with_torch}
+
+
+def test_for_this_machine_the_built_wheels_replace_their_source_archives(tmp_path: Path) -> None:
+    (tmp_path / "antlr4_python3_runtime-4.9.3-py3-none-any.whl").touch()
+    (tmp_path / "antlr4_python3_runtime-4.9.2-py3-none-any.whl").touch()
+    sdist = _item("antlr4-python3-runtime")
+    sdist["metadata"]["version"] = "4.9.3"
+    sdist["download_info"]["url"] = "https://example.org/antlr4-python3-runtime-4.9.3.tar.gz"
+    report = {"install": [_item("mujoco"), sdist]}
+    files = [
+        bundle.file_name(item) for item in bundle.with_built_wheels(report, tmp_path)["install"]
+    ]
+    assert files == ["mujoco-1.0-py3-none-any.whl", "antlr4_python3_runtime-4.9.3-py3-none-any.whl"]
+    assert bundle.file_name(sdist) == "antlr4-python3-runtime-4.9.3.tar.gz"  # a copy was changed
 
 
 def test_a_manylinux_tag_stands_for_every_older_one() -> None:

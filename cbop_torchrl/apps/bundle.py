@@ -22,7 +22,8 @@ What it does, all with pip (``docs/gpu.md``):
    torch the target has, and keeps the packages the package needs, leaving out
    torch and what only torch needs unless ``--with-torch`` (GPU machines ship their
    own CUDA build of torch) and the packages named with ``--exclude`` (ones the
-   target already has, e.g. numpy);
+   target already has, e.g. numpy); for this machine itself the first resolution is
+   kept, with the wheels built in step 2 in place of their source archives;
 4. downloads them (``pip download --no-deps``, pip's cache reused), writes
    ``bundle.json`` (target, files, sizes, the install command) and prints the
    size, the largest files and what was left out.
@@ -31,6 +32,7 @@ What it does, all with pip (``docs/gpu.md``):
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import re
@@ -44,7 +46,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 from cbop_torchrl.utils import atomic_json_dump, unwritable_reason
 
@@ -199,6 +202,21 @@ def build_pure_wheels(report: dict, dest: Path) -> list[str]:
     return built
 
 
+def with_built_wheels(report: dict, dest: Path) -> dict:
+    """``report`` with each package it takes from a source archive taken from the wheel
+    :func:`build_pure_wheels` built of it in ``dest`` (same name and version) instead."""
+    report = copy.deepcopy(report)
+    for item in report["install"]:
+        if not file_name(item).endswith(".whl"):
+            name = canonicalize_name(item["metadata"]["name"]).replace("-", "_")
+            version = Version(item["metadata"]["version"])
+            (wheel,) = (
+                w for w in dest.glob(f"{name}-*.whl") if parse_wheel_filename(w.name)[1] == version
+            )
+            item["download_info"] = {"url": wheel.resolve().as_uri()}
+    return report
+
+
 def needed(report: dict, roots: list[str], env: dict[str, str], skip: set[str]) -> list[dict]:
     """The report's packages that ``roots`` need on the target, not through ``skip``.
 
@@ -304,7 +322,10 @@ def _bundle_around(
     requirements = [f"{wheel}{suffix}", torch_spec, *extra_roots]
     host_report = resolve(requirements, dest, [], binary_only=False)
     built = build_pure_wheels(host_report, dest)
-    report = resolve(requirements, dest, target.pip_flags(), binary_only=True)
+    if target.is_host:  # resolving again, binary only, would pick the same versions
+        report = with_built_wheels(host_report, dest)
+    else:
+        report = resolve(requirements, dest, target.pip_flags(), binary_only=True)
     skip = {canonicalize_name(name) for name in exclude}
     if not with_torch:
         skip.add("torch")
