@@ -10,7 +10,8 @@ the ``SystemExit`` code (an uncaught exception: its traceback on stderr and code
 Python does), and between calls puts back what a call may change: the working
 directory, ``os.environ``, ``sys.argv``/``sys.stdout``/``sys.stderr``, the warnings
 filters (``warnings.catch_warnings()``), the logging configuration
-(:func:`logging_restored`) and Hydra's global state.
+(:func:`logging_restored`) and Hydra's global state; each call imports its program's
+module (``cbop_torchrl.apps.<name>``) again, so state its ``main`` keeps is new too.
 
 What a fresh process alone shows is tested with real subprocesses (Ctrl-C and exit code
 130, a terminal, the interpreter's own exit code of ``scripts/*.py``).
@@ -38,7 +39,6 @@ class Call:
     """One command line: ``python scripts/<script> *args`` in ``cwd`` with ``env``.
 
     ``env``: the whole environment of the call; None is the test process's own.
-    ``HYDRA_FULL_ERROR`` is always left out (the programs read it once, at import).
     """
 
     script: str
@@ -61,7 +61,7 @@ def run_programs(
             **asdict(call),
             "args": [str(a) for a in call.args],
             "cwd": str(call.cwd),
-            "env": _without_full_error(os.environ if call.env is None else call.env),
+            "env": dict(os.environ if call.env is None else call.env),
         }
         for call in calls
     ]
@@ -70,7 +70,7 @@ def run_programs(
         given.write_text(json.dumps(plain))
         child = subprocess.run(
             [sys.executable, __file__, str(given), str(results)],
-            env=_without_full_error(os.environ), capture_output=True, text=True,
+            capture_output=True, text=True,
             timeout=timeout_s, cwd=folder,
         )  # fmt: skip
         if child.returncode != 0 or not results.exists():
@@ -103,10 +103,6 @@ def selected_ids(request, test_name: str) -> set[str]:  # noqa: ANN001 (pytest's
         and getattr(item, "module", None) is request.module
         and hasattr(item, "callspec")
     }
-
-
-def _without_full_error(env) -> dict[str, str]:  # noqa: ANN001 (os.environ or a dict)
-    return {key: value for key, value in env.items() if key != "HYDRA_FULL_ERROR"}
 
 
 # ------------------------------------------------------------------------------ logging
@@ -159,6 +155,7 @@ def _run_one(call: dict) -> dict:
     saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
     saved_streams = sys.stdout, sys.stderr
     _clear_hydra()
+    _forget_programs()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -211,6 +208,16 @@ def _exit_code(code: object) -> int:
         return code
     print(code, file=sys.stderr)
     return 1
+
+
+def _forget_programs() -> None:
+    """Makes the next call import its program module again, as a new process would.
+
+    A program's ``main`` keeps state from its run (``hydra_entry``: whether its task
+    started, the ``HYDRA_FULL_ERROR`` it found at import); the modules it imports stay.
+    """
+    for name in [name for name in sys.modules if name.startswith("cbop_torchrl.apps.")]:
+        del sys.modules[name]
 
 
 def _clear_hydra() -> None:

@@ -105,12 +105,15 @@ def unwritable_dir(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def script_env(cwd: Path, env: dict[str, str] | None = None) -> dict[str, str]:
-    return {
+    """This process's environment with a cache in ``cwd``, no GPU and no ``HYDRA_FULL_ERROR``."""
+    merged = {
         **os.environ,
         "CBOP_TORCHRL_CACHE": str(cwd / "cache"),
         "CUDA_VISIBLE_DEVICES": "",
         **(env or {}),
     }
+    merged.pop("HYDRA_FULL_ERROR", None)
+    return merged
 
 
 def assert_refused(done: subprocess.CompletedProcess, words: list[str], cwd: Path) -> None:

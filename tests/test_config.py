@@ -205,6 +205,7 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[CompletedPr
         "cfg all resolve": ["--cfg", "all", "--resolve"],
         "gym_kwargs without +": ["task.gym_kwargs={use_contact_forces:true}", "--cfg", "job"],
         "gym_kwargs with +": ["+task.gym_kwargs.use_contact_forces=true", "--cfg", "job"],
+        "cfg hydra resolve again": ["--cfg", "hydra", "--resolve"],  # after the others ran
     }  # fmt: skip
     folders = {name: tmp_path_factory.mktemp("cli") for name in lines}
     env = {**os.environ, "CBOP_TORCHRL_CACHE": str(tmp_path_factory.mktemp("cache"))}
@@ -233,6 +234,8 @@ def test_cfg_hydra_resolve_is_explained_and_its_suggestion_works(cli: dict) -> N
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "Use --cfg all --resolve" in refused.stderr
     assert list(folder.iterdir()) == []
+    again, _ = cli["cfg hydra resolve again"]  # nothing of the runs before it carries over
+    assert (again.returncode, again.stdout, again.stderr) == (2, refused.stdout, refused.stderr)
     shown, folder = cli["cfg all resolve"]
     assert shown.returncode == 0 and "dir: runs/demo/cpu/default" in shown.stdout
     assert list(folder.iterdir()) == []
