@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from programs import Call, run_programs, selected_ids
+from programs import Call, logging_restored, run_programs, selected_ids
 
 from cbop_torchrl.config import capped_threads, usable_cores
 from cbop_torchrl.trainers.logging import ProgressLines
@@ -231,15 +231,12 @@ def test_a_logging_handler_an_earlier_test_set_up_does_not_reach_the_next_test(
     pytester: pytest.Pytester, request: pytest.FixtureRequest
 ) -> None:
     """The flake of a later ``-m`` report test: a Hydra handler on a closed capture stream."""
-    from conftest import LOGGING_ISOLATION
-    from programs import logging_restored
-
     pytester.makepyfile(test_two=TWO_TESTS)
     with logging_restored():  # the first session leaves its handler in this process
         without = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     without.assert_outcomes(passed=1, failed=1)
     without.stdout.fnmatch_lines(["*Logging error*", "*I/O operation on closed file*"])
-    isolation = request.config.pluginmanager.get_plugin(LOGGING_ISOLATION)
+    isolation = request.config.pluginmanager.get_plugin("cbop-logging-isolation")
     assert isolation is not None  # tests/conftest.py registers it for every test
     isolated = pytester.runpytest_inprocess("-p", "no:cacheprovider", plugins=[isolation])
     isolated.assert_outcomes(passed=2)
