@@ -1,4 +1,4 @@
-"""Shared fixtures: every test gets its own project cache and TorchRL dataset root."""
+"""Shared fixtures: every test gets its own project cache, TorchRL dataset root and logging."""
 
 from __future__ import annotations
 
@@ -7,6 +7,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from programs import logging_restored
+
+pytest_plugins = ("pytester",)  # tests/test_cli_messages.py runs a session of two tests
+LOGGING_ISOLATION = "cbop-logging-isolation"
+
+
+class LoggingIsolation:
+    """Undoes the logging configuration each test made (and its fixtures), after teardown.
+
+    A program run in-process configures Hydra's logging: a handler on the root logger that
+    writes to ``sys.stdout``/``sys.stderr`` as they were during that test (pytest's capture
+    stream, closed afterwards). Left in place, the next test that logs, in the same worker,
+    gets "--- Logging error --- ... I/O operation on closed file" on its stderr. Around the
+    whole test (not a fixture) so pytest's own per-phase capture handlers are never saved.
+    """
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):
+        with logging_restored():
+            return (yield)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -14,6 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # core in every worker) would oversubscribe the machine.
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+    config.pluginmanager.register(LoggingIsolation(), LOGGING_ISOLATION)
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,10 @@
 """Bad input to every entry script: exit code 2, no traceback, the key named, in seconds.
 
-Each case runs the real script in a subprocess from an empty working
-directory (so a refused command is also checked to leave no run directory
-behind). Every case is refused before any data is loaded or any stage runs:
-the timeout is far below the seconds a debug run's first stage needs.
+Each case runs the real script from an empty working directory (so a refused
+command is also checked to leave no run directory behind), all of them one
+after another in one child process (tests/programs.py). Every case is refused
+before any data is loaded or any stage runs: the timeout is far below the
+seconds a debug run's first stage needs.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import os
 import subprocess
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from d4rl_files import write_d4rl_hdf5
+from programs import Call, run_programs, selected_ids
 
 from cbop_torchrl.apps import report, select_psi
 from cbop_torchrl.apps.api import compose_config, train_baseline
@@ -37,11 +40,10 @@ from cbop_torchrl.utils import resolve_device
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 120  # imports on a loaded 2-core machine (up to ~60 s seen); training takes longer
 
-# (script, overrides, words the message must hold); one subprocess each (~3 s of imports on an
-# idle machine), so the type/choice cases of the schema itself are tested in-process in
-# tests/test_config.py and only one per kind of refusal runs here. In overrides and words,
-# {unwritable} is a directory that cannot be created (see unwritable_dir) and {one_row} a
-# hopper dataset of one transition.
+# (script, overrides, words the message must hold); the type/choice cases of the schema
+# itself are tested in-process in tests/test_config.py and only one per kind of refusal
+# runs here. In overrides and words, {unwritable} is a directory that cannot be created
+# (see unwritable_dir) and {one_row} a hopper dataset of one transition.
 CASES = [
     (
         "cbop.py",
@@ -102,24 +104,16 @@ def unwritable_dir(tmp_path: Path) -> tuple[Path, Path]:
     return blocked / "run", blocked
 
 
-def run_script(
-    script: str, overrides: list[str], cwd: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    env = {
+def script_env(cwd: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with a cache in ``cwd``, no GPU and no ``HYDRA_FULL_ERROR``."""
+    merged = {
         **os.environ,
         "CBOP_TORCHRL_CACHE": str(cwd / "cache"),
         "CUDA_VISIBLE_DEVICES": "",
         **(env or {}),
     }
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), *overrides],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    merged.pop("HYDRA_FULL_ERROR", None)
+    return merged
 
 
 def assert_refused(done: subprocess.CompletedProcess, words: list[str], cwd: Path) -> None:
@@ -136,36 +130,80 @@ def assert_refused(done: subprocess.CompletedProcess, words: list[str], cwd: Pat
     assert left == [], f"the refused command left {left} behind"
 
 
-@pytest.mark.parametrize(
-    ("script", "overrides", "words"),
-    CASES,
-    ids=[f"{script}:{' '.join(overrides) or '(none)'}" for script, overrides, _ in CASES],
-)
-def test_bad_input_is_refused_with_exit_2(
-    script: str, overrides: list[str], words: list[str], tmp_path: Path
-) -> None:
-    cwd = tmp_path / "work"
+IDS = [f"{script}:{' '.join(overrides) or '(none)'}" for script, overrides, _ in CASES]
+UNWRITABLE_CACHE = "unwritable cache"
+
+
+@dataclass
+class Refused:
+    """One case's command, run: its result, working directory and the ``{...}`` values."""
+
+    done: subprocess.CompletedProcess
+    cwd: Path
+    values: dict[str, Path]
+
+
+def case_folder(root: Path) -> tuple[Path, dict[str, Path]]:
+    """An empty working directory in ``root`` and the values of ``{unwritable}``, ... there."""
+    cwd = root / "work"
     cwd.mkdir()
-    unwritable, blocking = unwritable_dir(tmp_path)
-    one_row = tmp_path / "hopper-one.hdf5"
+    unwritable, blocking = unwritable_dir(root)
+    one_row = root / "hopper-one.hdf5"
     write_d4rl_hdf5(one_row, episode_lengths=(1,), terminal_episodes=(), timeout_episodes=())
     values = {
         "unwritable": unwritable,
         "unwritable_part": blocking,
         "one_row": one_row,
-        "missing": tmp_path / "missing.hdf5",
+        "missing": root / "missing.hdf5",
     }
-    done = run_script(script, [o.format(**values) for o in overrides], cwd)
-    assert_refused(done, [w.format(**values) for w in words], cwd)
+    return cwd, values
 
 
-def test_an_unwritable_cache_is_named_before_any_work(tmp_path: Path) -> None:
-    cwd = tmp_path / "work"
-    cwd.mkdir()
-    unwritable, blocking = unwritable_dir(tmp_path)
-    done = run_script("baseline.py", ["preset=debug"], cwd, {"CBOP_TORCHRL_CACHE": str(unwritable)})
+@pytest.fixture(scope="module")
+def refused(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Refused]:
+    """Every case this session runs (and the unwritable cache), one child process for all.
+
+    Each command still runs as ``scripts/<script>`` from its own empty working directory
+    with its own environment (tests/programs.py): ~1 s each instead of ~8 s.
+    """
+    wanted = selected_ids(request, "test_bad_input_is_refused_with_exit_2")
+    cases = {id_: case for id_, case in zip(IDS, CASES, strict=True) if id_ in wanted}
+    calls, folders = [], {}
+    for id_, (script, overrides, _) in cases.items():
+        cwd, values = case_folder(tmp_path_factory.mktemp("case"))
+        folders[id_] = cwd, values
+        args = [o.format(**values) for o in overrides]
+        calls.append(Call(script, args, str(cwd), script_env(cwd)))
+    cwd, values = case_folder(tmp_path_factory.mktemp("cache"))
+    folders[UNWRITABLE_CACHE] = cwd, values
+    env = script_env(cwd, {"CBOP_TORCHRL_CACHE": str(values["unwritable"])})
+    calls.append(Call("baseline.py", ["preset=debug"], str(cwd), env))
+    results = run_programs(calls, timeout_s=TIMEOUT_S + 30 * len(calls))
+    return {id_: Refused(done, *folders[id_]) for id_, done in zip(folders, results, strict=True)}
+
+
+@pytest.mark.parametrize(("script", "overrides", "words"), CASES, ids=IDS)
+def test_bad_input_is_refused_with_exit_2(
+    script: str, overrides: list[str], words: list[str], refused: dict[str, Refused],
+    request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
+    case = refused[request.node.callspec.id]
+    assert case.done.args[1:] == [
+        str(ROOT / "scripts" / script),
+        *(o.format(**case.values) for o in overrides),
+    ]
+    assert_refused(case.done, [w.format(**case.values) for w in words], case.cwd)
+
+
+def test_an_unwritable_cache_is_named_before_any_work(refused: dict[str, Refused]) -> None:
+    case = refused[UNWRITABLE_CACHE]
+    unwritable, blocking = case.values["unwritable"], case.values["unwritable_part"]
     assert_refused(
-        done, [f"the cache directory '{unwritable}'", str(blocking), "CBOP_TORCHRL_CACHE="], cwd
+        case.done,
+        [f"the cache directory '{unwritable}'", str(blocking), "CBOP_TORCHRL_CACHE="],
+        case.cwd,
     )
 
 

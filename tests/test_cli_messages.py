@@ -1,7 +1,8 @@
 """What every program prints for bad input, an interrupt and a log file (issues 28 and 32).
 
 Each console program, started as ``scripts/<name>.py`` (what ``cbop-<name>`` runs), refuses
-a bad value before any stage with one paragraph and exit code 2, never a traceback; Ctrl-C
+a bad value before any stage with one paragraph and exit code 2, never a traceback (the
+refusals run one after another in one child process, tests/programs.py); Ctrl-C
 exits with 130 and says how to go on; redirected to a file, a run writes a few whole lines
 per progress bar instead of thousands of fragments.
 """
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from programs import Call, logging_restored, run_programs, selected_ids
 
 from cbop_torchrl.config import capped_threads, usable_cores
 from cbop_torchrl.trainers.logging import ProgressLines
@@ -53,14 +55,41 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize(("script", "overrides", "expected"), BAD_INPUTS)
+IDS = [f"{script}:{' '.join(overrides)}" for script, overrides, _ in BAD_INPUTS]
+#: The program no other test starts as a process of its own: its case runs as one, so the
+#: interpreter's exit code of ``scripts/select_psi.py`` is checked too.
+OWN_PROCESS = "select_psi.py"
+TEST_REFUSES = "test_every_program_refuses_bad_input_in_one_paragraph_with_exit_code_2"
+
+
+@pytest.fixture(scope="module")
+def bad_inputs_run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """The selected cases but OWN_PROCESS's, each from its own empty folder, in one child."""
+    wanted = selected_ids(request, TEST_REFUSES)
+    calls, folders = [], {}
+    for id_, (script, overrides, _) in zip(IDS, BAD_INPUTS, strict=True):
+        if id_ in wanted and script != OWN_PROCESS:
+            folders[id_] = tmp_path_factory.mktemp("refused")
+            calls.append(Call(script, overrides, str(folders[id_]), _env(folders[id_])))
+    results = run_programs(calls, timeout_s=120 + 30 * len(calls))
+    return {id_: (done, folders[id_]) for id_, done in zip(folders, results, strict=True)}
+
+
+@pytest.mark.parametrize(("script", "overrides", "expected"), BAD_INPUTS, ids=IDS)
 def test_every_program_refuses_bad_input_in_one_paragraph_with_exit_code_2(
-    tmp_path: Path, script: str, overrides: list[str], expected: list[str]
+    script: str, overrides: list[str], expected: list[str], request: pytest.FixtureRequest
 ) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), *overrides],
-        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    if script == OWN_PROCESS:
+        folder = request.getfixturevalue("tmp_path")
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / script), *overrides],
+            cwd=folder, env=_env(folder), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    else:
+        done, folder = request.getfixturevalue("bad_inputs_run")[request.node.callspec.id]
+        assert done.args[1:] == [str(ROOT / "scripts" / script), *overrides]
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
     assert "Traceback" not in output and "Error executing job" not in output, output
@@ -69,7 +98,7 @@ def test_every_program_refuses_bad_input_in_one_paragraph_with_exit_code_2(
     for word in expected:
         assert word in errors[0], errors[0]
     assert "[cbop] dynamics" not in output  # refused before any stage
-    assert not (tmp_path / "runs").exists()  # and nothing left behind
+    assert not (folder / "runs").exists()  # and nothing left behind
 
 
 def test_ctrl_c_exits_130_with_how_to_resume_and_no_traceback(tmp_path: Path) -> None:
@@ -174,6 +203,43 @@ def test_a_wandb_project_name_wandb_refuses_is_refused_at_config_time(
     assert code == 2
     assert "logger.project='a/b' is not a wandb project name" in err.getvalue()
     assert not (tmp_path / "runs").exists()  # the refused run left nothing
+
+
+#: Two tests of a session: the first configures logging on its capture stream as Hydra does
+#: for a program run in-process, the second logs (as Hydra's launcher in a later ``-m`` run).
+TWO_TESTS = """
+import logging
+import sys
+
+
+def test_a_program_configures_logging(capsys):
+    logging.getLogger().addHandler(logging.StreamHandler(sys.stderr))
+    logging.getLogger().setLevel(logging.INFO)
+    logging.getLogger("hydra").info("configured")
+    assert capsys.readouterr().err == "configured\\n"
+
+
+def test_the_next_test_logs(capsys, caplog):
+    logging.getLogger("hydra.launcher").warning("Launching 1 jobs locally")
+    assert [r.getMessage() for r in caplog.records] == ["Launching 1 jobs locally"]
+    error = capsys.readouterr().err
+    assert error == "", error
+"""
+
+
+def test_a_logging_handler_an_earlier_test_set_up_does_not_reach_the_next_test(
+    pytester: pytest.Pytester, request: pytest.FixtureRequest
+) -> None:
+    """The flake of a later ``-m`` report test: a Hydra handler on a closed capture stream."""
+    pytester.makepyfile(test_two=TWO_TESTS)
+    with logging_restored():  # the first session leaves its handler in this process
+        without = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    without.assert_outcomes(passed=1, failed=1)
+    without.stdout.fnmatch_lines(["*Logging error*", "*I/O operation on closed file*"])
+    isolation = request.config.pluginmanager.get_plugin("cbop-logging-isolation")
+    assert isolation is not None  # tests/conftest.py registers it for every test
+    isolated = pytester.runpytest_inprocess("-p", "no:cacheprovider", plugins=[isolation])
+    isolated.assert_outcomes(passed=2)
 
 
 def test_each_program_help_says_what_it_does_and_lists_only_its_own_choices(

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from programs import Call, run_programs
 
 from cbop_torchrl.cli import (
     CONFIG_SCHEMAS,
@@ -189,56 +190,63 @@ def test_psi_without_a_paper_value_must_be_given() -> None:
     assert config.estimator.psi == 1.5
 
 
-def test_cli_reports_a_bad_value_without_a_traceback(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "cbop.py"),
-            "estimator.psi=-1",
-            "dynamics.num_elites=50",
-            f"env={tmp_path / 'missing.hdf5'}",
-            f"hydra.run.dir={tmp_path}",
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[CompletedProcess, Path]]:
+    """``scripts/cbop.py`` with the command lines below, in one child process (~1 s each).
+
+    Each runs in its own empty folder (``{folder}`` in its arguments): name -> (run, folder).
+    """
+    lines = {
+        "bad values": [
+            "estimator.psi=-1", "dynamics.num_elites=50", "env={folder}/missing.hdf5",
+            "hydra.run.dir={folder}",
         ],
-        capture_output=True,
-        text=True,
-    )
+        "cfg hydra resolve": ["--cfg", "hydra", "--resolve"],
+        "cfg all resolve": ["--cfg", "all", "--resolve"],
+        "gym_kwargs without +": ["task.gym_kwargs={use_contact_forces:true}", "--cfg", "job"],
+        "gym_kwargs with +": ["+task.gym_kwargs.use_contact_forces=true", "--cfg", "job"],
+        "cfg hydra resolve again": ["--cfg", "hydra", "--resolve"],  # after the others ran
+    }  # fmt: skip
+    folders = {name: tmp_path_factory.mktemp("cli") for name in lines}
+    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(tmp_path_factory.mktemp("cache"))}
+    calls = [
+        Call(
+            "cbop.py", [a.replace("{folder}", str(folders[name])) for a in args], folders[name], env
+        )
+        for name, args in lines.items()
+    ]
+    results = run_programs(calls, timeout_s=120 + 30 * len(calls))
+    return {name: (done, folders[name]) for name, done in zip(lines, results, strict=True)}
+
+
+def test_cli_reports_a_bad_value_without_a_traceback(cli: dict) -> None:
+    done, folder = cli["bad values"]
     assert done.returncode == 2
     assert "estimator.psi=-1.0 must be >= 0" in done.stderr
     assert "larger than the trained ensemble" in done.stderr
     assert "missing.hdf5" in done.stderr
     assert "Traceback" not in done.stderr
-    assert not (tmp_path / "checkpoint.pt").exists()
+    assert not (folder / "checkpoint.pt").exists()
 
 
-def test_cfg_hydra_resolve_is_explained_and_its_suggestion_works(tmp_path: Path) -> None:
-    def cbop(*flags: str) -> subprocess.CompletedProcess:
-        script = str(ROOT / "scripts" / "cbop.py")
-        return subprocess.run(
-            [sys.executable, script, *flags], capture_output=True, text=True, cwd=tmp_path
-        )
-
-    refused = cbop("--cfg", "hydra", "--resolve")
+def test_cfg_hydra_resolve_is_explained_and_its_suggestion_works(cli: dict) -> None:
+    refused, folder = cli["cfg hydra resolve"]
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "Use --cfg all --resolve" in refused.stderr
-    shown = cbop("--cfg", "all", "--resolve")
+    assert list(folder.iterdir()) == []
+    again, _ = cli["cfg hydra resolve again"]  # nothing of the runs before it carries over
+    assert (again.returncode, again.stdout, again.stderr) == (2, refused.stdout, refused.stderr)
+    shown, folder = cli["cfg all resolve"]
     assert shown.returncode == 0 and "dir: runs/demo/cpu/default" in shown.stdout
-    assert list(tmp_path.iterdir()) == []
+    assert list(folder.iterdir()) == []
 
 
-def test_gym_kwargs_are_added_with_a_plus_and_the_error_says_so(tmp_path: Path) -> None:
+def test_gym_kwargs_are_added_with_a_plus_and_the_error_says_so(cli: dict) -> None:
     """``task.gym_kwargs`` is an open mapping: Hydra refuses new keys without ``+``."""
-    script = str(ROOT / "scripts" / "cbop.py")
-
-    def cbop(override: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, script, override, "--cfg", "job"],
-            capture_output=True, text=True, cwd=tmp_path,
-        )  # fmt: skip
-
-    refused = cbop("task.gym_kwargs={use_contact_forces:true}")
+    refused, _ = cli["gym_kwargs without +"]
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "+task.gym_kwargs.use_contact_forces=<value>" in refused.stderr
-    shown = cbop("+task.gym_kwargs.use_contact_forces=true")
+    shown, _ = cli["gym_kwargs with +"]
     assert shown.returncode == 0, shown.stderr
     assert yaml.safe_load(shown.stdout)["task"]["gym_kwargs"] == {"use_contact_forces": True}
 

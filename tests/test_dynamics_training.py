@@ -1,8 +1,6 @@
 """Training the ensemble: fit on a known linear-Gaussian system, elites, cache, CLI."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,6 +8,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from programs import Call, run_programs
 from tensordict import TensorDict
 
 from cbop_torchrl.trainers.dynamics import (
@@ -180,28 +179,34 @@ def write_tiny_hopper_file(path: Path, num_episodes: int = 6, length: int = 50) 
         handle["metadata/family"] = "hopper"
 
 
-def run_script(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+def script_call(tmp_path: Path, *overrides: str) -> Call:
     env = {"CBOP_TORCHRL_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
     env["OMP_NUM_THREADS"] = "1"
-    command = [sys.executable, str(REPO / "scripts" / "train_dynamics.py"), *overrides]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    return Call("train_dynamics.py", overrides, str(tmp_path), env)
 
 
 def test_script_writes_metrics_and_rejects_bad_input(tmp_path):
+    """Both commands of ``scripts/train_dynamics.py`` in one child process (tests/programs.py)."""
     data_path = tmp_path / "hopper-tiny.hdf5"
     write_tiny_hopper_file(data_path)
     out = tmp_path / "out"
-    result = run_script(
-        tmp_path,
-        f"env={data_path}",
-        f"output_dir={out}",
-        "progress=false",
-        "dynamics.num_members=3",
-        "dynamics.num_elites=2",
-        "dynamics.max_epochs=2",
-        "dynamics.hidden_size=16",
-        "dynamics.num_layers=1",
-        "dynamics.weight_decay=[0,0]",
+    result, bad = run_programs(
+        [
+            script_call(
+                tmp_path,
+                f"env={data_path}",
+                f"output_dir={out}",
+                "progress=false",
+                "dynamics.num_members=3",
+                "dynamics.num_elites=2",
+                "dynamics.max_epochs=2",
+                "dynamics.hidden_size=16",
+                "dynamics.num_layers=1",
+                "dynamics.weight_decay=[0,0]",
+            ),
+            script_call(tmp_path, f"env={tmp_path / 'missing.hdf5'}", f"output_dir={out}"),
+        ],
+        timeout_s=300,
     )
     assert result.returncode == 0, result.stderr
     metrics = json.loads((out / "dynamics_metrics.json").read_text())
@@ -211,7 +216,6 @@ def test_script_writes_metrics_and_rejects_bad_input(tmp_path):
     assert len((out / "dynamics_log.jsonl").read_text().splitlines()) == 2
     assert (out / "dynamics.pt").exists()
 
-    bad = run_script(tmp_path, f"env={tmp_path / 'missing.hdf5'}", f"output_dir={out}")
     assert bad.returncode != 0
     assert "missing.hdf5" in bad.stderr and "Traceback" not in bad.stderr
 

@@ -1,20 +1,20 @@
 """Reliability II (issue 28): a run only touches files it made, and links never redirect a write.
 
 The end-to-end cases run ``scripts/cbop.py`` at the debug preset in a folder that
-is not a run; each is refused before any data is loaded, so each takes only the
-seconds of the script's imports.
+is not a run; each is refused before any data is loaded, so both take only the
+seconds of one child process's imports (tests/programs.py).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from d4rl_files import debug_cbop_command, pipeline_workspace, write_d4rl_hdf5
+from programs import Call, run_programs
 from tensordict import NonTensorData, TensorDict
 
 from cbop_torchrl.data import DatasetError
@@ -45,17 +45,29 @@ def user_folder(root: Path) -> dict[Path, str]:
     return files
 
 
-@pytest.mark.parametrize("resume", ["false", "auto"])
+RESUMES = ["false", "auto"]
+
+
+@pytest.fixture(scope="module")
+def refused_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+    """resume -> (run, the folder, its files): both commands in one child process."""
+    folders, calls = {}, []
+    for resume in RESUMES:
+        root = tmp_path_factory.mktemp(f"resume_{resume}")
+        workspace = pipeline_workspace(root)
+        folder = root / "my_folder"
+        folders[resume] = folder, user_folder(folder)
+        _, script, *args = debug_cbop_command(workspace, folder, f"resume={resume}")
+        calls.append(Call(Path(script).name, args, str(root), workspace["env"]))
+    results = run_programs(calls, timeout_s=TIMEOUT_S + 30 * len(calls))
+    return {resume: (done, *folders[resume]) for resume, done in zip(RESUMES, results, strict=True)}
+
+
+@pytest.mark.parametrize("resume", RESUMES)
 def test_a_folder_that_is_not_a_run_is_refused_and_left_as_it_was(
-    tmp_path: Path, resume: str
+    refused_folders: dict[str, tuple], resume: str
 ) -> None:
-    workspace = pipeline_workspace(tmp_path)
-    folder = tmp_path / "my_folder"
-    files = user_folder(folder)
-    done = subprocess.run(
-        debug_cbop_command(workspace, folder, f"resume={resume}"),
-        env=workspace["env"], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path,
-    )  # fmt: skip
+    done, folder, files = refused_folders[resume]
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
