@@ -70,7 +70,8 @@ def run_program(module: str, argv: Sequence[str], env: Mapping[str, str] | None 
 
     ``env``: environment variables set for the run only (e.g. ``CBOP_TORCHRL_CACHE``);
     W&B is offline. Warnings the run emits are appended to ``stderr`` as Python
-    prints them (pytest would otherwise swallow them).
+    prints them (pytest would otherwise swallow them); warnings at import time are not
+    seen (the package is imported already).
     """
     program = importlib.import_module(f"cbop_torchrl.apps.{module}")
     saved_argv = sys.argv
@@ -84,7 +85,13 @@ def run_program(module: str, argv: Sequence[str], env: Mapping[str, str] | None 
             contextlib.redirect_stdout(out),
             contextlib.redirect_stderr(err),
         ):
+            # a fresh interpreter's filters (pytest's own would hide or turn warnings into errors)
+            warnings.resetwarnings()
             warnings.simplefilter("default")
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                             ResourceWarning):  # fmt: skip
+                warnings.simplefilter("ignore", category)
+            warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
             code = run_entry(program.main, list(argv))
     finally:
         set_running_program(None)
