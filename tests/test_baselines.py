@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from d4rl_files import write_d4rl_hdf5
+from inprocess import run_program
 
 from cbop_torchrl.baselines import (
     ALGOS,
@@ -144,17 +145,10 @@ def test_both_banners_state_the_budget_and_the_matching_baseline() -> None:
 
 
 def test_evaluate_script_scores_a_td3bc_policy(sweep: Path, workspace: dict) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "evaluate.py"),
-            f"checkpoint={sweep / 'td3bc' / 'policy.pt'}",
-            "episodes=2",
-            "max_steps=10",
-        ],
-        env=workspace["env"],
-        capture_output=True,
-        text=True,
+    done = run_program(  # in this process: what it prints is checked, not the process
+        "evaluate",
+        [f"checkpoint={sweep / 'td3bc' / 'policy.pt'}", "episodes=2", "max_steps=10"],
+        {"CBOP_TORCHRL_CACHE": workspace["env"]["CBOP_TORCHRL_CACHE"]},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "normalized score" in done.stdout and "Hopper-v4" in done.stdout
@@ -188,8 +182,16 @@ def _obs_td(obs_dim: int):
     return TensorDict({"observation": torch.randn(4, obs_dim)}, batch_size=[4])
 
 
-def test_bad_algo_setting_is_a_clear_error(workspace: dict) -> None:
-    done = baseline(workspace, "algo=iql", "algo.expectile=1.5")
+def test_bad_algo_setting_is_a_clear_error(
+    workspace: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(workspace["root"])  # where its run directory would go
+    done = run_program(  # refused before any work: in this process
+        "baseline",
+        ["preset=debug", f"env={workspace['dataset']}", "progress=false", "algo=iql",
+         "algo.expectile=1.5"],
+        {"CBOP_TORCHRL_CACHE": workspace["env"]["CBOP_TORCHRL_CACHE"]},
+    )  # fmt: skip
     assert done.returncode == 2
     assert "algo.expectile=1.5 must be in (0, 1)" in done.stderr
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import torch
+from inprocess import run_program
 
 from cbop_torchrl.data import load_dataset
 from cbop_torchrl.data.collect_sac import SACConfig, SACRun, run_dir_for
@@ -324,15 +325,16 @@ def test_shorter_request_reads_the_prefix_of_a_longer_run(tiny_run):
 
 
 def test_bad_requests_get_clear_errors(tmp_path):
+    # The refusal runs in this process (its message and exit code are checked); the
+    # suggested command runs as the user would run it, as the installed console script.
     with pytest.raises(ValueError, match="unknown dataset kind"):
         generate_datasets(tiny_request(tmp_path, kinds=["medium-replay", "meduim"]))
     with pytest.raises(ValueError, match="multiple of sac.frames_per_batch"):
         SACConfig(total_steps=1_234).validate()
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "collect.py"), "env=swimmer", "progress=false"],
-        capture_output=True,
-        text=True,
-        env={"CBOP_TORCHRL_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    result = run_program(
+        "collect",
+        ["env=swimmer", "progress=false"],
+        {"CBOP_TORCHRL_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 2
     assert "env=swimmer is not a known family" in result.stderr
@@ -377,16 +379,18 @@ def test_generated_hdf5_is_compressed(tiny_run):
         assert handle["observations"].shuffle
 
 
-def test_dataset_stats_prints_each_file_next_to_d4rl(tiny_run):
+def test_dataset_stats_prints_each_file_next_to_d4rl(tiny_run, capsys):
     _, paths = tiny_run
     files = [paths["medium-replay"], paths["medium"]]
-    result = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "dataset_stats.py"), *map(str, files)],
-        capture_output=True,
-        text=True,
+    spec = importlib.util.spec_from_file_location(
+        "dataset_stats", REPO / "benchmarks" / "dataset_stats.py"
     )
-    assert result.returncode == 0, result.stderr
-    rows = result.stdout.strip().splitlines()[2:]
+    dataset_stats = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dataset_stats)  # its main() in this process: its output is checked
+    capsys.readouterr()
+    assert dataset_stats.main(list(map(str, files))) == 0
+    result = capsys.readouterr()
+    rows = result.out.strip().splitlines()[2:]
     for line, path in zip(rows, files, strict=True):
         arrays, _ = read_d4rl_hdf5(path)
         cells = [cell.strip() for cell in line.strip("|").split("|")]
@@ -394,9 +398,5 @@ def test_dataset_stats_prints_each_file_next_to_d4rl(tiny_run):
         assert cells[0] == path.stem
         assert cells[1] == f"{len(arrays['rewards']):,} ({d4rl})"
         assert cells[4] == f"{arrays['terminals'].mean():.4f}"
-    missing = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "dataset_stats.py"), "nope.hdf5"],
-        capture_output=True,
-        text=True,
-    )
-    assert missing.returncode == 2 and "no such file(s): nope.hdf5" in missing.stderr
+    assert dataset_stats.main(["nope.hdf5"]) == 2
+    assert "no such file(s): nope.hdf5" in capsys.readouterr().err

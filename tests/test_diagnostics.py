@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from d4rl_files import write_d4rl_hdf5
+from inprocess import run_program
 
 from cbop_torchrl.registry import get_family
 from cbop_torchrl.trainers.conservatism import rollout_from_observations
@@ -19,7 +19,20 @@ from cbop_torchrl.trainers.conservatism import rollout_from_observations
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_diagnostics_are_measured_at_every_evaluation(tmp_path: Path) -> None:
+def curves(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    """``python benchmarks/curves.py *argv`` in this process (its output is what is checked);
+    returns its exit code."""
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / "curves.py"), *argv])
+    try:
+        runpy.run_path(str(ROOT / "benchmarks" / "curves.py"), run_name="__main__")
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    return 0
+
+
+def test_diagnostics_are_measured_at_every_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     dataset = write_d4rl_hdf5(
         tmp_path / "hopper-medium-replay-tiny.hdf5",
         episode_lengths=[150] * 8,
@@ -27,13 +40,13 @@ def test_diagnostics_are_measured_at_every_evaluation(tmp_path: Path) -> None:
         timeout_episodes=(1,),
     )
     run_dir = tmp_path / "run"
-    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(tmp_path / "cache")}
-    command = [
-        sys.executable, str(ROOT / "scripts" / "cbop.py"), "preset=debug", f"env={dataset}",
-        f"hydra.run.dir={run_dir}", "progress=false", "eval.diagnostics=true",
-        "eval.interval=20", "eval.episodes=2", "eval.max_steps=50", "eval.mc_states=3",
+    argv = [
+        "preset=debug", f"env={dataset}", f"hydra.run.dir={run_dir}", "progress=false",
+        "eval.diagnostics=true", "eval.interval=20", "eval.episodes=2", "eval.max_steps=50",
+        "eval.mc_states=3", "estimator.rollout_dtype=float32",  # auto's timing: not tested here
     ]  # fmt: skip
-    subprocess.run(command, env=env, check=True, capture_output=True, text=True, timeout=300)
+    done = run_program("cbop", argv, {"CBOP_TORCHRL_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
     history = results["diagnostics_history"]
     total = results["gradient_steps"]
@@ -60,20 +73,17 @@ def test_diagnostics_are_measured_at_every_evaluation(tmp_path: Path) -> None:
     # The BC actor is measured before any CBOP step changed it; training then moves it.
     assert history[0]["action_distance"] != history[-1]["action_distance"]
 
-    table = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "curves.py"), str(run_dir)],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+    capsys.readouterr()
+    assert curves([str(run_dir)], monkeypatch) == 0
+    table = capsys.readouterr().out
     rows = [line for line in table.splitlines() if line.startswith("| ") and "step" not in line]
     assert len(rows) == len(results["eval_history"])
     assert rows[0].startswith("| 0 |")
 
-    refused = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "curves.py"), str(run_dir), "--keys", "q_pi"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert refused.returncode == 2 and "--keys q_pi: not logged" in refused.stderr
-    assert "diag/q_pi" in refused.stderr  # the names that would work
+    assert curves([str(run_dir), "--keys", "q_pi"], monkeypatch) == 2
+    refused = capsys.readouterr().err
+    assert "--keys q_pi: not logged" in refused
+    assert "diag/q_pi" in refused  # the names that would work
 
 
 def test_rollout_sums_the_discounted_entropy_after_the_first_step() -> None:

@@ -11,7 +11,6 @@ import json
 import math
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 import torch
 from d4rl_files import debug_cbop_command as cli
 from d4rl_files import pipeline_workspace
+from inprocess import run_program, train_cbop
 
 from cbop_torchrl.evaluation.report import summarize_run
 from cbop_torchrl.trainers.checkpoint import (
@@ -31,6 +31,20 @@ from cbop_torchrl.trainers.checkpoint import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_here(workspace: dict, run_dir: Path, *overrides: str):
+    """``cli(workspace, run_dir, *overrides)`` run in this process: what a run writes is
+    checked, not the process (only the run that is killed is a subprocess)."""
+    cache = {"CBOP_TORCHRL_CACHE": workspace["env"]["CBOP_TORCHRL_CACHE"]}
+    return run_program("cbop", cli(workspace, run_dir, *overrides)[2:], cache)
+
+
+def train_here(workspace: dict, run_dir: Path, *overrides: str) -> dict:
+    """The same run through the Python API (``results.json``'s dict), for tests that read
+    only the files a run writes."""
+    cache = {"CBOP_TORCHRL_CACHE": workspace["env"]["CBOP_TORCHRL_CACHE"]}
+    return train_cbop(cli(workspace, run_dir, *overrides)[2:], run_dir, cache)
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return pipeline_workspace(tmp_path_factory.mktemp("pipeline"))
@@ -40,9 +54,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def reference_run(workspace: dict) -> Path:
     """An uninterrupted debug run (all stages, evaluation, results.json)."""
     run_dir = workspace["root"] / "reference"
-    done = subprocess.run(
-        cli(workspace, run_dir), env=workspace["env"], capture_output=True, text=True
-    )
+    done = run_here(workspace, run_dir)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "normalized score" in done.stdout
     return run_dir
@@ -110,9 +122,7 @@ def test_killed_run_resumes_to_the_same_parameters(workspace: dict, reference_ru
     killed_at = torch.load(checkpoint, weights_only=True)["step"]
     assert killed_at < 40, "the run finished before it could be killed"
 
-    resumed = subprocess.run(
-        cli(workspace, run_dir), env=workspace["env"], capture_output=True, text=True
-    )
+    resumed = run_here(workspace, run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     results = json.loads((run_dir / "results.json").read_text())
     assert results["resumed_from_step"] == killed_at
@@ -202,19 +212,12 @@ def test_a_new_session_replaces_the_csv_rows_it_logs_again(tmp_path: Path) -> No
 
 def test_evaluate_script_scores_a_saved_policy(workspace: dict, reference_run: Path) -> None:
     output = workspace["root"] / "evaluation.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "evaluate.py"),
-            f"checkpoint={reference_run / 'policy.pt'}",
-            "episodes=2",
-            "max_steps=20",
-            f"output={output}",
-        ],
-        env=workspace["env"],
-        capture_output=True,
-        text=True,
-    )
+    done = run_program(
+        "evaluate",
+        [f"checkpoint={reference_run / 'policy.pt'}", "episodes=2", "max_steps=20",
+         f"output={output}"],
+        {"CBOP_TORCHRL_CACHE": workspace["env"]["CBOP_TORCHRL_CACHE"]},
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "normalized score" in done.stdout and "Hopper-v4" in done.stdout
     summary = json.loads(output.read_text())
@@ -236,26 +239,19 @@ def test_ablation_modes_train_end_to_end(
     workspace: dict, reference_run: Path, overrides: tuple[str, ...]
 ) -> None:
     run_dir = workspace["root"] / "ablation" / "_".join(o.split("=")[1] for o in overrides)
-    done = subprocess.run(
-        cli(workspace, run_dir, *overrides), env=workspace["env"], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    # float32: auto's bf16 timing (~5 s a run) is not what this test checks
+    train_here(workspace, run_dir, "estimator.rollout_dtype=float32", *overrides)
     results = json.loads((run_dir / "results.json").read_text())
     config = json.loads((run_dir / "config.json").read_text())
     assert config["estimator"]["mode"] == overrides[0].split("=")[1]
     assert results["gradient_steps"] == 40 and math.isfinite(results["normalized_score_mean"])
 
 
-def test_rollout_dtype_auto_records_its_choice(workspace: dict, reference_run: Path) -> None:
-    run_dir = workspace["root"] / "auto_dtype"
-    done = subprocess.run(
-        cli(workspace, run_dir, "estimator.rollout_dtype=auto"),
-        env=workspace["env"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    settings = json.loads((run_dir / "results.json").read_text())["settings"]
+def test_rollout_dtype_auto_records_its_choice(reference_run: Path) -> None:
+    """The reference run has the default rollout_dtype, auto: it records what it chose."""
+    config = json.loads((reference_run / "config.json").read_text())
+    assert config["estimator"]["rollout_dtype"] == "auto"
+    settings = json.loads((reference_run / "results.json").read_text())["settings"]
     choice = settings["rollout_choice"]
     assert settings["rollout_dtype"] == choice["rollout_dtype"]
     fast = choice["bf16_matmul_speedup"] >= 1.5
@@ -273,13 +269,7 @@ def test_actor_average_is_evaluated_beside_an_unchanged_training(workspace: dict
     runs = {}
     for name, extra in (("plain", []), ("average", ["eval.actor_average=0.5"])):
         runs[name] = workspace["root"] / "actor_average" / name
-        done = subprocess.run(
-            cli(workspace, runs[name], fp32, *extra),
-            env=workspace["env"],
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        train_here(workspace, runs[name], fp32, *extra)
     plain, average = (json.loads((runs[n] / "results.json").read_text()) for n in runs)
     assert [r["normalized_score_mean"] for r in average["eval_history"]] == [
         r["normalized_score_mean"] for r in plain["eval_history"]
@@ -300,13 +290,7 @@ def test_actor_average_is_evaluated_beside_an_unchanged_training(workspace: dict
         r["average_normalized_score_mean"] for r in average["eval_history"]
     ]
 
-    continued = subprocess.run(
-        cli(workspace, runs["plain"], fp32, "train.epochs=3", "eval.actor_average=0.999999"),
-        env=workspace["env"],
-        capture_output=True,
-        text=True,
-    )
-    assert continued.returncode == 0, continued.stderr[-3000:]
+    train_here(workspace, runs["plain"], fp32, "train.epochs=3", "eval.actor_average=0.999999")
     state = torch.load(runs["plain"] / "checkpoint.pt", weights_only=True)
     assert state["step"] == 60
     at_40 = torch.load(runs["average"] / "checkpoint.pt", weights_only=True)["actor"]

@@ -4,7 +4,9 @@ The runs go through ``scripts/cbop.py`` at the debug preset on the bundled demo
 data. A kill is placed deterministically: a small driver runs the script with
 TorchRL's CSV logger patched to SIGKILL its own process right after it writes a
 chosen row (the worst moment: rows logged past the last checkpoint), or to
-wait there while a second copy of the command is started.
+wait there while a second copy of the command is started. Runs whose own process is not
+what is checked (the reference, a resume after the kills, the refused second copy) run the
+same program in the test process (``tests/inprocess.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from inprocess import Finished, run_program
 
 from cbop_torchrl.trainers.rundir import LOCK_NAME, RunLock, RunLockedError
 
@@ -52,12 +55,22 @@ runpy.run_path(script, run_name="__main__")
 """
 
 # Four dynamics epochs (about 4 rows each), so a kill can land inside the dynamics stage.
-OVERRIDES = ("preset=debug", "progress=false", "dynamics.max_epochs=4", "dynamics.patience=10")
+# float32 rollouts: auto's bf16 timing (~5 s a run) is not what these tests check.
+OVERRIDES = (
+    "preset=debug", "progress=false", "dynamics.max_epochs=4", "dynamics.patience=10",
+    "estimator.rollout_dtype=float32",
+)  # fmt: skip
 
 
 def command(run_dir: Path, *extra: str, driver: bool = False) -> list[str]:
     head = [sys.executable, "-c", DRIVER] if driver else [sys.executable]
     return [*head, str(SCRIPT), *OVERRIDES, f"hydra.run.dir={run_dir}", *extra]
+
+
+def run_here(run_dir: Path, cache: Path, *extra: str) -> Finished:
+    """The same command run in this process (where only another process's lock, not this
+    run's own process, matters), with the cache ``cache``."""
+    return run_program("cbop", command(run_dir, *extra)[2:], {"CBOP_TORCHRL_CACHE": str(cache)})
 
 
 def environment(cache: Path, **fault: str) -> dict[str, str]:
@@ -88,9 +101,7 @@ def run_killed(run_dir: Path, cache: Path, prefix: str, rows: int) -> subprocess
 def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An uninterrupted run with an empty cache (every stage trained); returns its root."""
     root = tmp_path_factory.mktemp("reference")
-    done = subprocess.run(
-        command(root / "run"), env=environment(root / "cache"), capture_output=True, text=True
-    )
+    done = run_here(root / "run", root / "cache")
     assert done.returncode == 0, done.stderr[-3000:]
     return root
 
@@ -117,9 +128,7 @@ def test_every_csv_step_once_after_kills_resumes_and_a_refused_second_copy(
     assert not (run_dir / "results.json").exists()
     killed = run_killed(run_dir, cache, "final/", 1)
     assert not (run_dir / "results.json").exists()
-    resumed = subprocess.run(
-        command(run_dir), env=environment(cache), capture_output=True, text=True
-    )
+    resumed = run_here(run_dir, cache)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # The lock file of the killed process still named it; the resumed run took it over.
     assert "took over the lock of a run that died (pid" in resumed.stdout, resumed.stdout
@@ -133,10 +142,7 @@ def test_every_csv_step_once_after_kills_resumes_and_a_refused_second_copy(
     restarted = start_waiting(run_dir, cache, tmp_path, "resume=false")
     try:
         refused_in = time.monotonic()
-        second = subprocess.run(
-            command(run_dir, "resume=false"), env=environment(cache),
-            capture_output=True, text=True,
-        )  # fmt: skip
+        second = run_here(run_dir, cache, "resume=false")  # this process, not the holder
         refused_in = time.monotonic() - refused_in
         assert second.returncode == 2, second.stderr[-3000:]
         assert "Traceback" not in second.stderr
@@ -286,9 +292,7 @@ def test_damaged_cache_files_are_named_and_retrained(
     assert len(damaged) == 3, damaged
     for path in damaged:
         path.write_bytes(b"not a torch file")
-    done = subprocess.run(
-        command(tmp_path / "run"), env=environment(cache), capture_output=True, text=True
-    )
+    done = run_here(tmp_path / "run", cache)
     assert done.returncode == 0, done.stderr[-3000:]
     for path in damaged:
         assert f"cache file {path} cannot be read" in done.stderr, (path, done.stderr[-3000:])

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from d4rl_files import write_d4rl_hdf5
+from inprocess import Finished, run_program
 from torchrl.envs import ActionScaling, Compose
 
 from cbop_torchrl.data import dataset_info, load_dataset_with_info
@@ -78,9 +79,11 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"root": root, "dataset": dataset, "env": env}
 
 
-def run(workspace: dict, script: str, *overrides: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(ROOT / "scripts" / script), *overrides]
-    return subprocess.run(command, env=workspace["env"], capture_output=True, text=True)
+def run(workspace: dict, script: str, *overrides: str) -> Finished:
+    """``python scripts/<script> *overrides``, run in this process (the tests check what the
+    programs print, write and exit with; a subprocess would add ~7 s of imports a run)."""
+    cache = {"CBOP_TORCHRL_CACHE": workspace["env"]["CBOP_TORCHRL_CACHE"]}
+    return run_program(script.removesuffix(".py"), overrides, cache)
 
 
 def train(workspace: dict, script: str, run_name: str, *overrides: str):
@@ -96,11 +99,12 @@ def train(workspace: dict, script: str, run_name: str, *overrides: str):
 
 
 NEW_TASK = (f"task.gym_id={UNKNOWN_GYM_ID}", "task.termination=none")
+FP32 = "estimator.rollout_dtype=float32"  # auto's bf16 timing (~5 s a run) is not tested here
 
 
 @pytest.fixture(scope="module")
 def cbop_run(workspace: dict) -> Path:
-    done = train(workspace, "cbop.py", "cbop", *NEW_TASK, "estimator.psi=1.0")
+    done = train(workspace, "cbop.py", "cbop", *NEW_TASK, "estimator.psi=1.0", FP32)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "no normalized score" in done.stdout
     assert "model rollouts on Swimmer-v4 never terminate" in done.stderr  # the none warning
@@ -126,7 +130,7 @@ def test_cbop_trains_and_evaluates_an_unknown_task_from_its_data(cbop_run: Path)
 
 def test_reference_scores_give_a_normalized_score(workspace: dict, cbop_run: Path) -> None:
     done = train(
-        workspace, "cbop.py", "cbop-ref", *NEW_TASK, "estimator.psi=1.0",
+        workspace, "cbop.py", "cbop-ref", *NEW_TASK, "estimator.psi=1.0", FP32,
         "task.ref_min_score=-10", "task.ref_max_score=40",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -187,7 +191,9 @@ def test_a_size_mismatch_names_both_shapes_and_exits_2(workspace: dict) -> None:
 
 
 def test_an_unnamed_task_asks_for_task_gym_id_with_a_working_command(workspace: dict) -> None:
-    done = train(workspace, "cbop.py", "unnamed", "estimator.psi=1.0")
+    # one CBOP epoch and one evaluation episode: the suggestion is rerun as a subprocess
+    short = ("train.epochs=1", "eval.episodes=1")
+    done = train(workspace, "cbop.py", "unnamed", "estimator.psi=1.0", FP32, *short)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "family=" not in done.stderr
     # the command run, with the task named, for the console script (no scripts/ in a wheel)
@@ -195,6 +201,7 @@ def test_an_unnamed_task_asks_for_task_gym_id_with_a_working_command(workspace: 
     assert Path(suggested[0]).name == "cbop-train"
     assert f"env={workspace['dataset']}" in suggested and "task.gym_id=Swimmer-v4" in suggested
     assert "preset=debug" in suggested and "estimator.psi=1.0" in suggested
+    assert all(override in suggested for override in short)
     redone = subprocess.run(suggested, env=workspace["env"], capture_output=True, text=True)
     assert redone.returncode == 0, redone.stderr[-3000:]  # the suggestion works as printed
     assert (workspace["root"] / "unnamed" / "results.json").is_file()
@@ -285,7 +292,7 @@ def test_another_action_box_is_rescaled_in_the_env_and_in_the_data(tmp_path: Pat
 
 def test_cbop_and_evaluate_on_a_task_with_another_action_box(workspace: dict) -> None:
     path = record_gym_episodes(workspace["root"] / "pendulum-tiny.hdf5", "InvertedPendulum-v4")
-    task = ("task.gym_id=InvertedPendulum-v4", "task.termination=none", "estimator.psi=1.0")
+    task = ("task.gym_id=InvertedPendulum-v4", "task.termination=none", "estimator.psi=1.0", FP32)
     # random pendulum episodes fall within a few steps: ~24 rows, less than the debug batches
     batches = ("bc.batch_size=16", "fqe.batch_size=16", "train.batch_size=16")
     done = run(
