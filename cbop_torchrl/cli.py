@@ -730,10 +730,11 @@ def hydra_entry(
 # ---------------------------------------------------------------------------------- --help
 # Hydra's own --help (``Hydra.app_help``) fills every variable of the help template, and for
 # $APP_CONFIG_GROUPS and $HYDRA_CONFIG_GROUPS it lists each config group's options, which
-# deep-copies its config repository once per group: about 10 s per --help on a laptop
-# although the programs' templates (``hydra.help.template`` in configs/*.yaml) use only
-# $CONFIG. So the entry point composes the config and prints the template itself, as
-# ``app_help`` does; a template that names any other variable still gets Hydra's path.
+# deep-copies its config repository once per group: about 13 s per --help on the 2-core
+# development machine, although the programs' templates (``hydra.help.template`` in
+# configs/*.yaml) use only $CONFIG. So the entry point composes the config and prints the
+# template itself, as ``app_help`` does; a template that names any other variable still gets
+# Hydra's path.
 
 
 def help_arguments(argv: Sequence[str]) -> argparse.Namespace | None:
