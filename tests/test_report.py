@@ -26,6 +26,7 @@ from cbop_torchrl.evaluation.report import (
     SUMMARY_FORMAT,
     ReportError,
     conservatism_rows,
+    dataset_markdown,
     final_window_score,
     goal_check,
     load_summaries,
@@ -211,6 +212,19 @@ def test_score_rows_mean_std_and_order() -> None:
     assert rows[0]["final_std"] == pytest.approx(10.0)  # population std over seeds
     assert rows[0]["best_mean"] == pytest.approx(41.0)
     assert "40.0 ± 10.0" in markdown_table(rows)
+
+
+def test_dataset_table_tells_a_copy_from_other_data() -> None:
+    def run(sha256: str, data_key: str) -> dict:
+        provenance = {"sha256": sha256, "data_key": data_key, "transitions": 10}
+        return {"dataset": "hopper-medium-replay-gen", "dataset_provenance": provenance}
+
+    same = dataset_markdown([run("aaaa" * 16, "k1"), run("aaaa" * 16, "k1")])
+    assert "aaaaaaaaaaaa |" in same and "(" not in same.split("aaaaaaaaaaaa")[1]
+    copy = dataset_markdown([run("aaaa" * 16, "k1"), run("bbbb" * 16, "k1")])
+    assert "aaaaaaaaaaaa, bbbbbbbbbbbb (files of the same generator settings k1)" in copy
+    other = dataset_markdown([run("aaaa" * 16, "k1"), run("bbbb" * 16, "k2")])
+    assert "aaaaaaaaaaaa, bbbbbbbbbbbb (several versions!)" in other
 
 
 def test_rliable_probability_of_improvement() -> None:

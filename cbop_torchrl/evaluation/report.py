@@ -420,6 +420,22 @@ def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
     return atomic_write(path, write)
 
 
+def _file_versions(provenances: Sequence[dict[str, Any]]) -> str:
+    """The sha256 of the dataset file the runs read, and whether they read one version.
+
+    Files written by the generator with the same settings (one ``data_key``) hold the same
+    data, but their bytes may differ (a copy regenerated elsewhere); that is said, not
+    flagged. Different settings are flagged: the runs did not train on the same data.
+    """
+    shas = sorted({str(p.get("sha256"))[:12] for p in provenances})
+    data_keys = {p.get("data_key") for p in provenances}
+    if len(shas) == 1:
+        return shas[0]
+    if len(data_keys) == 1 and None not in data_keys:
+        return f"{', '.join(shas)} (files of the same generator settings {data_keys.pop()})"
+    return f"{', '.join(shas)} (several versions!)"
+
+
 def dataset_markdown(summaries: Sequence[dict[str, Any]]) -> str:
     """Where each dataset came from (the generator's provenance stored in the summaries)."""
     lines = []
@@ -431,13 +447,12 @@ def dataset_markdown(summaries: Sequence[dict[str, Any]]) -> str:
         ]
         if not found:
             continue
-        keys = {p.get("sha256") for p in found}
         p = found[0]
         lines.append(
             f"| {dataset} | {p.get('transitions')} | {p.get('episodes')} | "
             f"{_fmt(p.get('episode_normalized_score_mean'))} | "
             f"{_fmt(p.get('policy_normalized_score'))} | `{p.get('command')}` | "
-            f"{str(p.get('sha256'))[:12]}{' (several versions!)' if len(keys) > 1 else ''} |"
+            f"{_file_versions(found)} |"
         )
     if not lines:
         return ""
