@@ -92,6 +92,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "cbop-fqe-rounds5": ("cbop.py", ["fqe.rounds=5"]),
     # The top of the paper's psi grid {0.5, 2, 3, 5} (docs/learning.md, Experiments 23-27).
     "cbop-psi5": ("cbop.py", ["estimator.psi=5"]),
+    "cbop-psi3": ("cbop.py", ["estimator.psi=3"]),
     # BEYOND THE PAPER (opt-in): a behaviour-cloning term in the actor's loss
     # (docs/learning.md, Experiment 15), ablated against plain "cbop".
     "cbop-bc10": ("cbop.py", ["agent.bc_weight=10"]),

@@ -21,11 +21,13 @@ machine). What each one checks:
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import os
 import subprocess
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
@@ -196,22 +198,34 @@ def test_at_most_one_host_sync_per_cbop_step_on_cuda() -> None:
     trainer, metrics, counter = host_sync_trainer(steps, log_interval=1000, device=CUDA)
     optim_steps = trainer.optim_steps
     cuda_syncs: list[int] = []
+    where: collections.Counter[str] = collections.Counter()  # the Python line of each sync
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+        if "synchroniz" in str(message):
+            cuda_syncs[-1] += 1
+            stack = traceback.extract_stack()[:-1]  # without this function's own frame
+            frames = [f for f in stack if "warnings" not in f.filename]
+            ours = [f for f in frames if "cbop_torchrl" in f.filename][-1:]
+            shown = [*frames[-2:][::-1], *ours]
+            names = [f"{f.filename.split('-packages/')[-1]}:{f.lineno}" for f in shown]
+            where[" <- ".join(names)] += 1
 
     def watched(batch):
+        cuda_syncs.append(0)
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            with warnings.catch_warnings(record=True) as caught:
+            with warnings.catch_warnings():
                 warnings.simplefilter("always")
+                warnings.showwarning = record
                 return optim_steps(batch)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-            cuda_syncs.append(sum("synchroniz" in str(w.message) for w in caught))
 
     trainer.optim_steps = watched
     trainer.train()
     assert trainer.collected_frames == steps and metrics._count == steps
     assert counter.count <= steps, counter.by_op  # the finiteness check: one per step
-    assert len(cuda_syncs) == steps and max(cuda_syncs) <= 1, cuda_syncs
+    assert len(cuda_syncs) == steps and max(cuda_syncs) <= 1, (cuda_syncs, dict(where))
 
 
 def test_the_dynamics_ensemble_trains_on_cuda(models) -> None:

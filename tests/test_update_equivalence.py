@@ -113,7 +113,12 @@ def test_cbop_loss_equals_sac_passes_plus_edac_and_bc(fused_q, eta, bc_weight):
             if expected_grads[name] is None:
                 assert grad is None or not grad.any(), name
                 continue
-            torch.testing.assert_close(grad, expected_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+            # fp32 sums in another order (fused members, AVX-512 kernels) differ by a few ulps
+            # of the tensor's largest entries, so the absolute tolerance scales with them.
+            scale = expected_grads[name].abs().max().item()
+            torch.testing.assert_close(
+                grad, expected_grads[name], rtol=1e-5, atol=1e-6 + 1e-5 * scale, msg=name
+            )
 
 
 class ActionFirstQ(nn.Module):

@@ -91,6 +91,16 @@ class BoxTanhNormal(D.TransformedDistribution):
             transforms.append(D.AffineTransform(middle, half, event_dim=1, cache_size=1))
         super().__init__(base, transforms, validate_args=False)
 
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
+        """A draw without gradient ``[*sample_shape, *batch, A]``: ``rsample`` under ``no_grad``.
+
+        Not ``Normal.sample``: its ``torch.normal(loc, scale)`` checks ``scale >= 0`` on the
+        host, a synchronisation per draw on CUDA. The same standard-normal draws, so the
+        same values.
+        """
+        with torch.no_grad():
+            return self.rsample(sample_shape)
+
     @property
     def deterministic_sample(self) -> torch.Tensor:
         """The squashed mean ``[*batch, A]``."""
