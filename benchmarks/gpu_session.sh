@@ -15,9 +15,14 @@
 # Settings (environment): BUDGET_MIN (9: minutes per call, start-up included), BUNDLE
 # (.bundle), STATE (/tmp/cbop-gpu-session), PYTHON (python3), OUT (./gpu-out), STEPS
 # (the paper's 1000000 CBOP gradient steps), PRESET (paper), SKIP ("": any of install tests
-# bench slices). At most 8 files come back from a lent machine: session.log, cuda_tests.log,
-# bench_cuda.json, bench_cuda.log, slices.log, slices.json, eval_normalized_score.csv and the
-# finished run's summary cbop-paper-seed0.json.
+# bench slices), EVAL_INTERVAL (10000), LABEL ("": the runs' label, e.g. screen) and
+# OVERRIDES ("": extra Hydra overrides of the run). SCREEN=1 sets the last four for a short
+# look at the paper's sizes (docs/gpu.md, "A paper-size screen"): 10,000 CBOP steps after
+# 10,000 BC and 20,000 FQE steps, the dynamics capped at 60 epochs, evaluation and the
+# diagnostics (Q - MC at 100 dataset states) every 1,000 steps. At most 8 files come back
+# from a lent machine: session.log, cuda_tests.log, bench_cuda.json, bench_cuda.log,
+# slices.log, slices.json, run_logs.tgz (the run's scalar logs: every curve) and the
+# finished run's summary cbop-paper[-LABEL]-seed0.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -29,6 +34,14 @@ OUT=${OUT:-$PWD/gpu-out}
 STEPS=${STEPS:-1000000}
 SKIP=${SKIP:-}
 PRESET=${PRESET:-paper}
+EVAL_INTERVAL=${EVAL_INTERVAL:-10000}
+LABEL=${LABEL:-}
+OVERRIDES=${OVERRIDES:-}
+if [ "${SCREEN:-0}" = 1 ]; then
+    STEPS=10000 EVAL_INTERVAL=1000 LABEL=screen
+    OVERRIDES="bc.steps=10000 fqe.steps=20000 dynamics.max_epochs=60 eval.episodes=5 eval.diagnostics=true"
+fi
+variant=cbop-$PRESET${LABEL:+-$LABEL}
 DATASET=hopper-medium-replay-gen
 export CBOP_TORCHRL_CACHE=${CBOP_TORCHRL_CACHE:-$STATE/cache}
 export WANDB_MODE=offline PYTHONUNBUFFERED=1
@@ -89,20 +102,22 @@ if ! skipped slices; then
     slice_min=$(echo "$(minutes_left)" | awk '{printf "%.2f", $1 - 2.0}')
     if awk "BEGIN {exit !($slice_min >= 1)}"; then
         say "slice of the $PRESET preset: --max-minutes $slice_min"
+        # shellcheck disable=SC2086  # OVERRIDES: one Hydra override per word
         $PYTHON benchmarks/learning.py --preset "$PRESET" --datasets $DATASET --algos cbop --seeds 0 \
-            --epochs $((STEPS / 1000)) --steps-per-epoch 1000 --eval-interval 10000 \
-            --results "$STATE/results" --max-minutes "$slice_min" >>"$OUT/slices.log" 2>&1
+            --epochs $((STEPS / 1000)) --steps-per-epoch 1000 --eval-interval "$EVAL_INTERVAL" \
+            ${LABEL:+--label "$LABEL"} --results "$STATE/results" --max-minutes "$slice_min" \
+            $OVERRIDES >>"$OUT/slices.log" 2>&1
         tail -4 "$OUT/slices.log" | tee -a "$OUT/session.log"
     else
         say "no time left for a slice in this call ($(minutes_left) min); run the command again"
     fi
-    run_dir=$(ls -d "$CBOP_TORCHRL_CACHE"/benchmark_runs/$DATASET/*/$PRESET/cbop-$PRESET/seed0 2>/dev/null | head -1)
+    run_dir=$(ls -d "$CBOP_TORCHRL_CACHE"/benchmark_runs/$DATASET/*/$PRESET/$variant/seed0 2>/dev/null | head -1)
     if [ -n "$run_dir" ]; then
         [ -f "$run_dir/slices.json" ] && cp "$run_dir/slices.json" "$OUT/slices.json"
-        scores=$(find "$run_dir/logs" -path "*eval/normalized_score.csv" 2>/dev/null | head -1)
-        [ -n "$scores" ] && cp "$scores" "$OUT/eval_normalized_score.csv"
+        # every scalar curve (CSV), without checkpoints: read with benchmarks/curves.py
+        [ -d "$run_dir/logs" ] && tar czf "$OUT/run_logs.tgz" -C "$run_dir" logs
     fi
-    summary="$STATE/results/$DATASET/cbop-$PRESET/seed0.json"
-    [ -f "$summary" ] && cp "$summary" "$OUT/cbop-$PRESET-seed0.json" && say "the run finished: cbop-$PRESET-seed0.json"
+    summary="$STATE/results/$DATASET/$variant/seed0.json"
+    [ -f "$summary" ] && cp "$summary" "$OUT/$variant-seed0.json" && say "the run finished: $variant-seed0.json"
 fi
 say "done in $(( $(date +%s) - START )) s; run the same command again to continue"
