@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from cbop_torchrl.trainers.checkpoint import (
     load_checkpoint,
     load_policy,
 )
+from cbop_torchrl.trainers.offline import fqe_scheme
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +78,16 @@ def test_debug_preset_end_to_end(reference_run: Path) -> None:
     assert results["dataset"] == "hopper-medium-replay-tiny"
     assert results["gradient_steps"] == 40 and results["episodes"] == 2 and results["seed"] == 0
     assert math.isfinite(results["normalized_score_mean"])
-    assert results["settings"]["psi"] == 2.0  # the paper's hopper medium-replay psi
+    settings = results["settings"]
+    assert settings["psi"] == 2.0  # the paper's hopper medium-replay psi
+    # what a table of configurations needs, with the debug preset's values
+    assert (settings["num_qvalue_nets"], settings["num_elites"], settings["horizon"]) == (3, 2, 2)
+    assert settings["num_dynamics_members"] == 3 and settings["batch_size"] == 32
+    assert settings["critic_hidden_sizes"] == settings["actor_hidden_sizes"] == [32, 32]
+    assert settings["q_init"] == "torch"
+    assert settings["fqe"] == {
+        "scheme": "soft", "rounds": None, "steps": 40, "lr": 3e-4, "batch_size": 64,
+    }  # fmt: skip
     assert results["expected_horizon_start"] is not None
     # one evaluation during training (interval 20) besides the final one
     assert [record["step"] for record in results["eval_history"]] == [20, 40]
@@ -296,3 +307,15 @@ def test_actor_average_is_evaluated_beside_an_unchanged_training(workspace: dict
     at_40 = torch.load(runs["average"] / "checkpoint.pt", weights_only=True)["actor"]
     for key, value in state["trainer"]["actor_average"].items():
         torch.testing.assert_close(value, at_40[key], atol=1e-4, rtol=0)
+
+
+def test_the_summary_names_each_fqe_scheme() -> None:
+    def fqe(rounds: int | None, converge: bool) -> SimpleNamespace:
+        return SimpleNamespace(rounds=rounds, converge=converge, steps=900, lr=1e-3, batch_size=8)
+
+    assert fqe_scheme(fqe(None, False))["scheme"] == "soft"
+    assert fqe_scheme(fqe(5, False)) == {
+        "scheme": "rounds", "rounds": 5, "steps": 900, "lr": 1e-3, "batch_size": 8,
+    }  # fmt: skip
+    converged = fqe_scheme(fqe(5, True))
+    assert converged["scheme"] == "converged" and converged["steps"] is None  # epochs, not steps

@@ -142,6 +142,23 @@ def critic_hidden_sizes(config: RunConfig) -> list[int]:
     return list(config.agent.hidden_sizes if sizes is None else sizes)
 
 
+def fqe_scheme(fqe: Any) -> dict[str, Any]:
+    """The FQE pretraining's scheme, for the run summary: soft targets, rounds, or converged."""
+    if fqe.rounds and fqe.converge:
+        scheme = "converged"  # the authors' FQE: each round fitted to held-out early stopping
+    elif fqe.rounds:
+        scheme = "rounds"
+    else:
+        scheme = "soft"
+    return {
+        "scheme": scheme,
+        "rounds": fqe.rounds,
+        "steps": None if scheme == "converged" else fqe.steps,
+        "lr": fqe.lr,
+        "batch_size": fqe.batch_size,
+    }
+
+
 def build_cbop_loss(
     config: RunConfig, info: DatasetInfo, dynamics: Any, device: torch.device
 ) -> tuple[CBOPLoss, Any]:
@@ -784,7 +801,12 @@ def write_cbop_results(
         "stages": pretraining,
         "settings": {
             "num_elites": cbop.dynamics.num_elites,
+            "num_dynamics_members": config.dynamics.num_members,
             "num_qvalue_nets": config.agent.num_qvalue_nets,
+            "critic_hidden_sizes": critic_hidden_sizes(config),
+            "actor_hidden_sizes": list(config.agent.hidden_sizes),
+            "q_init": config.agent.q_init,
+            "fqe": fqe_scheme(config.fqe),
             "horizon": config.estimator.horizon,
             "psi": config.estimator.psi,
             "mode": config.estimator.mode,
