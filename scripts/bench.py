@@ -29,6 +29,8 @@ Every variant also gets its share of the bf16 matmul peak (``*_bf16_peak_share``
 the "% bf16" column: a GPU's headline figure). ``--device cuda`` times the paper's
 sizes (``paper``: walker2d and the other tasks, M = 20; ``paper-hopper``: M = 50)
 against an 8192 x 8192 matmul peak and skips the CPU-only parts.
+``--sizes cpu,cpu-c3x256b256`` times the CPU preset beside the same preset with the
+paper's 3x256 critics and batch 256 (docs/learning.md, Experiments 32-33) in one process.
 
 With the CPU-preset size it also times the CBOP stage's whole step (sample, loss,
 guarded Adam step, target update, metrics) now, with bf16 rollouts, at
@@ -96,7 +98,13 @@ from benchmarks.speed.report import (  # noqa: E402
     print_size,
 )
 from benchmarks.speed.size_timings import bench_size  # noqa: E402
-from benchmarks.speed.sizes import PAPER, PAPER_HOPPER, TINY, cpu_preset_size  # noqa: E402
+from benchmarks.speed.sizes import (  # noqa: E402
+    PAPER,
+    PAPER_HOPPER,
+    TINY,
+    cpu_deep_critics_size,
+    cpu_preset_size,
+)
 from cbop_torchrl.utils import atomic_json_dump, unwritable_reason  # noqa: E402
 
 
@@ -111,8 +119,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--sizes",
-        help="comma list of paper,paper-hopper,cpu,tiny (default: paper,cpu; --quick: cpu; "
-        "--device cuda: paper,paper-hopper)",
+        help="comma list of paper,paper-hopper,cpu,cpu-c3x256b256,tiny (default: paper,cpu; "
+        "--quick: cpu; --device cuda: paper,paper-hopper; cpu-c3x256b256: the CPU preset with "
+        "the paper's 3x256 critics and batch 256)",
     )
     parser.add_argument(
         "--rounds",
@@ -169,7 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     if device.type not in ("cpu", "cuda"):
         print(f"--device {args.device!r}: only cpu and cuda are supported.", file=sys.stderr)
         return 2
-    known = {"paper": PAPER, "paper-hopper": PAPER_HOPPER, "cpu": None, "tiny": TINY}
+    known = {
+        "paper": PAPER,
+        "paper-hopper": PAPER_HOPPER,
+        "cpu": cpu_preset_size(),
+        "cpu-c3x256b256": cpu_deep_critics_size(),
+        "tiny": TINY,
+    }
     default_sizes = "cpu" if args.quick else "paper,cpu"
     if device.type == "cuda" and not args.quick:
         default_sizes = "paper,paper-hopper"
@@ -220,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     print_host(report)
     report["sizes"] = {}
     for name in names:
-        size = known[name] or cpu_preset_size()
+        size = known[name]
         size_rounds = rounds if args.rounds or size not in (PAPER, PAPER_HOPPER) else min(rounds, 3)
         result = bench_size(size, device, size_rounds, matmul_n, args.compile)
         report["sizes"][name] = result

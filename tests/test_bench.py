@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
 
@@ -66,6 +67,23 @@ def test_reference_design_computes_the_same_kind_of_target(bench):
 def test_cpu_preset_sizes_come_from_the_config(bench):
     size = bench.cpu_preset_size()
     assert size.particles <= size.dyn_members and size.members >= 2 and size.horizon >= 0
+
+
+def test_deep_critics_size_changes_only_the_critics_and_the_batch(bench):
+    from benchmarks.speed.models import build_models
+    from benchmarks.speed.sizes import env_sizes, flop_counts
+
+    cpu, deep = bench.cpu_preset_size(), bench.cpu_deep_critics_size()
+    assert (deep.batch, deep.q_hidden, deep.hidden) == (256, (256, 256, 256), cpu.hidden)
+    assert (deep.members, deep.particles, deep.horizon) == (cpu.members, cpu.particles, cpu.horizon)
+    actor, qnets, _, batch = build_models(deep, torch.device("cpu"))
+    linear = [m for m in qnets[0].modules() if isinstance(m, torch.nn.Linear)]
+    assert [m.out_features for m in linear] == [256, 256, 256, 1]
+    actor_linear = [m for m in actor.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(actor_linear) == len(cpu.hidden) + 1
+    assert batch.batch_size == torch.Size([256])
+    dims = env_sizes(cpu.family)
+    assert flop_counts(deep, *dims)["update"] > 2 * flop_counts(cpu, *dims)["update"]
 
 
 def test_bad_arguments_are_explained(bench, capsys):

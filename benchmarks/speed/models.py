@@ -21,7 +21,7 @@ def build_models(size: Size, device: torch.device, seed: int = 0):
     family = get_family(size.family)
     obs_dim, act_dim = env_sizes(size.family)
     actor = make_actor(obs_dim, act_dim, size.hidden, device=device)
-    qnets = make_qvalue_ensemble(size.members, obs_dim, act_dim, size.hidden, device=device)
+    qnets = make_qvalue_ensemble(size.members, obs_dim, act_dim, size.q_hidden, device=device)
     ensemble = GaussianEnsemble(obs_dim, act_dim, size.dyn_members, size.dyn_hidden).to(device)
     # Normalization: states around walker2d's standing pose, small state deltas,
     # rewards ~ N(1, 1): rollouts stay healthy with a random network.

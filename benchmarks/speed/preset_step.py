@@ -75,7 +75,7 @@ def preset_loss(loss_cls, actor_fn, size: Size, dynamics, device, rollout_dtype:
     obs_dim, act_dim = env_sizes(size.family)
     torch.manual_seed(1)
     actor = actor_fn(obs_dim, act_dim, size.hidden, device=device)
-    qnets = make_qvalue_ensemble(size.members, obs_dim, act_dim, size.hidden, device=device)
+    qnets = make_qvalue_ensemble(size.members, obs_dim, act_dim, size.q_hidden, device=device)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No target network updater")
         return loss_cls(

@@ -25,9 +25,11 @@ def print_host(report: dict) -> None:
 
 def print_size(result: dict) -> None:
     size = result["size"]
+    critics = size.get("critic_hidden")  # absent from JSON written before critic widths
+    widths = f"actor {size['hidden']} critics {critics}" if critics else f"hidden {size['hidden']}"
     print(
         f"\n== {size['name']}: B {size['batch']} K {size['particles']} M {size['members']} "
-        f"H {size['horizon']} hidden {size['hidden']} dynamics {size['dyn_hidden']} "
+        f"H {size['horizon']} {widths} dynamics {size['dyn_hidden']} "
         f"(target {result['target_gflop']:.1f} GFLOP)"
     )
     print(

@@ -69,7 +69,9 @@ def bench_size(
             compile=compile_q,
         ).to(device)
         sac_actor = make_actor(obs_dim, act_dim, size.hidden, device=device)
-        sac_qnets = make_qvalue_ensemble(size.members, obs_dim, act_dim, size.hidden, device=device)
+        sac_qnets = make_qvalue_ensemble(
+            size.members, obs_dim, act_dim, size.q_hidden, device=device
+        )
         sac_loss = SACLoss(
             sac_actor,
             sac_qnets,

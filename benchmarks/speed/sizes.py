@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import yaml
 
@@ -20,10 +20,16 @@ class Size:
     particles: int  # K (= dynamics elites)
     members: int  # M (Q-ensemble)
     horizon: int  # H
-    hidden: tuple[int, ...]  # actor/critic hidden widths
+    hidden: tuple[int, ...]  # actor hidden widths (and the critics' unless critic_hidden)
     dyn_hidden: tuple[int, ...]  # dynamics hidden widths
     dyn_members: int  # dynamics ensemble size (>= K)
     family: str = "walker2d"
+    critic_hidden: tuple[int, ...] | None = None  # the critics' widths when not ``hidden``
+
+    @property
+    def q_hidden(self) -> tuple[int, ...]:
+        """The Q-networks' hidden widths."""
+        return self.critic_hidden or self.hidden
 
 
 PAPER = Size("paper", 256, 20, 20, 10, (256, 256, 256), (200,) * 4, 30)
@@ -59,6 +65,17 @@ def cpu_preset_size() -> Size:
     )
 
 
+def cpu_deep_critics_size() -> Size:
+    """The CPU preset with the paper's critics (3x256) and batch (256); the actor unchanged.
+
+    The candidate of docs/learning.md Experiments 32-33
+    (``agent.critic_hidden_sizes=[256,256,256] train.batch_size=256``).
+    """
+    return replace(
+        cpu_preset_size(), name="cpu-c3x256b256", batch=256, critic_hidden=(256, 256, 256)
+    )
+
+
 def env_sizes(family: str) -> tuple[int, int]:
     """Observation and action sizes of a known family's environment (from its TorchRL specs)."""
     specs = read_env_specs(get_family(family))
@@ -71,7 +88,7 @@ def mlp_flops(sizes: list[int]) -> int:
 
 
 def flop_counts(size: Size, obs_dim: int, act_dim: int) -> dict[str, int]:
-    f_q = mlp_flops([obs_dim + act_dim, *size.hidden, 1])
+    f_q = mlp_flops([obs_dim + act_dim, *size.q_hidden, 1])
     f_pi = mlp_flops([obs_dim, *size.hidden, 2 * act_dim])
     f_dyn = mlp_flops([obs_dim + act_dim, *size.dyn_hidden, 2 * (obs_dim + 1)])
     B, K, M, H = size.batch, size.particles, size.members, size.horizon
