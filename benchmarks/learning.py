@@ -93,6 +93,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     # The top of the paper's psi grid {0.5, 2, 3, 5} (docs/learning.md, Experiments 23-27).
     "cbop-psi5": ("cbop.py", ["estimator.psi=5"]),
     "cbop-psi3": ("cbop.py", ["estimator.psi=3"]),
+    # The paper's critic depth and batch at the CPU preset's other sizes (Experiments 32-33).
+    "cbop-c3x256b256": (
+        "cbop.py",
+        ["agent.critic_hidden_sizes=[256,256,256]", "train.batch_size=256"],
+    ),
     # BEYOND THE PAPER (opt-in): a behaviour-cloning term in the actor's loss
     # (docs/learning.md, Experiment 15), ablated against plain "cbop".
     "cbop-bc10": ("cbop.py", ["agent.bc_weight=10"]),
