@@ -65,8 +65,15 @@ def test_reference_design_computes_the_same_kind_of_target(bench):
 
 
 def test_cpu_preset_sizes_come_from_the_config(bench):
+    import yaml
+
     size = bench.cpu_preset_size()
     assert size.particles <= size.dyn_members and size.members >= 2 and size.horizon >= 0
+    preset_file = SCRIPT.parents[1] / "cbop_torchrl" / "configs" / "preset" / "cpu.yaml"
+    preset = yaml.safe_load(preset_file.read_text())
+    agent = preset["agent"]
+    assert size.hidden == tuple(agent["hidden_sizes"])
+    assert size.q_hidden == tuple(agent.get("critic_hidden_sizes") or agent["hidden_sizes"])
 
 
 def test_deep_critics_size_changes_only_the_critics_and_the_batch(bench):

@@ -53,6 +53,7 @@ def cpu_preset_size() -> Size:
         return default
 
     dyn_hidden = (int(dyn["hidden_size"]),) * int(dyn["num_layers"])
+    critic_hidden = get("agent", "critic_hidden_sizes")
     return Size(
         "cpu",
         batch=int(get("train", "batch_size", 256)),
@@ -62,6 +63,7 @@ def cpu_preset_size() -> Size:
         hidden=tuple(int(h) for h in get("agent", "hidden_sizes")),
         dyn_hidden=dyn_hidden,
         dyn_members=int(get("dynamics", "num_members", dyn["num_members"])),
+        critic_hidden=tuple(int(h) for h in critic_hidden) if critic_hidden else None,
     )
 
 
