@@ -178,11 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     if device.type not in ("cpu", "cuda"):
         print(f"--device {args.device!r}: only cpu and cuda are supported.", file=sys.stderr)
         return 2
+    cpu = cpu_preset_size()
     known = {
         "paper": PAPER,
         "paper-hopper": PAPER_HOPPER,
-        "cpu": cpu_preset_size(),
-        "cpu-c3x256b256": cpu_deep_critics_size(),
+        "cpu": cpu,
+        "cpu-c3x256b256": cpu_deep_critics_size(cpu),
         "tiny": TINY,
     }
     default_sizes = "cpu" if args.quick else "paper,cpu"

@@ -80,7 +80,8 @@ def test_deep_critics_size_changes_only_the_critics_and_the_batch(bench):
     from benchmarks.speed.models import build_models
     from benchmarks.speed.sizes import env_sizes, flop_counts
 
-    cpu, deep = bench.cpu_preset_size(), bench.cpu_deep_critics_size()
+    cpu = bench.cpu_preset_size()
+    deep = bench.cpu_deep_critics_size(cpu)
     assert (deep.batch, deep.q_hidden, deep.hidden) == (256, (256, 256, 256), cpu.hidden)
     assert (deep.members, deep.particles, deep.horizon) == (cpu.members, cpu.particles, cpu.horizon)
     actor, qnets, _, batch = build_models(deep, torch.device("cpu"))

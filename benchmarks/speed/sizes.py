@@ -67,15 +67,13 @@ def cpu_preset_size() -> Size:
     )
 
 
-def cpu_deep_critics_size() -> Size:
-    """The CPU preset with the paper's critics (3x256) and batch (256); the actor unchanged.
+def cpu_deep_critics_size(cpu: Size) -> Size:
+    """``cpu`` (:func:`cpu_preset_size`) with the paper's critics (3x256) and batch (256).
 
-    The candidate of docs/learning.md Experiments 32-33
+    The actor is unchanged: docs/learning.md Experiments 32-33
     (``agent.critic_hidden_sizes=[256,256,256] train.batch_size=256``).
     """
-    return replace(
-        cpu_preset_size(), name="cpu-c3x256b256", batch=256, critic_hidden=(256, 256, 256)
-    )
+    return replace(cpu, name="cpu-c3x256b256", batch=256, critic_hidden=(256, 256, 256))
 
 
 def env_sizes(family: str) -> tuple[int, int]:
