@@ -332,14 +332,95 @@ def other_dataset(summary: dict, provenance: dict) -> bool:
     return bool(provenance) and stored.get("sha256") != provenance.get("sha256")
 
 
-def stale_reason(summary: dict, provenance: dict, steps: int, preset: str) -> str | None:
-    """Why a stored summary no longer counts (None: it does)."""
+def cbop_settings(config: dict) -> dict:
+    """What makes a CBOP run the algorithm it is, from its composed or stored config.
+
+    The keys are those a run's summary records under ``diagnostics.settings``; a value is
+    None where the config leaves it to the dataset (the paper's, e.g. psi).
+    """
+    agent = config["agent"]
+    actor = list(agent["hidden_sizes"])
+    return {
+        "critic_hidden_sizes": list(agent.get("critic_hidden_sizes") or actor),
+        "actor_hidden_sizes": actor,
+        "num_qvalue_nets": agent["num_qvalue_nets"],
+        "num_elites": config["dynamics"]["num_elites"],
+        "horizon": config["estimator"]["horizon"],
+        "batch_size": config["train"]["batch_size"],
+        "psi": config["estimator"]["psi"],
+    }
+
+
+def expected_settings(variant: str, preset: str, overrides: list[str]) -> dict | None:
+    """:func:`cbop_settings` of the config ``variant`` runs with (None: a baseline)."""
+    script, variant_overrides = VARIANTS[variant]
+    if script != "cbop.py":
+        return None
+    from omegaconf import OmegaConf
+
+    from cbop_torchrl.apps.api import compose_config
+
+    composed = compose_config([f"preset={preset}", *variant_overrides, *overrides])
+    return cbop_settings(OmegaConf.to_container(composed, resolve=True))
+
+
+def settings_differences(recorded: dict, expected: dict) -> list[str]:
+    """The settings in ``recorded`` that differ from ``expected`` (``"key: old -> new"``).
+
+    A summary written before the widths were recorded made critics as wide as its actor
+    (``agent.critic_hidden_sizes`` did not exist), so a missing width reads that way; a
+    value left to the dataset (None) is not compared.
+    """
+    actor = recorded.get("actor_hidden_sizes", expected["actor_hidden_sizes"])
+    recorded = {"actor_hidden_sizes": actor, "critic_hidden_sizes": actor, **recorded}
+    differences = []
+    for key, wanted in expected.items():
+        if wanted is None or key not in recorded:
+            continue
+        have = recorded[key]
+        same = have is not None and (
+            float(have) == float(wanted) if key == "psi" else list_or_int(have) == wanted
+        )
+        if not same:
+            differences.append(f"{key}: {have} -> {wanted}")
+    return differences
+
+
+def list_or_int(value: object) -> object:
+    return list(value) if isinstance(value, (list, tuple)) else int(value)  # type: ignore[arg-type]
+
+
+def run_settings_differences(run_dir: Path, expected: dict | None) -> list[str]:
+    """How the run in ``run_dir`` (its ``config.json``) differs from ``expected`` ([]: same)."""
+    path = run_dir / "config.json"
+    if expected is None or not path.is_file():
+        return []
+    stored = json.loads(path.read_text())
+    try:
+        return settings_differences(cbop_settings(stored), expected)
+    except (KeyError, TypeError):  # an older or partial config.json: nothing to compare
+        return []
+
+
+def stale_reason(
+    summary: dict, provenance: dict, steps: int, preset: str, expected: dict | None = None
+) -> str | None:
+    """Why a stored summary no longer counts (None: it does).
+
+    ``expected``: :func:`expected_settings` of the variant; a CBOP summary made with other
+    settings (e.g. before a preset changed its critics) no longer counts.
+    """
     if summary.get("preset", preset) != preset:
         return f"made with preset={summary['preset']}, the benchmark now runs preset={preset}"
     if other_dataset(summary, provenance):
         return "made on another version of the dataset"
     if summary.get("gradient_steps", steps) != steps:
         return f"{summary['gradient_steps']} gradient steps, the benchmark now runs {steps}"
+    recorded = (summary.get("diagnostics") or {}).get("settings")
+    if expected is not None and recorded:
+        differences = settings_differences(recorded, expected)
+        if differences:
+            return "made with other settings (" + ", ".join(differences) + ")"
     return None
 
 
@@ -440,9 +521,11 @@ def main(argv: list[str] | None = None) -> int:
             runs_here / name / f"seed{seed}",
             runs_here / variant_name(variant, args.preset, None) / f"seed{seed}",
         )
+        expected = expected_settings(variant, args.preset, list(args.overrides))
         if summary_path.is_file():
             stored = json.loads(summary_path.read_text())
-            why = stale_reason(stored, provenance, variant_steps(variant, args), args.preset)
+            steps = variant_steps(variant, args)
+            why = stale_reason(stored, provenance, steps, args.preset, expected)
             if why is None:
                 print(f"[bench] done     {dataset} {name} seed {seed}: {summary_path}")
                 continue
@@ -450,8 +533,15 @@ def main(argv: list[str] | None = None) -> int:
             if other_dataset(stored, provenance) and run_dir.exists() and not args.dry_run:
                 # Another dataset: start that run over (another budget extends or restarts it).
                 run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
+        differences = run_settings_differences(run_dir, expected)
+        if differences and not args.dry_run:
+            # Made with other settings (e.g. an older preset): it cannot be resumed; start over.
+            print(f"[bench] moving   {run_dir} aside: {', '.join(differences)}", flush=True)
+            run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
         started, steps = run_steps(run_dir), variant_steps(variant, args)
         source = continuation_source(run_dir, base_dir, steps)
+        if source is not None and run_settings_differences(source, expected):
+            source = None  # another algorithm's run: the labelled run starts afresh
         if source is not None and not args.dry_run:
             print(f"[bench] copying  {source} -> {run_dir} to continue it", flush=True)
             copy_run(source, run_dir)
@@ -466,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
                 state = "extend" if started < steps else "restart"
             origin = f" (a copy of {source})" if source is not None else ""
             state = "continue" if source is not None else state
+            state = "restart" if differences else state
             print(f"[bench] {state:8} {dataset} {name} seed {seed} -> {run_dir}{origin}")
             continue
         data = ensure_dataset(dataset)

@@ -29,8 +29,9 @@ Every variant also gets its share of the bf16 matmul peak (``*_bf16_peak_share``
 the "% bf16" column: a GPU's headline figure). ``--device cuda`` times the paper's
 sizes (``paper``: walker2d and the other tasks, M = 20; ``paper-hopper``: M = 50)
 against an 8192 x 8192 matmul peak and skips the CPU-only parts.
-``--sizes cpu,cpu-c3x256b256`` times the CPU preset beside the same preset with the
-paper's 3x256 critics and batch 256 (docs/learning.md, Experiments 32-33) in one process.
+``--sizes cpu,cpu-c2x256,cpu-c3x256b256`` times the CPU preset (3x256 critics) beside the
+preset with 2x256 critics (before session 16) and with the paper's batch 256 too
+(docs/learning.md, Experiments 32-34) in one process.
 
 With the CPU-preset size it also times the CBOP stage's whole step (sample, loss,
 guarded Adam step, target update, metrics) now, with bf16 rollouts, at
@@ -104,6 +105,7 @@ from benchmarks.speed.sizes import (  # noqa: E402
     TINY,
     cpu_deep_critics_size,
     cpu_preset_size,
+    cpu_shallow_critics_size,
 )
 from cbop_torchrl.utils import atomic_json_dump, unwritable_reason  # noqa: E402
 
@@ -119,9 +121,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--sizes",
-        help="comma list of paper,paper-hopper,cpu,cpu-c3x256b256,tiny (default: paper,cpu; "
-        "--quick: cpu; --device cuda: paper,paper-hopper; cpu-c3x256b256: the CPU preset with "
-        "the paper's 3x256 critics and batch 256)",
+        help="comma list of paper,paper-hopper,cpu,cpu-c2x256,cpu-c3x256b256,tiny (default: "
+        "paper,cpu; --quick: cpu; --device cuda: paper,paper-hopper; cpu-c2x256: the CPU "
+        "preset with 2x256 critics; cpu-c3x256b256: with 3x256 critics and batch 256)",
     )
     parser.add_argument(
         "--rounds",
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "paper": PAPER,
         "paper-hopper": PAPER_HOPPER,
         "cpu": cpu,
+        "cpu-c2x256": cpu_shallow_critics_size(cpu),
         "cpu-c3x256b256": cpu_deep_critics_size(cpu),
         "tiny": TINY,
     }

@@ -91,7 +91,17 @@ def test_deep_critics_size_changes_only_the_critics_and_the_batch(bench):
     assert len(actor_linear) == len(cpu.hidden) + 1
     assert batch.batch_size == torch.Size([256])
     dims = env_sizes(cpu.family)
-    assert flop_counts(deep, *dims)["update"] > 2 * flop_counts(cpu, *dims)["update"]
+    assert flop_counts(deep, *dims)["update"] > flop_counts(cpu, *dims)["update"]
+
+
+def test_shallow_critics_size_is_the_preset_with_critics_as_wide_as_the_actor(bench):
+    from benchmarks.speed.sizes import env_sizes, flop_counts
+
+    cpu = bench.cpu_preset_size()
+    shallow = bench.cpu_shallow_critics_size(cpu)
+    assert (shallow.q_hidden, shallow.hidden, shallow.batch) == (cpu.hidden, cpu.hidden, cpu.batch)
+    dims = env_sizes(cpu.family)
+    assert flop_counts(shallow, *dims)["update"] < flop_counts(cpu, *dims)["update"]
 
 
 def test_bad_arguments_are_explained(bench, capsys):

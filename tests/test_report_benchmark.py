@@ -165,3 +165,63 @@ def test_a_labelled_longer_run_continues_a_copy_of_the_shorter_one(
     lines = plan_lines(capsys, driver, *args, "--algos", "cbop", "--epochs", "60", "--label", "60k")
     assert lines == [["extend", "hopper-medium-replay-gen", "cbop-60k", "0"]]
     assert (base / "checkpoint.pt").is_file()  # the 20k run stays
+
+
+def test_a_summary_or_run_made_with_other_cbop_settings_no_longer_counts(
+    tmp_path: Path, isolated_cache: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A preset change (here its critics' widths) makes the old CBOP rows stale, not done."""
+    driver = load_driver()
+    provenance = write_provenance(isolated_cache)
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    expected = driver.expected_settings("cbop", "cpu", [])
+    old_settings = {**expected, "critic_hidden_sizes": [7, 7], "psi": 2.0}
+    write_summary(
+        results,
+        "cbop",
+        dataset_provenance=provenance,
+        gradient_steps=20_000,
+        preset="cpu",
+        diagnostics={"settings": old_settings},
+    )
+    args = ("--results", str(results), "--runs", str(runs), "--seeds", "0", "--algos", "cbop")
+    assert driver.main(["--dry-run", *args]) == 0
+    printed = capsys.readouterr().out
+    assert f"critic_hidden_sizes: [7, 7] -> {expected['critic_hidden_sizes']}" in printed
+
+    # The same row under a label that asks for those settings counts as done.
+    write_summary(
+        results,
+        "cbop-old",
+        dataset_provenance=provenance,
+        gradient_steps=20_000,
+        preset="cpu",
+        diagnostics={"settings": old_settings},
+    )
+    lines = plan_lines(capsys, driver, *args, "--label", "old", "agent.critic_hidden_sizes=[7,7]")
+    assert lines[0][:3] == ["done", "hopper-medium-replay-gen", "cbop-old"]
+
+    # A summary from before the widths were recorded had critics as wide as its actor.
+    legacy = {key: value for key, value in old_settings.items() if "hidden" not in key}
+    assert driver.settings_differences(legacy, expected) == (
+        []
+        if expected["critic_hidden_sizes"] == expected["actor_hidden_sizes"]
+        else [
+            f"critic_hidden_sizes: {expected['actor_hidden_sizes']} -> "
+            f"{expected['critic_hidden_sizes']}"
+        ]
+    )
+
+    # An unfinished run with other settings cannot be resumed: it is moved aside.
+    run_dir = runs / "hopper-medium-replay-gen" / "k1" / "cpu" / "cbop" / "seed0"
+    run_dir.mkdir(parents=True)
+    config = {
+        "agent": {"hidden_sizes": [256, 256], "critic_hidden_sizes": [7, 7], "num_qvalue_nets": 5},
+        "dynamics": {"num_elites": 5},
+        "estimator": {"horizon": 5, "psi": 2.0},
+        "train": {"batch_size": 128, "epochs": 20, "steps_per_epoch": 1000},
+    }
+    (run_dir / "config.json").write_text(json.dumps(config))
+    differences = driver.run_settings_differences(run_dir, expected)
+    assert differences and differences[0].startswith("critic_hidden_sizes: [7, 7]")
+    assert plan_lines(capsys, driver, *args)[-1][0] == "restart"  # after the "stale" line

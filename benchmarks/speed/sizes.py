@@ -76,6 +76,14 @@ def cpu_deep_critics_size(cpu: Size) -> Size:
     return replace(cpu, name="cpu-c3x256b256", batch=256, critic_hidden=(256, 256, 256))
 
 
+def cpu_shallow_critics_size(cpu: Size) -> Size:
+    """``cpu`` with critics as wide as its actor (2x256): the CPU preset before session 16.
+
+    What the preset's switch to 3x256 critics (docs/learning.md, Experiment 34) costs.
+    """
+    return replace(cpu, name="cpu-c2x256", critic_hidden=cpu.hidden)
+
+
 def env_sizes(family: str) -> tuple[int, int]:
     """Observation and action sizes of a known family's environment (from its TorchRL specs)."""
     specs = read_env_specs(get_family(family))
