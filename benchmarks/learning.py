@@ -24,6 +24,12 @@ outside the repository, under ``--runs``). After each finished run its summary
 the checkpoint-based analysis for CBOP, the exact command, the commit) is
 written to ``<results>/<dataset>/<variant>/seed<k>.json``; commit those, and
 rebuild the tables and figures with ``python scripts/report.py paths=benchmarks/results``.
+A summary no longer counts, and its run starts over, when it was made on another version
+of the dataset, for another budget, or (CBOP) with other settings than the variant's
+composed config (critic and actor widths, M, K, H, batch, psi): after a preset change the
+old rows read "stale" and the run directories made with them are moved aside. Keep such
+rows under a label that asks for their settings (the 2x256 preset as
+``--label c2x256 "agent.critic_hidden_sizes=[256,256]"``).
 
 A preset other than ``cpu`` keeps its runs and summaries apart as
 ``<variant>-<preset>`` (``--preset paper``, e.g. on a GPU: ``cbop-paper``), so they never
@@ -378,16 +384,9 @@ def settings_differences(recorded: dict, expected: dict) -> list[str]:
         if wanted is None or key not in recorded:
             continue
         have = recorded[key]
-        same = have is not None and (
-            float(have) == float(wanted) if key == "psi" else list_or_int(have) == wanted
-        )
-        if not same:
+        if (list(have) if isinstance(have, (list, tuple)) else have) != wanted:  # 5 == 5.0
             differences.append(f"{key}: {have} -> {wanted}")
     return differences
-
-
-def list_or_int(value: object) -> object:
-    return list(value) if isinstance(value, (list, tuple)) else int(value)  # type: ignore[arg-type]
 
 
 def run_settings_differences(run_dir: Path, expected: dict | None) -> list[str]:
