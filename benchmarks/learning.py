@@ -510,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds
         for variant in args.algos
     ]
+    # Composed once per variant (a Hydra compose each), not once per dataset and seed.
+    settings = {v: expected_settings(v, args.preset, list(args.overrides)) for v in args.algos}
     for dataset, seed, variant in plan:
         name = variant_name(variant, args.preset, args.label)
         summary_path = args.results / dataset / name / f"seed{seed}.json"
@@ -520,10 +522,9 @@ def main(argv: list[str] | None = None) -> int:
             runs_here / name / f"seed{seed}",
             runs_here / variant_name(variant, args.preset, None) / f"seed{seed}",
         )
-        expected = expected_settings(variant, args.preset, list(args.overrides))
+        expected, steps = settings[variant], variant_steps(variant, args)
         if summary_path.is_file():
             stored = json.loads(summary_path.read_text())
-            steps = variant_steps(variant, args)
             why = stale_reason(stored, provenance, steps, args.preset, expected)
             if why is None:
                 print(f"[bench] done     {dataset} {name} seed {seed}: {summary_path}")
@@ -537,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
             # Made with other settings (e.g. an older preset): it cannot be resumed; start over.
             print(f"[bench] moving   {run_dir} aside: {', '.join(differences)}", flush=True)
             run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
-        started, steps = run_steps(run_dir), variant_steps(variant, args)
+        started = run_steps(run_dir)
         source = continuation_source(run_dir, base_dir, steps)
         if source is not None and run_settings_differences(source, expected):
             source = None  # another algorithm's run: the labelled run starts afresh

@@ -176,28 +176,20 @@ def test_a_summary_or_run_made_with_other_cbop_settings_no_longer_counts(
     results, runs = tmp_path / "results", tmp_path / "runs"
     expected = driver.expected_settings("cbop", "cpu", [])
     old_settings = {**expected, "critic_hidden_sizes": [7, 7], "psi": 2.0}
-    write_summary(
-        results,
-        "cbop",
-        dataset_provenance=provenance,
-        gradient_steps=20_000,
-        preset="cpu",
-        diagnostics={"settings": old_settings},
-    )
+    old_summary = {
+        "dataset_provenance": provenance,
+        "gradient_steps": 20_000,
+        "preset": "cpu",
+        "diagnostics": {"settings": old_settings},
+    }
+    write_summary(results, "cbop", **old_summary)
     args = ("--results", str(results), "--runs", str(runs), "--seeds", "0", "--algos", "cbop")
     assert driver.main(["--dry-run", *args]) == 0
     printed = capsys.readouterr().out
     assert f"critic_hidden_sizes: [7, 7] -> {expected['critic_hidden_sizes']}" in printed
 
     # The same row under a label that asks for those settings counts as done.
-    write_summary(
-        results,
-        "cbop-old",
-        dataset_provenance=provenance,
-        gradient_steps=20_000,
-        preset="cpu",
-        diagnostics={"settings": old_settings},
-    )
+    write_summary(results, "cbop-old", **old_summary)
     lines = plan_lines(capsys, driver, *args, "--label", "old", "agent.critic_hidden_sizes=[7,7]")
     assert lines[0][:3] == ["done", "hopper-medium-replay-gen", "cbop-old"]
 
