@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -29,13 +30,16 @@ from cbop_torchrl.evaluation.report import (
     dataset_markdown,
     final_window_score,
     goal_check,
+    headline_markdown,
     load_summaries,
     markdown_table,
     read_scalar_curves,
     rliable_aggregates,
     score_rows,
     summarize_run,
+    variant_colours,
     variant_name,
+    write_report,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -346,3 +350,38 @@ def test_conservatism_rows_show_the_paper_value_and_the_entropy_free_difference(
     iql = next(line for line in table if "| iql |" in line)
     assert "| cbop | 0 | 100 | 150.0 |" in cbop and cbop.endswith("| -20.0, 3.0 | -31.5 | -172.4 |")
     assert iql.endswith("| -20.0, 3.0 | - | - |")  # an old summary: no entropy-free number
+
+
+def test_headline_table_shows_current_variants_per_dataset_with_seeds_and_behaviour() -> None:
+    summaries = [_summary("cbop", 0, 30.0, "a"), _summary("cbop", 1, 50.0, "a")]
+    summaries += [_summary("bc", 0, 45.0, "a"), _summary("bc", 0, 5.0, "b")]
+    summaries += [_summary("cbop-c2x256", 0, 99.0, "a")]  # an earlier configuration: not shown
+    summaries[0]["dataset_provenance"] = {"policy_normalized_score": 34.71, "transitions": 1234}
+    table = headline_markdown(summaries)
+    lines = table.splitlines()
+    assert lines[0] == "| algorithm | a | b |"
+    assert lines[2] == "| CBOP (10 steps) | 40.0 [30.0, 50.0], 2 seeds | not run |"
+    assert lines[3] == "| BC (10 steps) | **45.0**, 1 seed | **5.0**, 1 seed |"
+    assert "99.0" not in table
+    assert "| *behaviour policy (medium)* | 34.7 |  |" in table
+    assert "1,234 transitions" in table
+    assert headline_markdown(list(reversed(summaries))) == table  # one text for one set of runs
+
+
+def test_every_series_gets_its_own_colour() -> None:
+    variants = ["cbop", "bc", "td3bc", "iql", "cql"] + [f"cbop-x{i}" for i in range(25)]
+    colours = variant_colours(variants)
+    assert len({tuple(c) for c in colours.values()}) == len(variants)
+    assert variant_colours(["cql", "cbop"])["cbop"] == colours["cbop"]  # current ones first
+
+
+def test_the_report_readme_links_its_figures_where_it_sits(tmp_path: Path) -> None:
+    summaries = [_summary("cbop", s, 30.0 + s) for s in range(2)]
+    summaries += [_summary("bc", s, 20.0 + s) for s in range(2)]
+    out = tmp_path / "report"
+    write_report(summaries, out, figure_prefix=str(out) + "/")
+    readme = (out / "README_results.md").read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
+    assert "curves_d.png" in images and "curves_all_d.png" in images
+    assert all((out / image).is_file() for image in images)
+    assert (out / "headline.md").read_text() in readme

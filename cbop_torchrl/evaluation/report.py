@@ -13,7 +13,8 @@ either:
 output                          from
 ==============================  =============================================
 ``results.md`` / ``.csv``       final and best normalized score per run
-``curves_<dataset>.png``        ``curve`` (evaluations during training)
+``curves_<dataset>.png``        ``curve`` of the current variants (:data:`CURRENT`)
+``curves_all_<dataset>.png``    ``curve`` of every variant (earlier ones too)
 ``horizon_<dataset>.png``       ``train_curves["cbop/expected_horizon"]``
 ``targets_<dataset>.png``       ``train_curves``: target mean, critic loss
 ``rh_<dataset>_<variant>.png``  ``analysis.rh_sample`` (checkpoint needed once)
@@ -80,6 +81,11 @@ ALGO_ORDER = (
     "iql",
     "cql",
 )
+CURRENT = ("cbop", "bc", "td3bc", "iql", "cql")
+"""The variants of the headline table and curves: CBOP as the preset makes it and the
+baselines; a labelled variant (``cbop-c2x256``, ``cbop-psi5``, ...) is an earlier
+configuration or an experiment and appears in the full tables and ``curves_all_*`` only."""
+ALGO_NAMES = {"cbop": "CBOP", "bc": "BC", "td3bc": "TD3+BC", "iql": "IQL", "cql": "CQL"}
 
 
 class ReportError(ValueError):
@@ -464,6 +470,65 @@ def dataset_markdown(summaries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(header + lines) + "\n"
 
 
+def headline_markdown(summaries: Sequence[dict[str, Any]]) -> str:
+    """Algorithm x dataset: each current variant's final score, the behaviour policy's.
+
+    A cell is the mean over seeds of the runs' final scores (each the mean of its last
+    :data:`FINAL_EVALUATIONS` evaluations; the highest of a column in bold), the lowest and
+    highest seed's in brackets and the number of seeds; the last rows are the data's
+    behaviour policy and its size.
+    Deterministic: the same summaries give the same text (the docs are checked against it).
+    """
+    groups = group_runs(summaries)
+    datasets = sorted({d for d, _ in groups})
+    variants = [v for v in CURRENT if any((d, v) in groups for d in datasets)]
+    if not datasets or not variants:
+        return ""
+    lines = [
+        "| algorithm | " + " | ".join(datasets) + " |",
+        "|---|" + "---|" * len(datasets),
+    ]
+    best = {
+        d: max(
+            statistics.fmean(float(r["final_normalized_score"]) for r in groups[(d, v)])
+            for v in variants
+            if (d, v) in groups
+        )
+        for d in datasets
+        if any((d, v) in groups for v in variants)
+    }
+    for variant in variants:
+        cells, steps = [], set()
+        for dataset in datasets:
+            runs = groups.get((dataset, variant))
+            if not runs:
+                cells.append("not run")
+                continue
+            scores = [float(r["final_normalized_score"]) for r in runs]
+            steps |= {int(r["gradient_steps"]) for r in runs}
+            mean = statistics.fmean(scores)
+            cell = f"**{mean:.1f}**" if mean == best[dataset] else f"{mean:.1f}"
+            if len(scores) > 1:
+                cell += f" [{min(scores):.1f}, {max(scores):.1f}]"
+            cells.append(f"{cell}, {len(scores)} seed{'s' if len(scores) > 1 else ''}")
+        budget = "/".join(f"{s:,}" for s in sorted(steps))
+        name = f"{ALGO_NAMES.get(variant, variant)} ({budget} steps)"
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    behaviour, sizes = [], []
+    for dataset in datasets:
+        found = [s.get("dataset_provenance") or {} for s in summaries if s["dataset"] == dataset]
+        p = next((p for p in found if p), {})
+        score = p.get("policy_normalized_score")
+        behaviour.append("" if score is None else f"{float(score):.1f}")
+        n, episodes = p.get("transitions"), p.get("episodes")
+        sizes.append(
+            "" if n is None else f"{int(n):,} transitions, {int(episodes or 0):,} episodes"
+        )
+    lines.append("| *behaviour policy (medium)* | " + " | ".join(behaviour) + " |")
+    lines.append("| *data* | " + " | ".join(sizes) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _fmt(value: Any) -> str:
     return "" if value is None else f"{float(value):.1f}"
 
@@ -609,8 +674,10 @@ def rliable_aggregates(
     """IQM, optimality gap (to 100) and P(variant > others) with bootstrap 95% CIs.
 
     Scores are final normalized scores divided by 100, a ``[runs, datasets]``
-    matrix per variant; only variants with the same seeds count on every
-    dataset are compared. Returns None when ``rliable`` is not installed.
+    matrix per variant that has runs on every dataset (its lowest seeds, as many on
+    each dataset as it has on its least-run one; ``runs`` says how many);
+    P(cbop > other) only where the two matrices have the same shape. Returns None
+    when ``rliable`` is not installed.
     """
     try:
         import numpy as np
@@ -620,13 +687,13 @@ def rliable_aggregates(
         return None
     datasets = sorted({s["dataset"] for s in summaries})
     by_variant: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for s in summaries:
+    for s in sorted(summaries, key=lambda s: s["seed"]):
         by_variant[s["variant"]][s["dataset"]].append(s["final_normalized_score"] / 100.0)
     matrices = {}
     for variant, per_dataset in by_variant.items():
-        counts = {len(per_dataset.get(d, [])) for d in datasets}
-        if len(counts) == 1 and 0 not in counts:
-            matrices[variant] = np.array([per_dataset[d] for d in datasets]).T  # [runs, datasets]
+        runs = min(len(per_dataset.get(d, [])) for d in datasets)
+        if runs:  # on every dataset: its lowest seeds, as many on each
+            matrices[variant] = np.array([per_dataset[d][:runs] for d in datasets]).T
     if not matrices:
         return {}
 
@@ -637,6 +704,7 @@ def rliable_aggregates(
     out: dict[str, dict[str, list[float]]] = {}
     for variant in sorted(matrices, key=_order):
         out[variant] = {
+            "runs": [float(matrices[variant].shape[0])],
             "iqm": [float(points[variant][0]), *map(float, intervals[variant][:, 0])],
             "optimality_gap": [float(points[variant][1]), *map(float, intervals[variant][:, 1])],
         }
@@ -663,15 +731,16 @@ def rliable_markdown(aggregates: dict[str, dict[str, list[float]]]) -> str:
         "Scores are final normalized scores / 100 pooled over datasets and seeds; "
         "[95% stratified bootstrap CI].",
         "",
-        "| algorithm | IQM | optimality gap |",
-        "|---|---|---|",
+        "| algorithm | runs per dataset | IQM | optimality gap |",
+        "|---|---|---|---|",
     ]
     for variant, values in aggregates.items():
         if variant == "probability_of_improvement":
             continue
         iqm, gap = values["iqm"], values["optimality_gap"]
+        runs = int(values.get("runs", [0])[0])
         lines.append(
-            f"| {variant} | {iqm[0]:.3f} [{iqm[1]:.3f}, {iqm[2]:.3f}] | "
+            f"| {variant} | {runs} | {iqm[0]:.3f} [{iqm[1]:.3f}, {iqm[2]:.3f}] | "
             f"{gap[0]:.3f} [{gap[1]:.3f}, {gap[2]:.3f}] |"
         )
     improvement = aggregates.get("probability_of_improvement", {})
@@ -713,32 +782,72 @@ def _mean_curve(runs: Sequence[dict[str, Any]], points_of) -> tuple[list, list, 
     return steps, means, stds
 
 
-def _band(ax: Any, steps: list, mean: list, std: list) -> None:
+def _band(ax: Any, steps: list, mean: list, std: list, color: Any = None) -> None:
     """Shades mean +- std."""
     low = [m - s for m, s in zip(mean, std, strict=True)]
     high = [m + s for m, s in zip(mean, std, strict=True)]
-    ax.fill_between(steps, low, high, alpha=0.2)
+    ax.fill_between(steps, low, high, alpha=0.15, color=color, linewidth=0)
 
 
-def plot_learning_curves(summaries: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """Normalized score vs gradient step per dataset, mean +- std over seeds."""
+def variant_colours(variants: Iterable[str]) -> dict[str, Any]:
+    """One distinct colour per variant, the same in every figure of a report.
+
+    The current variants (:data:`CURRENT`) get the first colours of ``tab10`` in their
+    order; the others follow (``tab10`` then ``tab20``'s lighter shades, then a colour
+    wheel), so no two series of a figure share a colour however many there are.
+    """
+    import matplotlib
+
+    ordered = sorted(set(variants), key=lambda v: (v not in CURRENT, *_order(v)))
+    palette = list(matplotlib.colormaps["tab10"].colors)
+    palette += [c for i, c in enumerate(matplotlib.colormaps["tab20"].colors) if i % 2]
+    if len(ordered) > len(palette):
+        wheel = matplotlib.colormaps["hsv"]
+        extra = len(ordered) - len(palette)
+        palette += [wheel(i / extra) for i in range(extra)]
+    return {variant: palette[i] for i, variant in enumerate(ordered)}
+
+
+def _legend_outside(ax: Any) -> None:
+    """The legend to the right of the axes, never over the data."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
+def plot_learning_curves(
+    summaries: Sequence[dict[str, Any]], out_dir: Path, current_only: bool = True
+) -> list[Path]:
+    """Normalized score vs gradient step per dataset, mean +- std over seeds.
+
+    ``current_only``: the :data:`CURRENT` variants into ``curves_<dataset>.png``; else every
+    variant into ``curves_all_<dataset>.png``.
+    """
     plt = _pyplot()
     written = []
+    colours = variant_colours(s["variant"] for s in summaries)
     groups = group_runs(summaries)
     for dataset in sorted({d for d, _ in groups}):
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(8, 4))
+        drawn = 0
         for (d, variant), runs in groups.items():
-            if d != dataset:
+            if d != dataset or (current_only and variant not in CURRENT):
                 continue
             steps, mean, std = _mean_curve(runs, lambda r: r["curve"])
             if not steps:
                 continue
-            ax.plot(steps, mean, marker="o", ms=3, label=f"{variant} (n={len(runs)})")
-            _band(ax, steps, mean, std)
-        ax.set(xlabel="gradient step", ylabel="normalized score", title=dataset)
+            colour = colours[variant]
+            label = f"{ALGO_NAMES.get(variant, variant)} (n={len(runs)})"
+            ax.plot(steps, mean, marker="o", ms=2.5, lw=1.5, color=colour, label=label)
+            _band(ax, steps, mean, std, colour)
+            drawn += 1
+        if not drawn:
+            plt.close(fig)
+            continue
+        ax.set(xlabel="gradient step", ylabel="normalized score (mean ± std over seeds)")
+        ax.set_title(dataset, fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        written.append(_save_figure(fig, out_dir / f"curves_{dataset}.png"))
+        _legend_outside(ax)
+        name = f"curves_{dataset}.png" if current_only else f"curves_all_{dataset}.png"
+        written.append(_save_figure(fig, out_dir / name))
     return written
 
 
@@ -748,17 +857,19 @@ def plot_expected_horizon(summaries: Sequence[dict[str, Any]], out_dir: Path) ->
     written = []
     key = "cbop/expected_horizon"
     groups = group_runs([s for s in summaries if key in s.get("train_curves", {})])
+    colours = variant_colours(s["variant"] for s in summaries)
     for dataset in sorted({d for d, _ in groups}):
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(8, 4))
         for (d, variant), runs in groups.items():
             if d != dataset:
                 continue
             steps, mean, std = _mean_curve(runs, lambda r: r["train_curves"][key])
-            ax.plot(steps, mean, label=f"{variant} (n={len(runs)})")
-            _band(ax, steps, mean, std)
+            colour = colours[variant]
+            ax.plot(steps, mean, color=colour, label=f"{variant} (n={len(runs)})")
+            _band(ax, steps, mean, std, colour)
         ax.set(xlabel="gradient step", ylabel="E[h] (posterior weights)", title=dataset)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend_outside(ax)
         written.append(_save_figure(fig, out_dir / f"horizon_{dataset}.png"))
     return written
 
@@ -769,8 +880,9 @@ def plot_target_diagnostics(summaries: Sequence[dict[str, Any]], out_dir: Path) 
     written = []
     keys = ("cbop/target_mean", "loss_qvalue")
     groups = group_runs([s for s in summaries if keys[0] in s.get("train_curves", {})])
+    colours = variant_colours(s["variant"] for s in summaries)
     for dataset in sorted({d for d, _ in groups}):
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
         for (d, variant), runs in groups.items():
             if d != dataset:
                 continue
@@ -778,12 +890,14 @@ def plot_target_diagnostics(summaries: Sequence[dict[str, Any]], out_dir: Path) 
                 if not all(key in r["train_curves"] for r in runs):
                     continue
                 steps, mean, std = _mean_curve(runs, lambda r, k=key: r["train_curves"][k])
-                ax.plot(steps, mean, label=f"{variant} (n={len(runs)})")
-                _band(ax, steps, mean, std)
+                colour = colours[variant]
+                ax.plot(steps, mean, color=colour, label=f"{variant} (n={len(runs)})")
+                _band(ax, steps, mean, std, colour)
         for ax, key in zip(axes, ("mean CBOP target y", "critic loss"), strict=True):
-            ax.set(xlabel="gradient step", title=f"{dataset}: {key}")
+            ax.set(xlabel="gradient step")
+            ax.set_title(f"{dataset}: {key}", fontsize=9)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+        _legend_outside(axes[1])
         written.append(_save_figure(fig, out_dir / f"targets_{dataset}.png"))
     return written
 
@@ -857,13 +971,18 @@ def plot_rliable(aggregates: dict[str, dict[str, list[float]]], out_dir: Path) -
     if not variants:
         return None
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(8, 0.5 * len(variants) + 1.5))
+    colours = variant_colours(variants)
+    labels = [
+        f"{ALGO_NAMES.get(v, v)} ({int(aggregates[v].get('runs', [0])[0])} per set)"
+        for v in variants
+    ]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 0.5 * len(variants) + 1.5))
     for ax, metric in zip(axes, ("iqm", "optimality_gap"), strict=True):
         for row, variant in enumerate(variants):
             point, low, high = aggregates[variant][metric]
-            ax.plot([low, high], [row, row], color="C0", lw=6, alpha=0.5)
+            ax.plot([low, high], [row, row], color=colours[variant], lw=6, alpha=0.6)
             ax.plot([point], [row], "k|", ms=12)
-        ax.set_yticks(range(len(variants)), variants, fontsize=8)
+        ax.set_yticks(range(len(variants)), labels, fontsize=8)
         ax.set_title(metric.replace("_", " "), fontsize=9)
         ax.grid(alpha=0.3, axis="x")
     return _save_figure(fig, out_dir / "rliable.png")
@@ -879,9 +998,12 @@ def write_report(
         summaries: from :func:`load_summaries`.
         out_dir: created if needed.
         figure_prefix: path prefix of the figures in ``README_results.md`` (the
-            report directory as seen from the README).
+            report directory as seen from the file that shows them); a prefix naming
+            ``out_dir`` itself is dropped, so the file's links work where it sits.
     """
     out_dir = Path(out_dir)
+    if figure_prefix and Path(figure_prefix).resolve() == out_dir.resolve():
+        figure_prefix = ""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = score_rows(summaries)
     files: list[Path] = []
@@ -902,12 +1024,23 @@ def write_report(
     ]
     files.append(_write_csv(out_dir / "runs.csv", runs))
     figures = plot_learning_curves(summaries, out_dir)
+    figures += plot_learning_curves(summaries, out_dir, current_only=False)
     figures += plot_expected_horizon(summaries, out_dir)
     figures += plot_target_diagnostics(summaries, out_dir)
     figures += plot_rh_histograms(summaries, out_dir)
     figures += plot_share_histograms(summaries, out_dir)
     conservatism = conservatism_rows(summaries)
-    sections = ["## Results\n", table]
+    headline = headline_markdown(summaries)
+    _write_text(out_dir / "headline.md", headline)
+    files.append(out_dir / "headline.md")
+    sections = [
+        "## Results\n",
+        f"Final normalized score (mean over seeds of each run's last {FINAL_EVALUATIONS} "
+        "evaluations; [lowest, highest seed]):\n",
+        headline,
+        "\nEvery variant:\n",
+        table,
+    ]
     goals = goal_check(rows, behaviour_scores(summaries))
     if goals:
         sections += [
@@ -947,12 +1080,14 @@ __all__ = [
     "conservatism_rows",
     "goal_check",
     "group_runs",
+    "headline_markdown",
     "load_summaries",
     "markdown_table",
     "read_scalar_curves",
     "rliable_aggregates",
     "score_rows",
     "summarize_run",
+    "variant_colours",
     "variant_name",
     "write_report",
 ]
