@@ -14,7 +14,14 @@ sizes and evaluation (every 1,000 steps, 10 episodes). CBOP trains
 dynamics ensemble, its BC actor and its FQE critic (the preset's ``bc.steps``
 and ``fqe.steps``); each baseline trains as many gradient steps as CBOP's
 whole pipeline, BC + FQE + CBOP, so no algorithm gets fewer updates. A run's
-final score is the mean of its last 3 evaluations. Runs go seed by seed,
+final score is the mean of its last 3 evaluations; its summary states that measure
+(``final_measure``) and adds the mean of the last 10 with a bootstrap interval and the
+evaluation-to-evaluation noise. Every evaluation also scores one episode from each of
+``--start-states`` (100) fixed dataset states restored in the simulator (the summary's
+``start_states``), beside the standard reset evaluation, which stays the primary score.
+After each run ``<results>/<dataset>/rows.json`` gives every row's score, its interval
+over seeds and evaluations, and how far two rows must be apart to differ (``--rows``
+rewrites it alone). Runs go seed by seed,
 algorithms in the given order (CBOP first, then BC, then the others).
 
 Resumable: a run whose summary exists in ``--results`` is skipped; an
@@ -114,6 +121,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
 }
 """Benchmark variant -> (entry script, its overrides)."""
 DEFAULT_ALGOS = ["cbop", "bc", "td3bc", "iql", "cql"]
+START_STATES = 100
+"""Dataset states of every run's start-state evaluation (``eval.start_states``; the same
+fixed rows for every run on a dataset, cbop_torchrl/envs/starts.py)."""
+ROWS_NAME = "rows.json"
+ROWS_FORMAT = "cbop-torchrl-rows/1"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -158,6 +170,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="stop each invocation at the first checkpoint at least this many gradient steps "
         "after where it started (deterministic slices; with --max-minutes, whichever is first)",
     )
+    parser.add_argument(
+        "--start-states",
+        type=int,
+        default=START_STATES,
+        help="also evaluate every run on one episode from each of this many fixed dataset states "
+        "restored in the simulator (eval.start_states; the reset score stays the primary one); "
+        "0: off",
+    )
+    parser.add_argument(
+        "--rows",
+        action="store_true",
+        help="only (re)write <results>/<dataset>/rows.json (each row's score and interval over "
+        "seeds and evaluations) from the summaries there, and exit",
+    )
     parser.add_argument("--no-analysis", action="store_true", help="skip checkpoint analysis")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument(
@@ -166,6 +192,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.max_minutes is not None and not args.max_minutes > 0:
         parser.error(f"--max-minutes {args.max_minutes}: give a positive number (e.g. 8)")
+    if args.start_states < 0:
+        parser.error(f"--start-states {args.start_states}: give 0 (off) or a positive number")
     if args.slice_steps is not None and args.slice_steps < 1:
         parser.error(f"--slice-steps {args.slice_steps}: give a positive number (e.g. 10000)")
     return args
@@ -489,6 +517,8 @@ def run_command(
     ]
     if args.threads is not None:
         command.append(f"threads={args.threads}")
+    if args.start_states:
+        command.append(f"eval.start_states={args.start_states}")
     return command + list(args.overrides)
 
 
@@ -499,8 +529,67 @@ def portable_command(command: list[str]) -> str:
     return shlex.join(words).replace(cache, "$CBOP_TORCHRL_CACHE")
 
 
+def add_score_measures(summary: dict, run_dir: Path) -> None:
+    """Adds what the summary's score means and its noise (:func:`score_measures`) to ``summary``.
+
+    ``final_measure``, ``last10_normalized_score``, ``last10_normalized_score_ci95``,
+    ``eval_noise`` and, for a run evaluated from dataset states too, ``start_states``.
+    """
+    from cbop_torchrl.evaluation.analysis import score_measures
+
+    results = json.loads((run_dir / "results.json").read_text())
+    config_path = run_dir / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    evaluation = config.get("eval", {})
+    summary.update(
+        score_measures(
+            results.get("eval_history", []),
+            interval=int(evaluation.get("interval", 0)),
+            episodes=int(evaluation.get("episodes", 0)),
+            start_states=int(evaluation.get("start_states", 0) or 0),
+        )
+    )
+
+
+def write_rows(results: Path, dataset: str) -> Path | None:
+    """``<results>/<dataset>/rows.json``: every row's score and interval on the current file.
+
+    Rows (:func:`~cbop_torchrl.evaluation.analysis.row_intervals`) are made from the
+    summaries of ``<results>/<dataset>/<variant>/seed*.json`` made on the dataset's current
+    version (its provenance's sha256; all of them when there is no provenance). Not a
+    summary (no ``summary_format``), so the report does not read it as one. None: no
+    summaries.
+    """
+    from cbop_torchrl.evaluation.analysis import row_intervals
+
+    provenance = dataset_provenance(dataset)
+    summaries = []
+    for path in sorted((results / dataset).glob("*/seed*.json")):
+        summary = json.loads(path.read_text())
+        if "variant" in summary and "seed" in summary and not other_dataset(summary, provenance):
+            summaries.append(summary)
+    if not summaries:
+        return None
+    path = results / dataset / ROWS_NAME
+    rows = {
+        "format": ROWS_FORMAT,
+        "dataset": dataset,
+        "sha256": provenance.get("sha256"),
+        "how": "python benchmarks/learning.py --rows --datasets " + dataset,
+        "rule": "two rows differ when |last10_a - last10_b| > 1.96 * sqrt(se_a^2 + se_b^2)",
+        "rows": row_intervals(summaries),
+    }
+    atomic_json_dump(rows, path)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.rows:
+        for dataset in args.datasets:
+            path = write_rows(args.results, dataset)
+            print(f"[bench] rows     {dataset}: {path or 'no summaries'}")
+        return 0
     deadline = None if args.max_minutes is None else time.time() + 60 * args.max_minutes
     sliced = deadline is not None or args.slice_steps is not None
     runs_root = args.runs or cache_dir("benchmark_runs")
@@ -595,6 +684,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             continue
         summary = summarize_run(run_dir, analysis=not args.no_analysis)
+        add_score_measures(summary, run_dir)
         summary["dataset"] = dataset
         summary["variant"] = name  # the config alone cannot tell cbop-fqe-rounds5 from cbop
         summary["command"] = portable_command(command)
@@ -606,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         if (run_dir / "slices.json").is_file():  # a run made in slices (--max-minutes)
             summary["slices"] = json.loads((run_dir / "slices.json").read_text())
         atomic_json_dump(summary, summary_path)
+        write_rows(args.results, dataset)
         print(
             f"[bench] finished {dataset} {name} seed {seed}: final "
             f"{summary['final_normalized_score']:.1f}, best {summary['best_normalized_score']:.1f}"

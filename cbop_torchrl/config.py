@@ -333,6 +333,9 @@ class EvalConfig:
     backend: EvalBackend = EvalBackend.serial
     diagnostics: bool = False  # also measure value error, policy drift, model error (diag/*)
     mc_states: int = 100  # dataset states of the conservatism (Q - MC) measurement; 0: none
+    # also score every evaluation on one episode from each of this many dataset states restored
+    # in the simulator (start_* in eval_history; envs/starts.py); 0: off
+    start_states: int = 0
     # BEYOND THE PAPER (opt-in): also evaluate an exponential moving average of the actor's
     # weights with this decay per gradient step (eval/average_*); training is unchanged. 0: off
     actor_average: float = 0.0
@@ -690,6 +693,12 @@ def validate(config: RunConfig) -> list[str]:
         problems.append(
             f"eval.mc_states={mc_states!r} must be an integer >= 0 (dataset states the policy is "
             "rolled out from to measure Q - MC; e.g. eval.mc_states=100, 0: not measured)"
+        )
+    start_states = config.eval.start_states
+    if isinstance(start_states, bool) or not isinstance(start_states, int) or start_states < 0:
+        problems.append(
+            f"eval.start_states={start_states!r} must be an integer >= 0 (dataset states the "
+            "policy is also evaluated from at every evaluation; e.g. eval.start_states=100, 0: off)"
         )
     bc_weight = config.agent.bc_weight
     if isinstance(bc_weight, bool) or not isinstance(bc_weight, (int, float)) or not bc_weight >= 0:

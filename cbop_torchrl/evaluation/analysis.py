@@ -18,20 +18,33 @@ the checkpoint:
   critic's entropy part removed
   (:func:`~cbop_torchrl.trainers.conservatism.dataset_conservatism`);
   :func:`analyze_baseline_run` gives the same numbers for TD3+BC, IQL and CQL.
+
+And the numbers a ranking rests on, from a run's evaluation history alone
+(:func:`score_measures`, one run) and from the summaries of a row's seeds
+(:func:`row_intervals`): the final score as the mean of the last
+:data:`FINAL_WINDOW` evaluations, the mean of the last :data:`LAST_WINDOW`, the
+evaluation-to-evaluation noise, and a bootstrap interval over seeds and
+evaluations, for the reset evaluation and for the start-state evaluation
+(``eval.start_states``, :mod:`cbop_torchrl.envs.starts`).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torchrl.objectives import SoftUpdate
 
 from cbop_torchrl.config import RunConfig, load_config
 from cbop_torchrl.data import load_dataset_with_info
 from cbop_torchrl.envs import resolve_task
+from cbop_torchrl.envs.starts import START_STATES_SEED
 from cbop_torchrl.objectives.posterior import gaussian_posterior
 from cbop_torchrl.trainers.checkpoint import (
     CHECKPOINT_NAME,
@@ -205,8 +218,231 @@ def analyze_cbop_run(
     }
 
 
+# ----------------------------------------------------------------- score measures
+FINAL_WINDOW = 3
+"""A run's final score: the mean of its last this many evaluations (as the report's)."""
+LAST_WINDOW = 10
+"""The less noisy number beside it: the mean of the last this many evaluations."""
+CI_LEVEL = 0.95
+BOOTSTRAP_REPS = 4000
+
+#: ``eval_history`` key of each measure's score per evaluation.
+MEASURE_KEYS = {
+    "reset": "normalized_score_mean",
+    "starts": "start_normalized_score_mean",
+}
+
+FINAL_MEASURE = (
+    "final_normalized_score = mean of the last {final} evaluations of the deterministic policy "
+    "(every {interval} gradient steps, {episodes} episodes from env.reset(), D4RL-normalized); "
+    "last10_normalized_score = mean of the last {last} evaluations; "
+    "*_ci95 = 95% percentile bootstrap of that mean over the evaluations; "
+    "eval_noise = std of consecutive evaluations' differences / sqrt(2)"
+)
+"""How :func:`score_measures` describes the measure in a summary (``final_measure``)."""
+
+
+def history_curve(history: Sequence[dict[str, Any]], key: str) -> list[list[float]]:
+    """``[[step, value], ...]`` of the records in ``history`` holding a number under ``key``."""
+    points = [
+        [int(record["step"]), float(record[key])]
+        for record in history
+        if isinstance(record.get(key), (int, float)) and not isinstance(record.get(key), bool)
+    ]
+    return sorted(points, key=lambda point: point[0])
+
+
+def window(curve: Sequence[Sequence[float]], size: int) -> list[float]:
+    """The scores of the last ``size`` points of a step-sorted ``[[step, score], ...]``."""
+    return [float(score) for _, score in sorted(curve, key=lambda p: p[0])[-size:]]
+
+
+def consecutive_noise(values: Sequence[float]) -> float | None:
+    """The noise of one evaluation, from how much consecutive evaluations differ.
+
+    ``std(v[i+1] - v[i]) / sqrt(2)``: for a slowly changing mean with independent noise of
+    std ``sigma`` per evaluation this estimates ``sigma`` (a drift inflates it a little).
+    None with fewer than 3 values.
+    """
+    if len(values) < 3:
+        return None
+    differences = np.diff(np.asarray(values, dtype=float))
+    return float(differences.std(ddof=1) / math.sqrt(2))
+
+
+def bootstrap_mean_interval(
+    values: Sequence[float], reps: int = BOOTSTRAP_REPS, seed: int = 0, level: float = CI_LEVEL
+) -> list[float] | None:
+    """Percentile bootstrap interval ``[low, high]`` of the mean of ``values`` (None if empty)."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, data.size, size=(reps, data.size))].mean(axis=1)
+    tail = (1 - level) / 2
+    return [float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))]
+
+
+def curve_measures(curve: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """Final (last :data:`FINAL_WINDOW`), last :data:`LAST_WINDOW`, its interval and the noise."""
+    last = window(curve, LAST_WINDOW)
+    final = window(curve, FINAL_WINDOW)
+    return {
+        "final_normalized_score": statistics.fmean(final) if final else None,
+        "last10_normalized_score": statistics.fmean(last) if last else None,
+        "last10_normalized_score_ci95": bootstrap_mean_interval(last),
+        "eval_noise": consecutive_noise(last),
+        "evaluations": len(curve),
+    }
+
+
+def score_measures(
+    history: Sequence[dict[str, Any]],
+    interval: int,
+    episodes: int,
+    start_states: int = 0,
+) -> dict[str, Any]:
+    """What a run's summary states about its score, from its ``eval_history``.
+
+    Args:
+        history: ``results.json``'s ``eval_history``.
+        interval: gradient steps between evaluations (``eval.interval``).
+        episodes: reset episodes per evaluation (``eval.episodes``).
+        start_states: dataset states of the start-state evaluation (0: none was made).
+
+    Returns:
+        ``final_measure`` (the definition, in words), the reset evaluation's
+        ``last10_normalized_score``, ``last10_normalized_score_ci95`` and ``eval_noise``,
+        and, when the history holds the start-state evaluation, ``start_states``: the
+        same numbers for it with its ``curve``, ``states`` and ``seed``.
+    """
+    reset = curve_measures(history_curve(history, MEASURE_KEYS["reset"]))
+    measures: dict[str, Any] = {
+        "final_measure": FINAL_MEASURE.format(
+            final=FINAL_WINDOW, interval=interval, episodes=episodes, last=LAST_WINDOW
+        ),
+        "last10_normalized_score": reset["last10_normalized_score"],
+        "last10_normalized_score_ci95": reset["last10_normalized_score_ci95"],
+        "eval_noise": reset["eval_noise"],
+    }
+    start_curve = history_curve(history, MEASURE_KEYS["starts"])
+    if start_curve:
+        measures["start_states"] = {
+            "states": int(start_states),
+            "seed": START_STATES_SEED,
+            "measure": (
+                f"one deterministic episode (up to eval.max_steps) from each of {start_states} "
+                "fixed dataset states restored in the simulator, undiscounted return "
+                "D4RL-normalized; compare only with the same measure on the same dataset"
+            ),
+            "curve": start_curve,
+            **curve_measures(start_curve),
+        }
+    return measures
+
+
+def _row_curves(summary: dict[str, Any], measure: str) -> list[list[float]]:
+    if measure == "reset":
+        return [list(point) for point in summary.get("curve", [])]
+    return [list(point) for point in (summary.get("start_states") or {}).get("curve", [])]
+
+
+def hierarchical_bootstrap(
+    per_seed: Sequence[Sequence[float]], reps: int = BOOTSTRAP_REPS, seed: int = 0
+) -> np.ndarray:
+    """Bootstrap means of a row: resample the seeds, then each seed's evaluations.
+
+    Args:
+        per_seed: for each seed, its evaluations in the window (equal lengths not needed).
+
+    Returns:
+        ``[reps]`` means over the resampled seeds of each resampled seed's mean.
+    """
+    rng = np.random.default_rng(seed)
+    arrays = [np.asarray(values, dtype=float) for values in per_seed]
+    picks = rng.integers(0, len(arrays), size=(reps, len(arrays)))
+    means = np.empty(reps)
+    for rep in range(reps):
+        seed_means = []
+        for index in picks[rep]:
+            values = arrays[index]
+            seed_means.append(values[rng.integers(0, values.size, size=values.size)].mean())
+        means[rep] = np.mean(seed_means)
+    return means
+
+
+def row_intervals(
+    summaries: Sequence[dict[str, Any]],
+    window_size: int = LAST_WINDOW,
+    reps: int = BOOTSTRAP_REPS,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """One entry per (dataset, variant, measure) of ``summaries``: the row's score and interval.
+
+    For the reset evaluation (``measure: reset``, the summaries' ``curve``) and the
+    start-state evaluation (``measure: starts``, ``start_states.curve``, where present):
+
+    - ``final``: mean over seeds of each seed's final score (last :data:`FINAL_WINDOW`);
+    - ``last10``: mean over seeds of each seed's mean of its last ``window_size``
+      evaluations, with ``ci95`` and ``se`` from :func:`hierarchical_bootstrap` (seeds,
+      then evaluations within a seed: both sources of noise);
+    - ``across_seed_std``: the std over seeds of their last-``window_size`` means;
+    - ``eval_noise``: the mean over seeds of :func:`consecutive_noise`;
+    - ``min_difference``: how far another row of the same ``se`` must be from this one to
+      differ, ``1.96 * sqrt(2) * se``; for two rows in general, ``|a - b| > 1.96 *
+      sqrt(se_a^2 + se_b^2)``.
+    """
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for summary in summaries:
+        groups.setdefault((summary["dataset"], summary["variant"]), []).append(summary)
+    rows = []
+    for (dataset, variant), members in sorted(groups.items()):
+        members = sorted(members, key=lambda s: int(s["seed"]))
+        for measure in MEASURE_KEYS:
+            curves = {int(s["seed"]): _row_curves(s, measure) for s in members}
+            curves = {k: v for k, v in curves.items() if v}
+            if not curves:
+                continue
+            lasts = [window(curve, window_size) for curve in curves.values()]
+            finals = [statistics.fmean(window(curve, FINAL_WINDOW)) for curve in curves.values()]
+            last_means = [statistics.fmean(values) for values in lasts]
+            means = hierarchical_bootstrap(lasts, reps, seed)
+            tail = (1 - CI_LEVEL) / 2
+            noises = [n for n in map(consecutive_noise, lasts) if n is not None]
+            se = float(means.std(ddof=1))
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "variant": variant,
+                    "measure": measure,
+                    "seeds": sorted(curves),
+                    "final": statistics.fmean(finals),
+                    "last10": statistics.fmean(last_means),
+                    "ci95": [float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))],
+                    "se": se,
+                    "across_seed_std": statistics.stdev(last_means)
+                    if len(last_means) > 1
+                    else None,
+                    "eval_noise": statistics.fmean(noises) if noises else None,
+                    "min_difference": 1.96 * math.sqrt(2) * se,
+                    "window": window_size,
+                }
+            )
+    return rows
+
+
 __all__ = [
+    "FINAL_WINDOW",
+    "LAST_WINDOW",
+    "MEASURE_KEYS",
     "SHARE_BINS",
+    "bootstrap_mean_interval",
+    "consecutive_noise",
+    "curve_measures",
+    "hierarchical_bootstrap",
+    "history_curve",
+    "row_intervals",
+    "score_measures",
     "analyze_baseline_run",
     "analyze_cbop_run",
     "ensemble_q",

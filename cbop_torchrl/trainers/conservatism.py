@@ -27,12 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import gymnasium
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from cbop_torchrl.envs.starts import restore_states, rollout_restored
 from cbop_torchrl.registry import Task
 
 MC_STATES = 100
@@ -57,28 +56,6 @@ def member_q_values(
     return torch.stack(values)
 
 
-def restore_states(task: Task, start_obs: torch.Tensor) -> tuple[list[Any], torch.Tensor]:
-    """One gymnasium env per row of ``start_obs`` ``[E, O]``, put in that row's MuJoCo state.
-
-    The locomotion observations are ``qpos[1:]`` and ``qvel``; the x position does not
-    change the dynamics, and the observed velocities are clipped to +-10, so this is the
-    dataset state up to that clipping.
-
-    Returns:
-        The envs and their observations ``[E, O]`` after the restore.
-    """
-    envs = [gymnasium.make(task.gym_id, **task.gym_kwargs) for _ in range(start_obs.shape[0])]
-    obs = []
-    for index, env in enumerate(envs):
-        env.reset(seed=index)
-        raw = env.unwrapped
-        nq = raw.model.nq
-        state = start_obs[index].double().cpu().numpy()
-        raw.set_state(np.concatenate([[0.0], state[: nq - 1]]), state[nq - 1 :])
-        obs.append(raw._get_obs())
-    return envs, torch.as_tensor(np.stack(obs), dtype=torch.float32)
-
-
 def rollout_from_observations(
     actor: Any,
     task: Task,
@@ -90,8 +67,8 @@ def rollout_from_observations(
     """Discounted Monte-Carlo returns of the deterministic ``actor`` from dataset states.
 
     Each of the ``E`` environments is restored to its dataset state
-    (:func:`restore_states`); the actor is called once per step on all environments
-    still running.
+    (:func:`~cbop_torchrl.envs.starts.restore_states`, shared with the start-state
+    evaluation); the actor is called once per step on all environments still running.
 
     Args:
         actor: a TensorDict module writing ``action`` from ``observation`` (its parameters
@@ -107,35 +84,12 @@ def rollout_from_observations(
         ``[E]`` returns ``sum_t gamma^t r_t`` up to termination or ``max_steps`` and ``[E]``
         episode lengths; with ``entropy_fn`` also the ``[E]`` discounted entropy sums.
     """
-    envs, batch = restore_states(task, start_obs)
-    count = start_obs.shape[0]
-    returns = torch.zeros(count, dtype=torch.float64)
-    entropy = torch.zeros(count, dtype=torch.float64)
-    lengths = torch.zeros(count, dtype=torch.long)
-    alive = list(range(count))
-    with set_exploration_type(ExplorationType.DETERMINISTIC):
-        for step in range(max_steps):
-            current = batch[alive].to(start_obs.device)
-            if entropy_fn is not None and step > 0:
-                entropy[alive] += gamma**step * entropy_fn(current).double().cpu()
-            td = TensorDict({"observation": current}, batch_size=[len(alive)])
-            actions = actor(td).get("action").double().cpu().numpy()
-            still = []
-            for row, index in enumerate(alive):
-                ob, reward, terminated, truncated, _ = envs[index].step(actions[row])
-                returns[index] += gamma**step * float(reward)
-                lengths[index] += 1
-                batch[index] = torch.as_tensor(ob, dtype=torch.float32)
-                if not (terminated or truncated):
-                    still.append(index)
-            alive = still
-            if not alive:
-                break
-    for env in envs:
-        env.close()
+    rollout = rollout_restored(
+        actor, task, start_obs, gamma, max_steps, entropy_fn=entropy_fn, device=start_obs.device
+    )
     if entropy_fn is None:
-        return returns.float(), lengths
-    return returns.float(), lengths, entropy.float()
+        return rollout.discounted.float(), rollout.lengths
+    return rollout.discounted.float(), rollout.lengths, rollout.entropy.float()
 
 
 def policy_entropy_fn(actor: Any) -> EntropyFn:

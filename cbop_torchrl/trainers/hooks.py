@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,6 +45,7 @@ from torchrl.trainers import OptimizationStepper, Trainer, TrainerHookBase
 
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.envs import evaluate_policy
+from cbop_torchrl.envs.starts import evaluate_from_states
 from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.objectives.pretrain import ensemble_q
 from cbop_torchrl.registry import Task
@@ -205,6 +207,11 @@ class EvaluationHook(TrainerHookBase):
     ``eval/normalized_score`` (mean) and ``eval/normalized_score_std``; keeps
     the history (checkpointed) for ``results.json``. With ``average`` it also
     scores the averaged actor (``eval/average_*``, ``average_*`` in the history).
+    With ``start_obs`` (``eval.start_states``) every policy is also scored on one
+    episode from each of those dataset states restored in the simulator
+    (:func:`~cbop_torchrl.envs.starts.evaluate_from_states`): ``start_*`` in the
+    history, ``eval/start_normalized_score`` and ``eval/start_seconds`` (its wall
+    time) in the logs; the reset evaluation is unchanged and stays the primary score.
     The final evaluation after the last step is done by the pipeline itself.
     """
 
@@ -217,9 +224,11 @@ class EvaluationHook(TrainerHookBase):
         logger: Logger | None,
         total_steps: int,
         average: ActorWeightAverage | None = None,
+        start_obs: torch.Tensor | None = None,
     ) -> None:
         self.actor, self.task, self.env, self.logger = actor, task, env, logger
         self.average = average
+        self.start_obs = start_obs
         self.interval = config.eval.interval
         self.max_steps = config.eval.max_steps
         self.seed = config.seed
@@ -248,6 +257,15 @@ class EvaluationHook(TrainerHookBase):
             for key, name in EVAL_SCALARS.items():
                 record[f"{prefix}{key}"] = summary[key]
                 scalars[f"eval/{prefix}{name}"] = summary[key]
+            if self.start_obs is not None:
+                started = time.perf_counter()
+                starts = evaluate_from_states(
+                    policy, self.task, self.start_obs, self.max_steps
+                ).summary()
+                scalars[f"eval/{prefix}start_seconds"] = time.perf_counter() - started
+                for key, name in EVAL_SCALARS.items():
+                    record[f"{prefix}start_{key}"] = starts[key]
+                    scalars[f"eval/{prefix}start_{name}"] = starts[key]
         self.history.append(record)
         log_scalars(self.logger, {k: v for k, v in scalars.items() if v is not None}, step)
         return summaries[""]

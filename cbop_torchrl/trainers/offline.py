@@ -53,6 +53,7 @@ from cbop_torchrl.envs import (
     read_env_specs,
     resolve_task,
 )
+from cbop_torchrl.envs.starts import START_STATES_SEED, pick_start_states
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.registry import Task
@@ -587,9 +588,14 @@ def build_offline_training(
     if config.eval.actor_average > 0:  # beyond the paper, opt-in: evaluated, never trained on
         average = ActorWeightAverage(actor, config.eval.actor_average)
         average.register(trainer)
+    start_obs = None
+    if config.eval.start_states:  # episodes from dataset states, beside the reset evaluation
+        observations = buffer.storage.get(slice(None)).get("observation")
+        start_obs = pick_start_states(observations, config.eval.start_states, START_STATES_SEED)
     evaluation = EvaluationHook(
-        actor, run.task, eval_env, config, run.logger, total_steps, average=average
-    )
+        actor, run.task, eval_env, config, run.logger, total_steps, average=average,
+        start_obs=start_obs,
+    )  # fmt: skip
     evaluation.register(trainer)
     checkpoint.register(trainer)
     slice_budget = slice_budget_hook(checkpoint, run.lock.release if run.lock else None)
