@@ -65,11 +65,14 @@ from cbop_torchrl.data.collect_sac import SACConfig
 from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.registry import d4rl_ids, parse_d4rl_id
 from cbop_torchrl.trainers.logging import ProgressLines
-from cbop_torchrl.trainers.rundir import LOCK_NAME, MARKER_NAME
+from cbop_torchrl.trainers.rundir import LOCK_NAME, MARKER_NAME, remember_hydra_job
 from cbop_torchrl.utils import (
+    ForeignFileError,
     as_disk_full_error,
     cache_root,
     is_disk_full,
+    is_out_of_memory,
+    out_of_memory_message,
     program_command,
     running_program,
     unwritable_reason,
@@ -484,6 +487,41 @@ def _describe_unknown_key(cause: OmegaConfBaseException, override: str) -> str:
     return text
 
 
+def _yaml_error(error: BaseException | None) -> BaseException | None:
+    """The ``yaml.YAMLError`` ``error`` is or was raised from, if any."""
+    import yaml
+
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, yaml.YAMLError):
+            return error
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
+def describe_yaml_error(error: BaseException) -> str:
+    """One paragraph for a config file that is not plain YAML: the file, line and problem.
+
+    A tag such as ``!!python/object/apply:os.system`` is refused by the safe loader that
+    Hydra uses (nothing runs); the message says so instead of PyYAML's report.
+    """
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    where = f"{mark.name!r}, line {mark.line + 1}" if mark is not None else "a config file"
+    problem = str(getattr(error, "problem", None) or error).splitlines()[0].strip()
+    if "constructor for the tag" in problem:
+        tag = re.search(r"'([^']+)'", problem)
+        return (
+            f"the config file {where} uses the YAML tag {tag[1] if tag else ''!r}, which "
+            "names a Python object to build; configs are read as plain YAML, so it was not "
+            "run and the command stops here. Write the value itself (e.g. seed: 0) and run "
+            "the command again."
+        )
+    return (
+        f"the config file {where} is not valid YAML ({problem}); fix that line (or leave "
+        "the file out of --config-dir) and run the command again."
+    )
+
+
 def describe_hydra_error(error: BaseException, config_name: str) -> str | None:
     """One paragraph for an error Hydra raised before the task ran; None when it is not bad input.
 
@@ -493,6 +531,8 @@ def describe_hydra_error(error: BaseException, config_name: str) -> str | None:
     it takes; ``configs/<config_name>.yaml`` lists every key with its meaning.
     """
     see = f"Every setting and its meaning: {config_file(config_name)}."
+    if (yaml_error := _yaml_error(error)) is not None:
+        return describe_yaml_error(yaml_error)
     if isinstance(error, MissingConfigException) and error.options:
         group, _, option = str(error.missing_cfg_file).rpartition("/")
         return (
@@ -623,6 +663,7 @@ def hydra_entry(
             if not user_full_error:  # from here on Hydra reports failures its own way
                 os.environ.pop("HYDRA_FULL_ERROR", None)
             run_dir = HydraConfig.get().runtime.output_dir
+            remember_hydra_job(copy.deepcopy(cfg), HydraConfig.instance().cfg)
             try:  # a ${...} that cannot be resolved fails here, not in the middle of the work
                 OmegaConf.to_container(cfg, resolve=True)
             except InterpolationResolutionError as error:
@@ -658,6 +699,10 @@ def hydra_entry(
                     raise KeyboardInterrupt from None
                 if is_disk_full(error):  # wherever it happened: one message, exit 2
                     refuse(as_disk_full_error(error, run_dir), run_dir)
+                if isinstance(error, ForeignFileError):  # a file no program of ours wrote
+                    refuse(error, run_dir)
+                if is_out_of_memory(error):  # past the estimate (memory.py): no traceback
+                    refuse(out_of_memory_message(error), run_dir)
                 raised_by_task.append(error)
                 raise
             finally:
@@ -868,10 +913,45 @@ HYDRA_FLAGS_WITH_VALUE = frozenset(
 
 
 def _override_value(text: str) -> str:
-    """``text`` as a Hydra override value: quoted when Hydra would read it as more than a string."""
-    if re.fullmatch(r"[\w./~:+@%-]+", text):
+    """``text`` as a Hydra override value that Hydra reads back as exactly this string:
+    bare when it is a plain word Hydra takes for a string, else single-quoted (a quote
+    escaped, and the backslashes before a quote or the closing one doubled; ``${``
+    escaped so that it is no interpolation)."""
+    if re.fullmatch(r"[\w./~:+@%-]+", text) and not _other_type(text):
         return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    quoted = re.sub(r"(\\+)(?='|$)", lambda m: m[1] * 2, text)
+    quoted = quoted.replace("'", "\\'").replace("${", "\\${")
+    return f"'{quoted}'"
+
+
+def _other_type(text: str) -> bool:
+    """Whether Hydra reads the bare word ``text`` as something other than that string."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_override(f"k={text}").value() != text
+    except Exception:
+        return True
+
+
+def override_word(key: str, value: Any) -> str:
+    """``key=value`` as a command-line override that sets exactly ``value`` (a string,
+    number, bool, None or a list of them), for the commands messages suggest."""
+    return f"{key}={_override_literal(value)}"
+
+
+def _override_literal(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_override_literal(item) for item in value) + "]"
+    if isinstance(value, enum.Enum):
+        value = value.value
+    return _override_value(str(value))
 
 
 def translate_old_arguments(

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +280,33 @@ def is_disk_full(error: BaseException | None) -> bool:
     return False
 
 
+def is_out_of_memory(error: BaseException | None) -> bool:
+    """Whether ``error`` (or an error it was raised from) is an allocation that failed."""
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+            return True
+        text = str(error)
+        if isinstance(error, RuntimeError) and (
+            "can't allocate memory" in text or "out of memory" in text.lower()
+        ):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def out_of_memory_message(error: BaseException) -> str:
+    """One paragraph for :func:`is_out_of_memory`: what ran out and what to lower."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return (
+        f"the run ran out of memory ({first[:200]}): its sizes need more than this process "
+        "may use (the machine's memory, or a limit set by ulimit -v or a cgroup). Lower the "
+        "largest sizes (agent.num_qvalue_nets, agent.hidden_sizes, the batch sizes, "
+        "estimator.horizon, eval.episodes) or run where more memory is available; a run "
+        "resumes from its last checkpoint."
+    )
+
+
 def disk_full_error(
     where: str | Path, needed: int | None = None, cleaned: bool = True
 ) -> DiskFullError:
@@ -371,6 +399,9 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    scope = _owning_scope(path)
+    if scope is not None:
+        check_owned_output(path, scope.program, scope.recognize)
     try:
         tmp_path, fd = make_temporary(path.parent, path.name)
     except OSError as error:
@@ -396,7 +427,156 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     finally:
         tmp_path.unlink(missing_ok=True)
         os.close(fd)
+    if scope is not None:
+        _record_output(path, scope.program)
     return path
+
+
+# ------------------------------------------------------------------------ owned outputs
+
+OUTPUTS_MANIFEST = ".cbop-outputs.json"
+"""The file in a user-chosen output folder that names the files the package's programs
+wrote there (:func:`owned_outputs`); only those are ever replaced."""
+
+_MANIFEST_FORMAT = "cbop-torchrl-outputs/1"
+
+
+class ForeignFileError(Exception):
+    """A program would replace a file it did not write (or write through a link).
+
+    Every entry point refuses it with its message and exit code 2
+    (:func:`cbop_torchrl.cli.hydra_entry`).
+    """
+
+
+@dataclass(frozen=True)
+class _Scope:
+    target: Path  # a folder (every file directly in it) or one file
+    program: str
+    recognize: Callable[[Path], bool] | None
+
+
+_scopes: list[_Scope] = []
+
+
+@contextlib.contextmanager
+def owned_outputs(
+    target: str | Path, program: str, recognize: Callable[[Path], bool] | None = None
+) -> Iterator[None]:
+    """While active, every :func:`atomic_write` into ``target`` (a folder, or one output file)
+    replaces only files ``program`` wrote there, and records what it writes.
+
+    Which files a program wrote is kept in the folder's :data:`OUTPUTS_MANIFEST`.
+    ``recognize(path)``: whether an existing file not in the manifest is an output of an
+    earlier version of the program (by its content); None: none is.
+    """
+    scope = _Scope(_absolute(Path(target)), program, recognize)
+    _scopes.append(scope)
+    try:
+        yield
+    finally:
+        _scopes.remove(scope)
+
+
+def _absolute(path: Path) -> Path:
+    path = path.expanduser().absolute()
+    return path.parent.resolve() / path.name
+
+
+def _owning_scope(path: Path) -> _Scope | None:
+    if not _scopes or path.name == OUTPUTS_MANIFEST:
+        return None
+    path = _absolute(path)
+    for scope in reversed(_scopes):
+        if path == scope.target or path.parent == scope.target.resolve():
+            return scope
+    return None
+
+
+def _read_manifest(directory: Path) -> dict[str, str]:
+    """``{file name: program}`` of ``directory``'s :data:`OUTPUTS_MANIFEST` ({} when none).
+
+    Raises:
+        ForeignFileError: the manifest is a link, not a regular file, or not ours.
+    """
+    path = directory / OUTPUTS_MANIFEST
+    if not os.path.lexists(path):
+        return {}
+    problem = None
+    if path.is_symlink() or not path.is_file():
+        problem = "is a link or not a regular file"
+    else:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            data, problem = None, f"cannot be read ({error})"
+        if problem is None and not (
+            isinstance(data, dict)
+            and data.get("format") == _MANIFEST_FORMAT
+            and isinstance(data.get("files"), dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in data["files"].items())
+        ):
+            problem = f"is not a record of cbop-torchrl's outputs (format {_MANIFEST_FORMAT!r})"
+    if problem is not None:
+        raise ForeignFileError(
+            f"{str(path)!r} {problem}, so it is not known which files of {str(directory)!r} "
+            "cbop-torchrl wrote; nothing was written there. Choose another output folder, "
+            f"or remove {OUTPUTS_MANIFEST} if you made it."
+        )
+    return dict(data["files"])
+
+
+def check_owned_output(
+    path: str | Path, program: str, recognize: Callable[[Path], bool] | None = None
+) -> None:
+    """Refuses (:class:`ForeignFileError`) to let ``program`` replace ``path`` unless it is
+    absent or a regular file a program of this package wrote there.
+
+    Written by one: named in its folder's :data:`OUTPUTS_MANIFEST`, or (an output of an
+    earlier version) accepted by ``recognize``. A link is never replaced or written
+    through, nor is a directory.
+    """
+    path = Path(path)
+    setting = f" ({program})" if program else ""
+    if not os.path.lexists(path):
+        _read_manifest(path.parent)  # a planted manifest is refused before anything is written
+        return
+    if path.is_symlink() or not path.is_file():
+        what = "a link" if path.is_symlink() else "not a regular file"
+        raise ForeignFileError(
+            f"{str(path)!r} is {what}; this program{setting} never writes through a link or "
+            "replaces a folder. Nothing was written: choose another output path."
+        )
+    owned = _read_manifest(path.parent)
+    if path.name in owned or (recognize is not None and _recognized(recognize, path)):
+        return
+    raise ForeignFileError(
+        f"{str(path)!r} already exists and was not written by cbop-torchrl (it is not named in "
+        f"{str(path.parent / OUTPUTS_MANIFEST)!r}), so this program{setting} will not replace "
+        "it; nothing was written. Choose another output path (or folder), or move that file "
+        "away if it may be replaced."
+    )
+
+
+def _recognized(recognize: Callable[[Path], bool], path: Path) -> bool:
+    try:
+        return bool(recognize(path))
+    except Exception:  # a file that cannot even be read as ours is not ours
+        return False
+
+
+def _record_output(path: Path, program: str) -> None:
+    """Adds ``path``'s name to its folder's :data:`OUTPUTS_MANIFEST` (written atomically)."""
+    directory = path.parent
+    owned = _read_manifest(directory)
+    if owned.get(path.name) == program:
+        return
+    owned[path.name] = program
+    manifest = {"format": _MANIFEST_FORMAT, "files": dict(sorted(owned.items()))}
+    atomic_write(
+        directory / OUTPUTS_MANIFEST,
+        lambda tmp: tmp.write_text(json.dumps(manifest, indent=1) + "\n"),
+    )
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> Path:

@@ -78,7 +78,7 @@ def test_a_folder_that_is_not_a_run_is_refused_and_left_as_it_was(
     assert not (folder / LOCK_NAME).exists() and not (folder / MARKER_NAME).exists()
 
 
-def test_a_run_marks_its_directory_and_a_marked_or_locked_one_is_a_run(tmp_path: Path) -> None:
+def test_a_run_marks_its_directory_and_only_a_marked_one_is_a_run(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh"
     (fresh / ".hydra").mkdir(parents=True)
     (fresh / "cbop.log").write_text("")
@@ -86,12 +86,18 @@ def test_a_run_marks_its_directory_and_a_marked_or_locked_one_is_a_run(tmp_path:
     assert (fresh / MARKER_NAME).is_file()
     claim_run_dir(tmp_path / "new" / "nested")
     assert (tmp_path / "new" / "nested" / MARKER_NAME).is_file()
-    for evidence in (MARKER_NAME, LOCK_NAME):  # the lock: a run of an earlier version
-        previous_run = tmp_path / f"run{evidence}"
-        user_folder(previous_run)
-        (previous_run / evidence).write_text("")
-        claim_run_dir(previous_run)
-        assert clear_previous_run(previous_run) == ["results.json", "config.json", "logs"]
+    previous_run = tmp_path / "marked"
+    user_folder(previous_run)
+    (previous_run / MARKER_NAME).write_text("")
+    claim_run_dir(previous_run)
+    assert clear_previous_run(previous_run) == ["results.json", "config.json", "logs"]
+    locked_only = tmp_path / "locked"  # a stray lock file proves nothing (issue 42)
+    files = user_folder(locked_only)
+    (locked_only / LOCK_NAME).write_text("")
+    with pytest.raises(CheckpointError, match="no cbop-torchrl run wrote there"):
+        claim_run_dir(locked_only)
+    assert all(path.read_text() == text for path, text in files.items())
+    assert not (locked_only / MARKER_NAME).exists()
     marked_by_link = tmp_path / "linked"
     user_folder(marked_by_link)
     (marked_by_link / MARKER_NAME).symlink_to(fresh / MARKER_NAME)

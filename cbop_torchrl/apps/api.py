@@ -113,7 +113,7 @@ def _check_memory(config: Any, info: Any, rollouts: bool) -> None:
 
     try:
         check_run_fits(config, info.obs_dim, info.action_dim, resolve_device(config.device),
-                       rollouts)  # fmt: skip
+                       rollouts, int(info.num_transitions))  # fmt: skip
     except MemoryLimitError as error:
         raise ConfigError(str(error)) from None
 
@@ -205,13 +205,15 @@ def _baseline_command(config: Any, total: int) -> str:
     import shlex
 
     from cbop_torchrl.baselines import cbop_pipeline_budget, preset_training
+    from cbop_torchrl.cli import override_word
     from cbop_torchrl.utils import program_command
 
     words = ["algo=iql"]
     if config.env != "demo":
-        words.append(f"env={config.env}")
+        words.append(override_word("env", config.env))
     if config.preset != "cpu":
-        words.append(f"preset={config.preset}")
+        words.append(override_word("preset", config.preset))
+    words += task_overrides(config.task)
     preset = preset_training(config.preset)
     default = cbop_pipeline_budget(
         config.preset, preset["bc.steps"], preset["fqe.steps"], preset["train.steps_per_epoch"]
@@ -219,6 +221,26 @@ def _baseline_command(config: Any, total: int) -> str:
     if default != total:
         words += _same_budget_override(total, preset["train.steps_per_epoch"]).split()
     return f"{program_command('cbop-baseline')} {shlex.join(words)}"
+
+
+def task_overrides(task: Any) -> list[str]:
+    """The ``task.*`` overrides that set ``task`` (a :class:`~cbop_torchrl.envs.task.TaskConfig`
+    or its dict) on another program's command line: every key that is not its default."""
+    import dataclasses
+
+    from cbop_torchrl.cli import override_word
+    from cbop_torchrl.envs.task import TaskConfig
+
+    values = dataclasses.asdict(task) if dataclasses.is_dataclass(task) else dict(task or {})
+    default = dataclasses.asdict(TaskConfig())
+    words = []
+    for key, value in values.items():
+        if key == "gym_kwargs":
+            words += [override_word(f"+task.gym_kwargs.{name}", item)
+                      for name, item in (value or {}).items()]  # fmt: skip
+        elif value != default.get(key):
+            words.append(override_word(f"task.{key}", value))
+    return words
 
 
 def pipeline_steps(config: Any) -> int:

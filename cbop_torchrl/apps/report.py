@@ -39,6 +39,7 @@ from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs import filter_env_warnings
 from cbop_torchrl.evaluation.report import ReportError, load_summaries, write_report
 from cbop_torchrl.trainers.checkpoint import CheckpointError
+from cbop_torchrl.utils import ForeignFileError, check_owned_output, owned_outputs
 
 OLD_OPTIONS = {
     "--out": "out",
@@ -77,17 +78,32 @@ def check_report_dependencies() -> None:
             )
 
 
+PROGRAM = "cbop-report"
+REPORT_FILES = (
+    "results.md", "results.csv", "runs.csv", "README_results.md", "conservatism.md",
+    "conservatism.csv", "rliable.md", "rliable.json", "rliable.png",
+)  # fmt: skip
+"""The report's files whose names do not depend on the data (checked before any work; the
+figures named after datasets are checked as they are written)."""
+
+
 def run(cfg: DictConfig) -> None:
     """The Hydra task: load the runs and summaries, write the report, print its table."""
     check_report_dependencies()
     paths = report_paths(cfg.paths)
     check_output_writable("out", cfg.out)
+    try:  # before any work: the report replaces only files a report wrote
+        for name in REPORT_FILES:
+            check_owned_output(Path(cfg.out) / name, PROGRAM)
+    except ForeignFileError as error:
+        refuse(f"out={cfg.out}: {error}")
     try:
         summaries = load_summaries(paths, analysis=cfg.analysis)
         prefix = cfg.figure_prefix
         if prefix is None:
             prefix = os.path.relpath(cfg.out).rstrip("/") + "/"
-        report = write_report(summaries, cfg.out, figure_prefix=prefix)
+        with owned_outputs(cfg.out, PROGRAM):  # every file it writes (figures too), checked
+            report = write_report(summaries, cfg.out, figure_prefix=prefix)
     except (ReportError, ConfigError, DatasetError, CheckpointError) as error:
         refuse(error)
     print(Path(cfg.out, "results.md").read_text(), end="")

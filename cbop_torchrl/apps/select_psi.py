@@ -45,7 +45,15 @@ from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.evaluation.selection import DatasetRanking, rank_runs, score_runs
 from cbop_torchrl.sweeps import SweepError, find_runs
 from cbop_torchrl.trainers.checkpoint import CheckpointError
-from cbop_torchrl.utils import atomic_write, program_command, resolve_device, unwritable_reason
+from cbop_torchrl.utils import (
+    ForeignFileError,
+    atomic_write,
+    check_owned_output,
+    owned_outputs,
+    program_command,
+    resolve_device,
+    unwritable_reason,
+)
 
 OLD_OPTIONS = {
     "--steps": "steps",
@@ -90,6 +98,11 @@ def check_settings(cfg: DictConfig) -> tuple[torch.device, TaskConfig]:
             f"json={cfg.json} cannot be written: {reason}; set json= to a path in a "
             "directory you can write to"
         )
+    if cfg.json is not None:  # before any fit: only an earlier ranking of ours is replaced
+        try:
+            check_owned_output(cfg.json, PROGRAM, earlier_rankings)
+        except ForeignFileError as error:
+            raise SweepError(f"json={cfg.json}: {error}") from None
     try:
         device = resolve_device(cfg.device)
     except RuntimeError as error:
@@ -198,7 +211,20 @@ def run(cfg: DictConfig) -> None:
     print("\n\n".join(format_ranking(ranking) for ranking in rankings))
     if cfg.json is not None:
         text = json.dumps([ranking_record(r) for r in rankings], indent=2)
-        atomic_write(cfg.json, lambda tmp: tmp.write_text(text))
+        with owned_outputs(cfg.json, PROGRAM, earlier_rankings):
+            atomic_write(cfg.json, lambda tmp: tmp.write_text(text))
+
+
+PROGRAM = "cbop-select-psi"
+
+
+def earlier_rankings(path: Path) -> bool:
+    """Whether ``path`` holds rankings as this program writes them (``json=``)."""
+    records = json.loads(Path(path).read_text())
+    keys = {"env", "dataset", "selected", "candidates"}
+    return isinstance(records, list) and all(
+        isinstance(r, dict) and keys <= set(r) for r in records
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from cbop_torchrl.cli import check_output_writable, hydra_entry, refuse
+from cbop_torchrl.utils import ForeignFileError, check_owned_output
 
 
 def train(cfg: DictConfig) -> dict:
@@ -36,7 +37,13 @@ def train(cfg: DictConfig) -> dict:
     from cbop_torchrl.trainers.datasize import check_dataset_size
     from cbop_torchrl.trainers.dynamics import DynamicsConfig, load_or_train_dynamics
     from cbop_torchrl.trainers.memory import check_dynamics_fits
-    from cbop_torchrl.utils import atomic_json_dump, resolve_device
+    from cbop_torchrl.utils import (
+        atomic_json_dump,
+        atomic_write,
+        open_own_file,
+        owned_outputs,
+        resolve_device,
+    )
 
     if cfg.threads is not None:
         torch.set_num_threads(int(cfg.threads))
@@ -57,20 +64,42 @@ def train(cfg: DictConfig) -> dict:
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     log_path = output_dir / "dynamics_log.jsonl"
-    log_path.write_text("")
+    with owned_outputs(output_dir, PROGRAM, earlier_output):
+        atomic_write(log_path, lambda tmp: tmp.write_text(""))  # never truncates a link's target
 
-    def log_epoch(record: dict) -> None:
-        with log_path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        def log_epoch(record: dict) -> None:
+            with open_own_file(log_path) as handle:
+                handle.seek(0, 2)
+                handle.write(json.dumps(record) + "\n")
 
-    model, metrics = load_or_train_dynamics(
-        dataset, info, config, progress=cfg.progress, log_fn=log_epoch, use_cache=cfg.use_cache,
-        termination=task.termination,
-    )  # fmt: skip
-    metrics.update(dataset=info.name, device=str(device))
-    save_dynamics(model, output_dir / "dynamics.pt", metadata={"dataset": info.name})
-    atomic_json_dump(metrics, output_dir / "dynamics_metrics.json")
+        model, metrics = load_or_train_dynamics(
+            dataset, info, config, progress=cfg.progress, log_fn=log_epoch,
+            use_cache=cfg.use_cache, termination=task.termination,
+        )  # fmt: skip
+        metrics.update(dataset=info.name, device=str(device))
+        save_dynamics(model, output_dir / "dynamics.pt", metadata={"dataset": info.name})
+        atomic_json_dump(metrics, output_dir / "dynamics_metrics.json")
     return metrics
+
+
+PROGRAM = "cbop-train-dynamics"
+OUTPUT_NAMES = ("dynamics_log.jsonl", "dynamics.pt", "dynamics_metrics.json")
+"""What this program writes into ``output_dir``; it replaces only its own (earlier) ones."""
+
+
+def earlier_output(path: Path) -> bool:
+    """Whether ``path`` is one of :data:`OUTPUT_NAMES` as an earlier version wrote it."""
+    if path.name == "dynamics_metrics.json":
+        return "holdout_r2_mean" in json.loads(path.read_text())
+    if path.name == "dynamics_log.jsonl":
+        lines = path.read_text().splitlines()
+        return all("epoch" in json.loads(line) for line in lines)
+    if path.name == "dynamics.pt":
+        import torch
+
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        return isinstance(state, dict) and "metadata" in state
+    return False
 
 
 def run(cfg: DictConfig) -> None:
@@ -80,6 +109,11 @@ def run(cfg: DictConfig) -> None:
 
     run_dir = HydraConfig.get().runtime.output_dir
     check_output_writable("output_dir", cfg.output_dir, created_dir=run_dir)
+    for name in OUTPUT_NAMES:  # before any work: a file of the user's is never replaced
+        try:
+            check_owned_output(Path(cfg.output_dir) / name, PROGRAM, earlier_output)
+        except ForeignFileError as error:
+            refuse(error, run_dir)
     try:
         metrics = train(cfg)
     except (

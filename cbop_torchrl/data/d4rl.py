@@ -33,6 +33,7 @@ from torchrl.data.datasets.d4rl_infos import D4RL_DATASETS
 from cbop_torchrl.data.errors import DatasetError, generate_command
 from cbop_torchrl.data.hdf5 import FORMAT_VERSION, load_hdf5
 from cbop_torchrl.data.info import DatasetInfo
+from cbop_torchrl.data.safe_memmap import check_tensors_only
 from cbop_torchrl.data.transitions import build_transitions
 from cbop_torchrl.registry import parse_d4rl_id
 from cbop_torchrl.utils import cache_dir, config_hash
@@ -82,7 +83,14 @@ def load_d4rl(dataset_id: str, *, torchrl_root: str | Path | None = None):
         )
         return data, info
 
-    cached = (root / dataset_id).exists()
+    cached = os.path.lexists(root / dataset_id)
+    if cached:  # TorchRL's load_memmap would unpickle a non-tensor field: tensors only
+        check_tensors_only(
+            root / dataset_id,
+            f"TorchRL's cache of {dataset_id!r}",
+            "Delete that directory and load the id again with network access, or load the "
+            "raw D4RL .hdf5 file by its path.",
+        )
     try:
         buffer = D4RLKeepingNextObs(
             dataset_id, batch_size=1, root=root, direct_download=True, download=not cached

@@ -35,7 +35,7 @@ import json
 import platform
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,14 @@ from cbop_torchrl.data.collect_env import make_collect_env
 from cbop_torchrl.data.collect_sac import TRANSITION_KEYS, SACConfig, SACRun, run_dir_for
 from cbop_torchrl.data.hdf5 import REQUIRED_KEYS
 from cbop_torchrl.registry import D4RL_KINDS, Task
-from cbop_torchrl.utils import atomic_json_dump, atomic_write, config_hash, seed_everything
+from cbop_torchrl.utils import (
+    atomic_json_dump,
+    atomic_write,
+    check_owned_output,
+    config_hash,
+    owned_outputs,
+    seed_everything,
+)
 
 GENERATOR_VERSION = "2"  # 2: 10-episode evaluations, medium floor, early stop
 ROLLOUT_EXPLORATION = {
@@ -458,18 +465,56 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
         The paths of the HDF5 files, in the order of ``request.kinds``.
     """
     request.validate()
-    family, sac = request.family, request.sac
+    family = request.family
     out_dir = Path(request.out_dir)
     key = request.data_key()
     paths = {kind: out_dir / dataset_file_name(family, kind, request.tag) for kind in D4RL_KINDS}
 
+    for kind in request.kinds:  # before any work: only files a collect run wrote are replaced
+        check_owned_output(paths[kind], PROGRAM, earlier_output)
+        check_owned_output(paths[kind].with_suffix(".provenance.json"), PROGRAM, earlier_output)
+
     def up_to_date(kind: str) -> bool:
         if not paths[kind].exists():
             return False
-        with h5py.File(paths[kind], "r") as handle:
-            stored = handle.get("metadata/data_key")
-            return stored is not None and stored[()].decode() == key
+        try:
+            with h5py.File(paths[kind], "r") as handle:
+                stored = handle.get("metadata/data_key")
+                return stored is not None and stored[()].decode() == key
+        except (OSError, AttributeError, UnicodeDecodeError):  # a damaged file of ours: rewritten
+            return False
 
+    with owned_outputs(out_dir, PROGRAM, earlier_output):
+        return _generate(request, paths, key, up_to_date)
+
+
+PROGRAM = "cbop-collect"
+
+
+def earlier_output(path: Path) -> bool:
+    """Whether ``path`` is a dataset (or its provenance) that this generator wrote."""
+    if path.name.endswith(".provenance.json"):
+        record = json.loads(path.read_text())
+        return isinstance(record, dict) and record.get("generator") == GENERATOR_NAME
+    with open(path, "rb") as handle:
+        if handle.read(8) != b"\x89HDF\r\n\x1a\n":
+            return False
+    with h5py.File(path, "r") as handle:
+        stored = handle.get("metadata/generator")
+        value = stored[()] if isinstance(stored, h5py.Dataset) else None
+        return (value.decode() if isinstance(value, bytes) else value) == GENERATOR_NAME
+
+
+GENERATOR_NAME = "cbop_torchrl.data.generate"
+
+
+def _generate(
+    request: GenerationRequest,
+    paths: dict[str, Path],
+    key: str,
+    up_to_date: Callable[[str], bool],
+) -> list[Path]:
+    family, sac = request.family, request.sac
     todo = [kind for kind in request.kinds if not up_to_date(kind)]
     run = SACRun(
         run_dir_for(Path(request.runs_dir), family, request.seed, sac), family, request.seed, sac
@@ -553,7 +598,7 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
             "medium_min_normalized": request.medium_min_normalized,
             "stop_at_medium": request.stop_at_medium,
             "rollout_exploration": request.rollout_exploration,
-            "generator": "cbop_torchrl.data.generate",
+            "generator": GENERATOR_NAME,
             "generator_version": GENERATOR_VERSION,
             "command": request.command,
             "data_key": key,

@@ -153,6 +153,11 @@ def _first_bad_row(bad: np.ndarray) -> int:
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
+MAX_MAGNITUDE = 1e15
+"""The largest magnitude of an observation, action or reward that training can handle:
+float32 sums of squares over a dataset (the normalizer's variance, squared errors) overflow
+far below float32's own limit (``(1e17)**2 * 1e5 rows > 3.4e38``)."""
+
 
 def _check_numeric(dataset: h5py.Dataset, key: str, where: str) -> None:
     """Refuses an array that is not real numbers or booleans (complex, strings, compounds)."""
@@ -205,6 +210,19 @@ def _read_finite_float32(dataset: h5py.Dataset, key: str, where: str) -> np.ndar
             f"row(s), the first at row {row} ({value}); every observation, action and reward "
             "must be finite. Drop or repair those rows."
         )
+    if not bad_rows["overflow"] and values.size:
+        largest = float(np.abs(values).max())
+        if largest > MAX_MAGNITUDE:
+            rows = np.flatnonzero(
+                (np.abs(values) > MAX_MAGNITUDE).reshape(values.shape[0], -1).any(-1)
+            )
+            raise DatasetError(
+                f"{where}: {key} has values up to {largest:.3g} in magnitude ({rows.size} "
+                f"row(s) beyond {MAX_MAGNITUDE:.0e}, the first at row {int(rows[0])}); training "
+                "sums their squares in float32 (the normalizer's variance, squared errors), "
+                "which overflows to inf at this scale, whatever the learning rate. Rescale "
+                f"{key} to ordinary magnitudes (divide by a constant) or drop those rows."
+            )
     if bad_rows["overflow"]:
         row, value = first["overflow"]
         raise DatasetError(
@@ -214,6 +232,29 @@ def _read_finite_float32(dataset: h5py.Dataset, key: str, where: str) -> np.ndar
             "rows."
         )
     return values
+
+
+def _dataset_or_refuse(handle: h5py.File, key: str, where: str) -> h5py.Dataset:
+    """``handle[key]`` when it is an array; a :class:`DatasetError` naming the key otherwise
+    (a group, a link to a file that cannot be opened, a named type)."""
+    link = handle.get(key, getlink=True)
+    try:
+        value = handle[key]
+    except (KeyError, OSError) as error:
+        if isinstance(link, h5py.ExternalLink):
+            raise DatasetError(
+                f"{where}: {key} is a link to {link.path!r} in the file {link.filename!r}, "
+                f"which cannot be opened ({error}); put that file where the link points "
+                "(beside this one for a relative name) or write the array into this file."
+            ) from None
+        raise DatasetError(f"{where}: {key} cannot be read ({error}).") from None
+    if not isinstance(value, h5py.Dataset):
+        what = "a group (a folder of arrays)" if isinstance(value, h5py.Group) else "not an array"
+        raise DatasetError(
+            f"{where}: {key} is {what}, where a D4RL-format file has an array with one "
+            f"entry per transition; write {key} as an array (e.g. handle[{key!r}] = values)."
+        )
+    return value
 
 
 def _read_and_validate(handle: h5py.File, path: Path) -> dict[str, np.ndarray]:
@@ -231,6 +272,8 @@ def _read_and_validate(handle: h5py.File, path: Path) -> dict[str, np.ndarray]:
             f"(it has {sorted(handle.keys())}). Write next_observations explicitly (D4RL v2 "
             "files and cbop-collect do) and timeouts as all-False if no episode was cut."
         )
+    for key in REQUIRED_KEYS:
+        _dataset_or_refuse(handle, key, where)
     shapes = {key: tuple(handle[key].shape) for key in REQUIRED_KEYS}
 
     for key in ("observations", "next_observations", "actions"):
@@ -341,10 +384,96 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def linked_files(path: Path) -> list[tuple[str, Path]]:
+    """Every other file whose bytes the HDF5 file ``path`` reads: ``(key, file)`` pairs.
+
+    External links (``handle[key] = h5py.ExternalLink(file, object)``), virtual datasets'
+    source files and external raw storage (``create_dataset(..., external=...)``), found
+    from the file's link table without opening a linked object. A relative name is
+    looked up as HDF5 does: under ``$HDF5_EXT_PREFIX``, beside ``path``, then in the
+    working directory.
+
+    Raises:
+        DatasetError: a linked file is missing, naming the key and the file.
+    """
+    where = f"D4RL-format file {str(path)!r}"
+    found: list[tuple[str, str]] = []
+    with _open_hdf5(path) as handle:
+
+        def visit(name: str, link: object) -> None:
+            if isinstance(link, h5py.ExternalLink):
+                found.append((name, link.filename))
+            elif isinstance(link, h5py.HardLink):
+                value = handle.get(name)
+                if isinstance(value, h5py.Dataset):
+                    if value.is_virtual:
+                        found.extend((name, s.file_name) for s in value.virtual_sources())
+                    for entry in value.external or ():
+                        found.append((name, entry[0].decode() if isinstance(entry[0], bytes)
+                                      else str(entry[0])))  # fmt: skip
+
+        handle.visititems_links(visit)
+    files = []
+    for key, name in found:
+        if name == ".":  # a virtual dataset's source in the same file
+            continue
+        target = _find_linked(path, name)
+        if target is None:
+            raise DatasetError(
+                f"{where}: {key} is stored in (linked to) the file {name!r}, which does not "
+                f"exist (looked for it beside {str(path)!r} and in the working directory); "
+                "put that file there or write the array into this file."
+            )
+        files.append((key, target))
+    return files
+
+
+def _find_linked(path: Path, name: str) -> Path | None:
+    candidate = Path(name)
+    if candidate.is_absolute():
+        places = [candidate]
+    else:
+        prefix = os.environ.get("HDF5_EXT_PREFIX")
+        places = [Path(p) / candidate for p in (prefix.split(":") if prefix else [])]
+        places += [path.parent / candidate, Path.cwd() / candidate]
+    return next((place.resolve() for place in places if place.is_file()), None)
+
+
+_MAX_LINK_DEPTH = 8
+
+
+def content_key(path: Path, _depth: int = 0) -> str:
+    """The SHA-256 that identifies the data ``path`` holds: its own bytes (:func:`file_sha256`)
+    and, when it reads other files (:func:`linked_files`), theirs, so a change to a linked
+    file is a change of the data too.
+
+    Raises:
+        DatasetError: a linked file is missing, or links nest deeper than 8 files (a cycle).
+    """
+    own = file_sha256(path)
+    links = linked_files(path)
+    if not links:
+        return own
+    if _depth >= _MAX_LINK_DEPTH:
+        raise DatasetError(
+            f"{str(path)!r} links to other HDF5 files more than {_MAX_LINK_DEPTH} levels deep "
+            "(a cycle of links?); write the arrays into one file."
+        )
+    digest = hashlib.sha256(f"{own}\n".encode())
+    for key, target in sorted(links):
+        try:
+            check_hdf5_signature(target)
+            linked = content_key(target, _depth + 1)
+        except DatasetError:  # raw external storage is no HDF5 file: its bytes
+            linked = file_sha256(target)
+        digest.update(f"{key}={target}:{linked}\n".encode())
+    return digest.hexdigest()
+
+
 def hdf5_fingerprint(path: Path, content: str | None = None) -> str:
     """``<file stem>-<hash of content and conversion version>`` (``content``: the file's
-    :func:`file_sha256`, when already known)."""
-    content = content or file_sha256(path)
+    :func:`content_key`, when already known)."""
+    content = content or content_key(path)
     return f"{path.stem}-{config_hash([content, FORMAT_VERSION])}"
 
 
@@ -471,7 +600,7 @@ def load_hdf5(path: Path, with_data: bool = True) -> tuple[TensorDict | None, di
             f"no file at {str(path)!r}; pass the path of an existing D4RL-format HDF5 file."
         )
     check_hdf5_signature(path)  # a large file of another format is refused before hashing
-    content = file_sha256(path)
+    content = content_key(path)
     fingerprint = hdf5_fingerprint(path, content)
     entry = _cache_entry(fingerprint)
     info = cached_info(fingerprint)

@@ -28,6 +28,7 @@ from cbop_torchrl._torchrl_compat import convert_minari_dataset
 from cbop_torchrl.data.errors import DatasetError
 from cbop_torchrl.data.hdf5 import FORMAT_VERSION, family_from_env_id
 from cbop_torchrl.data.info import DatasetInfo
+from cbop_torchrl.data.safe_memmap import check_tensors_only
 from cbop_torchrl.data.transitions import build_transitions
 from cbop_torchrl.utils import config_hash
 
@@ -73,6 +74,12 @@ def load_minari(
                 f"TorchRL could not convert Minari dataset {dataset_id!r} from "
                 f"{str(local_minari_path(dataset_id))!r}: {err}"
             ) from None
+    check_tensors_only(  # TorchRL's load_memmap would unpickle a non-tensor field
+        root / dataset_id,
+        f"TorchRL's copy of Minari dataset {dataset_id!r}",
+        "Delete that directory and load the dataset again.",
+        extra_files=("env_metadata.json",),
+    )
     try:
         buffer = MinariExperienceReplay(dataset_id, batch_size=1, root=root, download=False)
     except Exception as err:  # a damaged copy fails in many ways

@@ -5,6 +5,10 @@ numbers, strings and lists, so ``torch.load(path, weights_only=True)`` reads
 it and a checkpoint file cannot run code:
 
 - ``format``, ``step``, ``total_steps``: where the run stands;
+- ``integrity``: the SHA-256 of everything else (:func:`state_digest`), checked whenever the
+  file is read, so a changed byte is refused rather than trained on;
+- ``data``: the record of the data the run trains on (:func:`cbop_torchrl.data.data_record`),
+  compared with the data on resume;
 - ``training_config`` and its hash: resuming with other settings is refused,
   except a larger budget (``train.epochs``, ``train.steps_per_epoch``): the run
   then continues from its step to the new last step;
@@ -37,6 +41,8 @@ gives the same atomicity as ``Checkpoint.save``'s staged publish.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +93,86 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{str(path)!r} is not a cbop-torchrl checkpoint (expected format "
             f"{CHECKPOINT_FORMAT!r}); pass the checkpoint.pt or policy.pt of a run directory"
         )
+    check_integrity(state, path)
     return state
+
+
+INTEGRITY_KEY = "integrity"
+"""The SHA-256 of everything else in a checkpoint or policy file (:func:`state_digest`)."""
+
+
+def state_digest(state: Any) -> str:
+    """A SHA-256 of a checkpoint's content: every key, number, string and tensor byte.
+
+    The same for a state and the one ``torch.load`` reads back from its file; any changed
+    byte of a tensor (or value) gives another digest. :data:`INTEGRITY_KEY` is left out.
+    """
+    digest = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"T{tensor.dtype}{list(value.shape)}:".encode())
+            if tensor.numel():
+                digest.update(tensor.view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, dict):
+            items = [(k, v) for k, v in value.items() if k != INTEGRITY_KEY]
+            digest.update(f"D{len(items)}:".encode())
+            for key, item in sorted(items, key=lambda kv: (type(kv[0]).__name__, repr(kv[0]))):
+                digest.update(f"{type(key).__name__}{key!r}=".encode())
+                feed(item)
+        elif isinstance(value, (list, tuple)):
+            digest.update(f"L{len(value)}:".encode())
+            for item in value:
+                feed(item)
+        else:
+            digest.update(f"{type(value).__name__}{value!r};".encode())
+
+    feed(state)
+    return digest.hexdigest()
+
+
+def seal(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with its :func:`state_digest` under :data:`INTEGRITY_KEY` (checked on load)."""
+    return {**state, INTEGRITY_KEY: state_digest(state)}
+
+
+def check_integrity(state: dict[str, Any], path: str | Path) -> None:
+    """Refuses a checkpoint whose content is not what was saved (a changed or damaged byte).
+
+    Files written before the digest existed have none and are read as they are.
+
+    Raises:
+        CheckpointError: the stored digest does not match the content.
+    """
+    stored = state.get(INTEGRITY_KEY)
+    if stored is None:
+        return
+    if stored != state_digest(state):
+        raise CheckpointError(
+            f"{str(path)!r} is damaged: its content no longer matches the SHA-256 recorded "
+            "when it was written (some of its bytes changed after it was saved), so it is "
+            "not used. Restore it from a copy, or start the run over with resume=false (its "
+            "checkpoint, results and logs are removed); for a policy, use another "
+            "policy.pt or checkpoint.pt."
+        )
+
+
+#: What identifies the data a run trains on (:func:`cbop_torchrl.data.data_record`), written
+#: into the run directory when the run starts and into every checkpoint.
+DATA_RECORD_NAME = "data.json"
+
+
+def read_data_record(run_dir: Path) -> dict[str, Any] | None:
+    """The run directory's :data:`DATA_RECORD_NAME` as a dict; None when missing or unreadable."""
+    path = Path(run_dir) / DATA_RECORD_NAME
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "content" in record else None
 
 
 def policy_metadata(
@@ -113,7 +198,7 @@ def save_policy(path: str | Path, actor: TensorDictModuleBase, metadata: dict[st
     runs with plain PyTorch.
     """
     state = {"format": CHECKPOINT_FORMAT, "policy": metadata, "actor": actor.state_dict()}
-    path = atomic_torch_save(state, path)
+    path = atomic_torch_save(seal(state), path)
     export_policy(actor, metadata["obs_dim"], Path(path).with_suffix(EXPORT_SUFFIX))
     return path
 
@@ -274,6 +359,7 @@ class CheckpointHook(TrainerHookBase):
         self.payload = payload
         self.trainer: Trainer | None = None
         self.last_saved_step: int | None = None
+        self.data: dict[str, Any] | None = None
 
     def __call__(self) -> None:
         step = self.trainer.collected_frames  # one frame per gradient step
@@ -281,6 +367,8 @@ class CheckpointHook(TrainerHookBase):
             self.save(step)
 
     def save(self, step: int) -> Path:
+        if self.data is None:  # the data this run trains on, recorded when it started
+            self.data = read_data_record(self.path.parent)
         state = {
             "format": CHECKPOINT_FORMAT,
             "step": int(step),
@@ -288,7 +376,9 @@ class CheckpointHook(TrainerHookBase):
             **self.payload(step),
             "trainer": self.trainer.state_dict(),
         }
-        atomic_torch_save(state, self.path)
+        if self.data is not None:
+            state["data"] = self.data
+        atomic_torch_save(seal(state), self.path)
         self.last_saved_step = int(step)
         return self.path
 

@@ -366,8 +366,15 @@ def check_trained_dynamics(
         f"causes are a learning rate too large for the data (dynamics.lr={config.lr:g}; "
         f"the default is {DynamicsConfig().lr:g}) or data of a very large scale (the "
         f"largest observation or target magnitude is {scale:.3g}). Run again with a "
-        f"smaller learning rate, e.g. dynamics.lr={DynamicsConfig().lr:g}, or rescale the data."
+        f"smaller learning rate, e.g. dynamics.lr={smaller_lr(config.lr, DynamicsConfig().lr):g}"
+        ", or rescale the data."
     )
+
+
+def smaller_lr(current: float, default: float) -> float:
+    """A learning rate to suggest after a divergence: the default when the current one is
+    larger, else a tenth of the current one (never the value that just diverged)."""
+    return default if current > default else current / 10
 
 
 def dynamics_cache_key(info: Any, config: DynamicsConfig) -> str:

@@ -16,9 +16,13 @@ The estimate (float32, 4 bytes a number) is deliberately simple; it counts
   actor's training batch, or CBOP's target rollout, whose one Q call covers
   ``batch x (1 + H x K)`` rows through every member (``M x rows x width`` x 2 layers live),
   with the rollout's states and actions;
+- FQE's bootstrap counts: ``agent.num_qvalue_nets x dataset rows`` bytes (8 bytes each when
+  fitted to convergence), with its training batches;
 - evaluation: :data:`BYTES_PER_EVAL_ENV` per environment run side by side plus the
   recorded rollout ``[episodes, max_steps, 2 x obs + action + 8]``.
 
+What is available is the smallest of the machine's available memory and what the
+process's own limits leave (``ulimit -v``/``-d``, a cgroup's memory limit).
 It leaves out the dataset (already loaded when the check runs), the interpreter and
 libraries (a few hundred MB) and allocator slack, so it is no upper bound on the process; it
 is meant to refuse what surely cannot fit. The default (cpu) preset estimates 0.23 GB, the
@@ -76,24 +80,92 @@ def mlp_parameters(in_features: int, hidden: Sequence[int], out_features: int) -
 def available_memory(device: torch.device | str = "cpu") -> tuple[int, str] | None:
     """``(bytes, what they are)`` the run may still use on ``device``; None when unknown.
 
-    CPU: ``MemAvailable`` of ``/proc/meminfo`` (else free physical pages). CUDA: the free
-    memory of that GPU (``torch.cuda.mem_get_info``).
+    CPU: the smallest of ``MemAvailable`` of ``/proc/meminfo`` (else free physical pages),
+    what the process's limits leave (:func:`process_limits`: ``ulimit -v``/``-d`` less what
+    it maps, a cgroup's ``memory.max`` less its usage). CUDA: the free memory of that GPU
+    (``torch.cuda.mem_get_info``).
     """
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free), f"free memory of {device}"
+    found = process_limits()
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024, "available memory (MemAvailable)"
+                found.append((int(line.split()[1]) * 1024, "available memory (MemAvailable)"))
+                break
     except (OSError, ValueError, IndexError):
         pass
+    if not any(what.startswith("available") for _, what in found):
+        try:
+            pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            found.append((int(pages), "free physical memory"))
+        except (ValueError, OSError, AttributeError):
+            pass
+    return min(found) if found else None
+
+
+def _status_bytes(key: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (``VmSize``, ``VmData``) in bytes; 0 if unknown."""
     try:
-        pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
         return None
-    return int(pages), "free physical memory"
+    return int(text) if text.isdigit() else None
+
+
+def process_limits() -> list[tuple[int, str]]:
+    """What this process's own limits leave it: ``(bytes, what they are)`` for each limit set.
+
+    The address-space and data-segment limits (``ulimit -v``, ``ulimit -d``) less what the
+    process maps already, and its cgroup's memory limit (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) less the group's usage.
+    """
+    found: list[tuple[int, str]] = []
+    try:
+        import resource
+
+        for limit, name, status in (
+            (resource.RLIMIT_AS, "address-space limit (ulimit -v)", "VmSize"),
+            (resource.RLIMIT_DATA, "data-segment limit (ulimit -d)", "VmData"),
+        ):
+            soft, _ = resource.getrlimit(limit)
+            if soft != resource.RLIM_INFINITY and soft > 0:
+                left = max(0, soft - _status_bytes(status))
+                what = f"the process's {name} of {format_bytes(soft)}, less what it maps already,"
+                found.append((left, what))
+    except (ImportError, OSError, ValueError):
+        pass
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            base = Path("/sys/fs/cgroup") / group.lstrip("/")
+            limit, usage = base / "memory.max", base / "memory.current"
+        elif "memory" in controllers.split(","):
+            base = Path("/sys/fs/cgroup/memory") / group.lstrip("/")
+            limit, usage = base / "memory.limit_in_bytes", base / "memory.usage_in_bytes"
+        else:
+            continue
+        size, used = _read_int(limit), _read_int(usage)
+        if size is not None and size < 1 << 60 and used is not None:
+            what = f"the memory limit of its cgroup ({format_bytes(size)}), less its usage,"
+            found.append((max(0, size - used), what))
+    return found
 
 
 DYNAMICS_MODEL = "dynamics ensemble (dynamics.num_members x hidden_size x num_layers)"
@@ -110,10 +182,13 @@ def _dynamics_bytes(dynamics, obs_dim: int, action_dim: int) -> tuple[int, int]:
     return 4 * params * FLOAT_BYTES, training * FLOAT_BYTES
 
 
-def run_estimate(config, obs_dim: int, action_dim: int, rollouts: bool = True) -> Estimate:
+def run_estimate(
+    config, obs_dim: int, action_dim: int, rollouts: bool = True, num_rows: int = 0
+) -> Estimate:
     """The bytes of :class:`~cbop_torchrl.config.RunConfig` ``config``'s tensors (module doc).
 
-    ``rollouts``: False for a baseline (no model rollouts; its critic sizes are the same).
+    ``rollouts``: False for a baseline (no model rollouts, no FQE stage; its critic sizes
+    are the same). ``num_rows``: the dataset's transitions (FQE's bootstrap counts).
     """
     agent, dynamics, estimator = config.agent, config.dynamics, config.estimator
     M = int(agent.num_qvalue_nets or 1)
@@ -158,6 +233,13 @@ def run_estimate(config, obs_dim: int, action_dim: int, rollouts: bool = True) -
             act,
         ),
     }
+    if rollouts and num_rows:
+        # FQE: each member's bootstrap resample counts, [M, rows] uint8 (int64 draws when
+        # fitted to convergence), beside its training batches
+        count_bytes = 8 if getattr(config.fqe, "converge", False) else 1
+        stages[
+            "FQE bootstrap counts (agent.num_qvalue_nets x dataset rows) and training batches"
+        ] = M * int(num_rows) * count_bytes + 16 * int(num_rows) + training * FLOAT_BYTES
     largest = max(stages, key=stages.get)
     parts[largest] = stages[largest]  # the stages run one after another
     return Estimate(total=sum(parts.values()), parts=parts)
@@ -184,7 +266,12 @@ def _refuse_if_too_large(estimate: Estimate, device: torch.device | str, lower: 
 
 
 def check_run_fits(
-    config, obs_dim: int, action_dim: int, device: torch.device | str, rollouts: bool = True
+    config,
+    obs_dim: int,
+    action_dim: int,
+    device: torch.device | str,
+    rollouts: bool = True,
+    num_rows: int = 0,
 ) -> Estimate:
     """Raises :class:`MemoryLimitError` when :func:`run_estimate` exceeds what is available.
 
@@ -198,7 +285,7 @@ def check_run_fits(
             "such rollouts would take hours and their memory grows with H. Use a horizon of "
             "at most a few dozen steps (the paper uses estimator.horizon=10)"
         )
-    estimate = run_estimate(config, obs_dim, action_dim, rollouts)
+    estimate = run_estimate(config, obs_dim, action_dim, rollouts, num_rows)
     _refuse_if_too_large(
         estimate,
         device,

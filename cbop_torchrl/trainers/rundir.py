@@ -22,8 +22,12 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from cbop_torchrl.trainers.checkpoint import CheckpointError
-from cbop_torchrl.utils import atomic_json_dump, remove_stale_temporaries
+from cbop_torchrl.trainers.checkpoint import (
+    DATA_RECORD_NAME,
+    CheckpointError,
+    read_data_record,
+)
+from cbop_torchrl.utils import atomic_json_dump, atomic_write, remove_stale_temporaries
 
 LOCK_NAME = ".run.lock"
 
@@ -31,9 +35,6 @@ LOCK_NAME = ".run.lock"
 #: removes or overwrites files in a directory that holds it.
 MARKER_NAME = ".cbop-run"
 
-#: What identifies the run's data (:func:`cbop_torchrl.data.data_record`), written when
-#: the run starts; a run is only continued on the same data (:func:`check_run_data`).
-DATA_RECORD_NAME = "data.json"
 
 #: What may already be in a fresh run directory before the run takes it: Hydra's
 #: ``.hydra/`` and job log (``*.log``), written before the program's own code runs.
@@ -165,11 +166,13 @@ def claim_run_dir(run_dir: str | Path) -> None:
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     marker = run_dir / MARKER_NAME
-    if any(_is_regular_file(run_dir / name) for name in (MARKER_NAME, LOCK_NAME)):
-        _create_marker(marker)
+    if _is_regular_file(marker):
         for directory in (run_dir, run_dir / "logs"):  # left by a run killed mid-write
             remove_stale_temporaries(directory)
+        write_hydra_files(run_dir)
         return
+    # A lock file alone proves nothing (anyone can leave an empty .run.lock): only what a
+    # run writes before anything else, the marker, makes a folder a run's.
     foreign = sorted(
         entry.name
         for entry in run_dir.iterdir()
@@ -179,10 +182,54 @@ def claim_run_dir(run_dir: str | Path) -> None:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
         raise CheckpointError(
             f"the run directory {str(run_dir)!r} already holds files that no cbop-torchrl run "
-            f"wrote there ({shown}), and a run may remove or overwrite its own files. Pass an "
-            "empty or new run directory (hydra.run.dir=...)."
+            f"wrote there ({shown}): it has no {MARKER_NAME} marker, and a run may remove or "
+            "overwrite its own files. Pass an empty or new run directory (hydra.run.dir=...)."
         )
     _create_marker(marker)
+    write_hydra_files(run_dir)
+
+
+_HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+
+_hydra_job: dict[str, Any] = {}
+
+
+def remember_hydra_job(task_config: Any, hydra_config: Any) -> None:
+    """Keeps the job's config and Hydra's for :func:`write_hydra_files` (set by the entry
+    points, whose Hydra writes nothing into the run directory itself: ``output_subdir``
+    is null, so nothing lands in a folder before it is known to be a run's)."""
+    _hydra_job.clear()
+    _hydra_job.update(task=task_config, hydra=hydra_config)
+
+
+def write_hydra_files(run_dir: Path) -> None:
+    """Writes Hydra's record of the command (``.hydra/config.yaml``, ``hydra.yaml``,
+    ``overrides.yaml``) into a claimed run directory, atomically and never through a link.
+
+    Only for the Hydra job whose output directory ``run_dir`` is; nothing otherwise.
+    """
+    if not _hydra_job:
+        return
+    from omegaconf import OmegaConf
+
+    hydra_config = _hydra_job["hydra"]
+    output_dir = OmegaConf.select(hydra_config, "hydra.runtime.output_dir")
+    if output_dir is None or Path(output_dir).resolve() != Path(run_dir).resolve():
+        return
+    folder = Path(run_dir) / ".hydra"
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise CheckpointError(
+            f"{str(folder)!r} is a link or not a folder; a run writes Hydra's record of its "
+            "command there. Remove it or pass another run directory (hydra.run.dir=...)."
+        )
+    folder.mkdir(exist_ok=True)
+    texts = {
+        "config.yaml": OmegaConf.to_yaml(_hydra_job["task"]),
+        "hydra.yaml": OmegaConf.to_yaml(hydra_config),
+        "overrides.yaml": OmegaConf.to_yaml(hydra_config.hydra.overrides.task),
+    }
+    for name in _HYDRA_FILES:
+        atomic_write(folder / name, lambda tmp, text=texts[name]: tmp.write_text(text))
 
 
 def _is_regular_file(path: Path) -> bool:
@@ -227,41 +274,86 @@ def clear_previous_run(run_dir: str | Path) -> list[str]:
     return removed
 
 
-def check_run_data(run_dir: str | Path, record: dict[str, Any], continuing: bool) -> None:
+def check_run_data(
+    run_dir: str | Path,
+    record: dict[str, Any],
+    continuing: bool,
+    checkpoint: dict[str, Any] | None = None,
+) -> None:
     """Refuses to continue a run on other data than it started with; records the data.
 
-    ``record`` (:func:`cbop_torchrl.data.data_record`) is compared by its
-    ``content`` with the one stored in ``run_dir/data.json`` when the run is
-    ``continuing`` (a checkpoint is resumed, or a finished run would be reported).
-    A run directory of an earlier version without the file, and every run that
-    starts afresh, get ``record`` written.
+    ``record`` (:func:`cbop_torchrl.data.data_record`) is the data given now. When the run
+    is ``continuing`` (a checkpoint is resumed, or a finished run would be reported) it is
+    compared by its ``content`` with what the run trained on: the record inside the
+    ``checkpoint`` (every checkpoint carries one) and ``run_dir/data.json``. A ``data.json``
+    that is there but unreadable, or missing while the checkpoint records no data either, is
+    refused: which data the run started on is then unknown, and that is never read as
+    "the same". A run that starts afresh gets ``record`` written.
 
     Raises:
-        CheckpointError: the stored record names other data (both are described).
+        CheckpointError: the stored record names other data (both are described), or it
+            cannot be known which data the run started on.
     """
     path = Path(run_dir) / DATA_RECORD_NAME
-    stored = _read_record(path) if continuing else None
-    if stored is not None and stored.get("content") != record.get("content"):
-        raise CheckpointError(
-            f"the run in {str(run_dir)!r} was started on other data than env={record['source']} "
-            f"holds now: it recorded {describe_data(stored)}, the data is now "
-            f"{describe_data(record)}. Continuing it would train (or report as finished) a run "
-            "on data it did not start with. Pass a new run directory (hydra.run.dir=...) to "
-            "train on this data, resume=false to start over in this one (its checkpoint, "
-            "results and logs are removed), or restore the original data to continue the run."
-        )
-    if stored is None:
+    if not continuing:
         atomic_json_dump(record, path)
+        return
+    in_checkpoint = (checkpoint or {}).get("data")
+    in_checkpoint = in_checkpoint if isinstance(in_checkpoint, dict) else None
+    stored = read_data_record(Path(run_dir))
+    ways_out = (
+        "Pass a new run directory (hydra.run.dir=...) to train on this data, or resume=false "
+        "to start over in this one (its checkpoint, results and logs are removed)"
+    )
+    if stored is None and (os.path.lexists(path) or in_checkpoint is None):
+        state = "is not a readable record" if os.path.lexists(path) else "is missing"
+        raise CheckpointError(
+            f"the run in {str(run_dir)!r} cannot be continued: its {DATA_RECORD_NAME} {state}"
+            f"{'' if in_checkpoint else ' and its checkpoint records no data'}, so it is not "
+            "known which data the run started on, and continuing it (or reporting it as "
+            f"finished) could use other data than env={record.get('source')} held then. "
+            f"{ways_out}."
+        )
+    for what in (in_checkpoint, stored):
+        if what is not None and what.get("content") != record.get("content"):
+            raise CheckpointError(
+                f"the run in {str(run_dir)!r} was started on other data than "
+                f"env={record.get('source')} holds now: it recorded {describe_data(what)}, "
+                f"the data is now {describe_data(record)}. Continuing it would train (or "
+                "report as finished) a run on data it did not start with. "
+                f"{ways_out}, or restore the original data to continue the run."
+            )
+    if stored is None:  # the checkpoint's record is the run's: put the file back
+        atomic_json_dump(in_checkpoint, path)
 
 
-def _read_record(path: Path) -> dict[str, Any] | None:
-    if not _is_regular_file(path):
+def read_run_json(path: str | Path) -> dict[str, Any] | None:
+    """A run's own JSON output (``results.json``): None when there is none.
+
+    Raises:
+        CheckpointError: it is a link, not a regular file, or not a JSON object (a
+            damaged or replaced file), naming it and the ways out.
+    """
+    path = Path(path)
+    if not os.path.lexists(path):
         return None
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+    problem = None
+    if path.is_symlink() or not path.is_file():
+        problem = "is a link or not a regular file"
+    else:
+        try:
+            value = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            value, problem = None, f"cannot be read as JSON ({type(error).__name__}: {error})"
+        if problem is None and not isinstance(value, dict):
+            problem = "does not hold a JSON object"
+    if problem is not None:
+        raise CheckpointError(
+            f"{str(path)!r} {problem}; a run writes it itself, so it was replaced or damaged. "
+            "Remove it and run the same command again (the run resumes from its checkpoint "
+            "and writes it afresh), or pass resume=false to start over in this directory."
+        )
+    return value
 
 
 def describe_data(record: dict[str, Any]) -> str:
