@@ -663,10 +663,17 @@ def validate(config: RunConfig) -> list[str]:
             f"fqe.improvement={config.fqe.improvement!r} must be in (0, 1) (the relative "
             "held-out improvement that counts, e.g. 0.01)"
         )
-    if estimator.psi is not None and not estimator.psi >= 0:
+    qvalue_nets = config.agent.num_qvalue_nets
+    if isinstance(qvalue_nets, int) and not isinstance(qvalue_nets, bool) and qvalue_nets == 1:
         problems.append(
-            f"estimator.psi={estimator.psi} must be >= 0 (0 gives the posterior mean, larger "
-            "values a more conservative lower confidence bound)"
+            "agent.num_qvalue_nets=1: CBOP's Q-ensemble needs at least 2 members (its target "
+            "uses their spread); e.g. agent.num_qvalue_nets=10, or null for the paper's value"
+        )
+    if estimator.psi is not None and not 0 <= estimator.psi < math.inf:
+        problems.append(
+            f"estimator.psi={estimator.psi} must be a finite number >= 0 (0 gives the posterior "
+            "mean, larger values a more conservative lower confidence bound; e.g. "
+            "estimator.psi=2.0)"
         )
     horizon = estimator.horizon
     if horizon is not None and (
@@ -801,8 +808,14 @@ def capped_threads(threads: int | None) -> tuple[int | None, str | None]:
 WANDB_PROJECT_FORBIDDEN = "/\\#?%:"
 
 
+SEED_RANGE = (0, 2**32 - 1)
+"""The seeds NumPy (and so every seeded part of a run) accepts."""
+
+
 def not_a_number_or_empty(values: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """NaN numbers and empty strings anywhere in a config dict (the schema lets both through)."""
+    """Values no setting of any program takes, anywhere in a config dict (the schema lets them
+    through): NaN and infinite numbers, empty strings, and a ``seed`` outside
+    :data:`SEED_RANGE`."""
     problems = []
     for key, value in values.items():
         name = f"{prefix}{key}"
@@ -811,8 +824,20 @@ def not_a_number_or_empty(values: Mapping[str, Any], prefix: str = "") -> list[s
                 problems += not_a_number_or_empty(value, f"{name}.")
         elif isinstance(value, float) and math.isnan(value):
             problems.append(f"{name}=nan is not a number; give a finite value")
+        elif isinstance(value, float) and math.isinf(value):
+            problems.append(f"{name}={value} is not finite; give a finite value")
         elif isinstance(value, str) and not value.strip():
             problems.append(f"{name} is an empty string; give it a value")
+        elif (
+            key == "seed"
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+            and not SEED_RANGE[0] <= value <= SEED_RANGE[1]
+        ):
+            problems.append(
+                f"{name}={value} must be an integer from {SEED_RANGE[0]} to 2**32 - 1 "
+                f"({SEED_RANGE[1]}), e.g. {name}=0"
+            )
     return problems
 
 

@@ -26,7 +26,6 @@ atomically itself and resuming calls ``Trainer.load_state_dict``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,6 +91,7 @@ from cbop_torchrl.trainers.rundir import (
     check_run_data,
     claim_run_dir,
     clear_previous_run,
+    read_run_json,
 )
 from cbop_torchrl.trainers.slicing import SliceBudgetHook, slice_budget_hook
 from cbop_torchrl.utils import atomic_json_dump, resolve_device, seed_everything
@@ -372,7 +372,7 @@ class OfflineRun:
             )  # fmt: skip
         try:
             resume_state = _resume_state(config, run_dir / CHECKPOINT_NAME, training_config)
-            check_run_data(run_dir, record, continuing=resume_state is not None)
+            check_run_data(run_dir, record, resume_state is not None, resume_state)
         except BaseException:
             lock.release()  # a refused run (in a Python session too) leaves the directory free
             raise
@@ -417,9 +417,7 @@ class OfflineRun:
 
     def previous_results(self) -> dict[str, Any] | None:
         """The run directory's ``results.json``, or None when there is none."""
-        if not self.results_path.is_file():
-            return None
-        return json.loads(self.results_path.read_text())
+        return read_run_json(self.results_path)  # a damaged or replaced file: CheckpointError
 
     @property
     def continues_finished_run(self) -> bool:
