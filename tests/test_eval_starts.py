@@ -194,7 +194,13 @@ def test_row_intervals_over_seeds_and_evaluations() -> None:
             }
         )
     summaries.append({"dataset": "d", "variant": "iql", "seed": 0, "curve": [[1000, 7.0]]})
-    rows = {(r["variant"], r["measure"]): r for r in row_intervals(summaries, reps=2000)}
+    # The same variant on another version of the dataset is another row.
+    other_file = {"dataset_provenance": {"sha256": "f" * 64}}
+    summaries.append({"dataset": "d", "variant": "bc", "seed": 0, "curve": [[1000, 99.0]]})
+    summaries[-1].update(other_file)
+    every = row_intervals(summaries, reps=2000)
+    assert [r["last10"] for r in every if r["dataset_sha256"] == "f" * 12] == [99.0]
+    rows = {(r["variant"], r["measure"]): r for r in every if r["dataset_sha256"] is None}
     assert set(rows) == {("bc", "reset"), ("bc", "starts"), ("iql", "reset")}
     reset = rows[("bc", "reset")]
     assert reset["seeds"] == [0, 1, 2]
@@ -204,6 +210,9 @@ def test_row_intervals_over_seeds_and_evaluations() -> None:
     # The window's 9 differences are -2, +2, ..., -2 (mean -2/9): their sample variance is
     # (5 (16/9)^2 + 4 (20/9)^2) / 8 = 2880 / 648, and the noise of one evaluation its root / sqrt 2.
     assert reset["eval_noise"] == pytest.approx(math.sqrt(2880 / 648) / math.sqrt(2), rel=1e-9)
+    # The final window (last 3: level - 1, + 1, - 1) is noisier than the last ten.
+    assert reset["final_ci95"][0] < reset["final"] < reset["final_ci95"][1]
+    assert reset["final_se"] > 0
     low, high = reset["ci95"]
     assert 10.0 <= low < 20.0 < high <= 30.0  # three seeds this far apart: a wide interval
     assert reset["min_difference"] == pytest.approx(1.96 * math.sqrt(2) * reset["se"])

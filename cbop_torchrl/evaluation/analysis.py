@@ -382,7 +382,8 @@ def row_intervals(
     For the reset evaluation (``measure: reset``, the summaries' ``curve``) and the
     start-state evaluation (``measure: starts``, ``start_states.curve``, where present):
 
-    - ``final``: mean over seeds of each seed's final score (last :data:`FINAL_WINDOW`);
+    - ``final``: mean over seeds of each seed's final score (last :data:`FINAL_WINDOW`),
+      with ``final_ci95`` and ``final_se`` from the same bootstrap over its window;
     - ``last10``: mean over seeds of each seed's mean of its last ``window_size``
       evaluations, with ``ci95`` and ``se`` from :func:`hierarchical_bootstrap` (seeds,
       then evaluations within a seed: both sources of noise);
@@ -391,12 +392,16 @@ def row_intervals(
     - ``min_difference``: how far another row of the same ``se`` must be from this one to
       differ, ``1.96 * sqrt(2) * se``; for two rows in general, ``|a - b| > 1.96 *
       sqrt(se_a^2 + se_b^2)``.
+
+    Summaries made on different versions of a dataset (``dataset_provenance.sha256``,
+    ``dataset_sha256`` in the row: its first 12 characters) are separate rows.
     """
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for summary in summaries:
-        groups.setdefault((summary["dataset"], summary["variant"]), []).append(summary)
+        sha = str((summary.get("dataset_provenance") or {}).get("sha256") or "")[:12]
+        groups.setdefault((summary["dataset"], summary["variant"], sha), []).append(summary)
     rows = []
-    for (dataset, variant), members in sorted(groups.items()):
+    for (dataset, variant, sha), members in sorted(groups.items()):
         members = sorted(members, key=lambda s: int(s["seed"]))
         for measure in MEASURE_KEYS:
             curves = {int(s["seed"]): _row_curves(s, measure) for s in members}
@@ -407,6 +412,9 @@ def row_intervals(
             finals = [statistics.fmean(window(curve, FINAL_WINDOW)) for curve in curves.values()]
             last_means = [statistics.fmean(values) for values in lasts]
             means = hierarchical_bootstrap(lasts, reps, seed)
+            final_means = hierarchical_bootstrap(
+                [window(curve, FINAL_WINDOW) for curve in curves.values()], reps, seed
+            )
             tail = (1 - CI_LEVEL) / 2
             noises = [n for n in map(consecutive_noise, lasts) if n is not None]
             se = float(means.std(ddof=1))
@@ -414,9 +422,15 @@ def row_intervals(
                 {
                     "dataset": dataset,
                     "variant": variant,
+                    "dataset_sha256": sha or None,
                     "measure": measure,
                     "seeds": sorted(curves),
                     "final": statistics.fmean(finals),
+                    "final_ci95": [
+                        float(np.quantile(final_means, tail)),
+                        float(np.quantile(final_means, 1 - tail)),
+                    ],
+                    "final_se": float(final_means.std(ddof=1)),
                     "last10": statistics.fmean(last_means),
                     "ci95": [float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))],
                     "se": se,
