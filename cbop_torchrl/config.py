@@ -364,6 +364,9 @@ class RunConfig:
     device: str = "auto"
     threads: int | None = None  # torch CPU threads; None: torch's default (all cores)
     compile: bool = False  # torch.compile of the target (CUDA graphs on CUDA, inductor on CPU)
+    # the whole CBOP gradient step as one captured CUDA graph: null (auto) on a CUDA device,
+    # true requires one, false never (trainers/update.py)
+    cuda_graph: bool | None = None
     resume: str = "auto"
     progress: bool = True
     agent: AgentConfig = field(default_factory=AgentConfig)
@@ -396,6 +399,7 @@ class RunConfig:
             "device",
             "threads",
             "compile",
+            "cuda_graph",
             "resume",
             "progress",
             "eval",

@@ -556,3 +556,39 @@ def test_independent_sampling_decorrelates_the_horizons(sampling, expected):
 def test_unknown_sampling_is_refused():
     with pytest.raises(ValueError, match="sampling must be one of"):
         toy_estimator(sampling="paired")
+
+
+class PoisonedAfterTermination(CounterDynamics):
+    """CounterDynamics whose prediction from a terminal state is NaN (out of the model's range)."""
+
+    def forward(self, td):
+        obs = td.get("observation")
+        k = torch.arange(obs.shape[0]).view(-1, *([1] * (obs.dim() - 1)))
+        terminal = (obs[..., :1] >= self.terminate_at) & (k == 0)  # particle 0's end state
+        td = super().forward(td)
+        next_obs = td.get(("next", "observation"))
+        td.set(("next", "observation"), torch.where(terminal, float("nan"), next_obs))
+        return td
+
+
+@pytest.mark.parametrize("sampling", ["shared", "independent"])
+def test_a_non_finite_prediction_after_termination_leaves_the_target_finite(sampling):
+    """Terminated particles are frozen at their last live state: the model never sees the
+    terminal state, whose prediction here is NaN, and masked horizons stay out of the sums."""
+    constants, K, H, terminate_at = [1.0, 2.0, 4.0], 3, 4, 2
+    torch.manual_seed(0)
+    est = CBOPValueEstimator(
+        actor_network=make_actor(OBS, ACT, hidden_sizes=(8,)),
+        qvalue_network=constant_q_ensemble(constants),
+        dynamics=PoisonedAfterTermination(K, terminate_at),
+        gamma=GAMMA,
+        horizon=H,
+        sampling=sampling,
+    )
+    batch = make_batch()
+    returns, valid, _ = est.rollout_returns(batch.get(("next", "observation")))
+    assert torch.isfinite(returns).all()
+    ref = expected_returns(constants, K, H, terminate_at).float()
+    torch.testing.assert_close(returns, ref.expand(5, -1, -1, -1))
+    target, _ = est.compute_target(batch)
+    assert torch.isfinite(target).all()

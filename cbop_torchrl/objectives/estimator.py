@@ -446,7 +446,12 @@ class CBOPValueEstimator(ValueEstimatorBase):
     def _autocast(self, device: torch.device):
         if self.rollout_dtype == torch.float32:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=self.rollout_dtype)
+        # Inside a CUDA graph capture autocast must not cache its weight casts (PyTorch's
+        # CUDA-graph notes): the cached copies would outlive the capture's allocations.
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        return torch.autocast(
+            device_type=device.type, dtype=self.rollout_dtype, cache_enabled=not capturing
+        )
 
     def _sample_action(
         self, obs: torch.Tensor, with_log_prob: bool
@@ -532,13 +537,17 @@ class CBOPValueEstimator(ValueEstimatorBase):
             step_td = TensorDict({self.obs_key: obs, self.action_key: action}, batch_size=[K, N])
             with self._autocast(device):
                 step_td = self.dynamics(step_td)
-            obs = step_td.get(("next", self.obs_key)).float()
+            next_obs_k = step_td.get(("next", self.obs_key)).float()
             reward = step_td.get(("next", self.tensor_keys.reward)).float().squeeze(-1)
             terminated = step_td.get(("next", self.tensor_keys.terminated)).squeeze(-1)
             # Absorbing: no reward once terminated; the terminal step's reward counts.
             rewards.append(torch.where(alive, reward, torch.zeros_like(reward)))
             alive = alive & ~terminated.bool()
             alive_after.append(alive)
+            # A terminated particle stays at its last live state (as the authors freeze
+            # terminated rollouts): its later rows are masked, and the model never sees a
+            # terminal (possibly non-finite or out-of-range) state.
+            obs = torch.where(alive.unsqueeze(-1), next_obs_k, obs)
             action, _ = self._sample_action(obs, with_log_prob=False)
             q_obs.append(obs)
             q_action.append(action)
@@ -559,8 +568,10 @@ class CBOPValueEstimator(ValueEstimatorBase):
         discounts = gamma ** torch.arange(H, device=device, dtype=reward_h.dtype)  # gamma^(h-1)
         partial = torch.cumsum(reward_h * discounts[:, None, None], dim=0)
         alive_h = torch.stack(alive_after)  # [H, K, N]
-        bootstrap = torch.where(alive_h, gamma * discounts[:, None, None], 0.0)  # gamma^h
-        returns_h = partial + bootstrap * q_h  # [M, H, K, N]
+        # gamma^h Q where the particle is alive; a where, not a 0 x Q product, so a
+        # terminated particle's Q (never used) cannot turn the sum into NaN.
+        bootstrap = torch.where(alive_h, gamma * discounts[:, None, None] * q_h, 0.0)
+        returns_h = partial + bootstrap  # [M, H, K, N]
         returns = torch.cat([returns_0, returns_h.permute(3, 1, 2, 0)], dim=1)
         valid = torch.cat(
             [torch.ones(1, N, dtype=torch.bool, device=device), alive_h.all(dim=1)]
@@ -599,11 +610,13 @@ class CBOPValueEstimator(ValueEstimatorBase):
             )
             with self._autocast(device):
                 step_td = self.dynamics(step_td)
-            obs = step_td.get(("next", self.obs_key)).float().reshape(K, groups, N, obs_dim)
+            stepped = step_td.get(("next", self.obs_key)).float().reshape(K, groups, N, obs_dim)
             reward = step_td.get(("next", self.tensor_keys.reward)).float().reshape(K, groups, N)
             terminated = step_td.get(("next", self.tensor_keys.terminated)).reshape(K, groups, N)
             partial = partial + gamma**t * torch.where(alive, reward, torch.zeros_like(reward))
             alive = alive & ~terminated.bool()
+            # Terminated particles stay at their last live state (see _rollout_returns).
+            obs = torch.where(alive.unsqueeze(-1), stepped, obs)
             valid_group = valid_group & alive.all(dim=0)
             action, _ = self._sample_action(obs, with_log_prob=False)
             # The first remaining group has horizon t + 1: it is complete.
@@ -622,8 +635,8 @@ class CBOPValueEstimator(ValueEstimatorBase):
         returns_0 = q[:, :N].t()[:, None, None, :].expand(N, 1, K, M)
         q_h = q[:, N:].reshape(M, H, K, N)
         discount_h = gamma ** torch.arange(1, H + 1, device=device, dtype=q.dtype)  # gamma^h
-        bootstrap = torch.where(torch.stack(done_alive), discount_h[:, None, None], 0.0)
-        returns_h = torch.stack(done_partial) + bootstrap * q_h  # [M, H, K, N]
+        bootstrap = torch.where(torch.stack(done_alive), discount_h[:, None, None] * q_h, 0.0)
+        returns_h = torch.stack(done_partial) + bootstrap  # [M, H, K, N]
         returns = torch.cat([returns_0, returns_h.permute(3, 1, 2, 0)], dim=1)
         valid = torch.cat(
             [
@@ -702,7 +715,9 @@ class CBOPValueEstimator(ValueEstimatorBase):
         elif self.mode == "map":
             value = post.mean
         elif self.mode == "fixed":
-            weights = self._fixed_weights.to(returns.device)
+            if self._fixed_weights.device != returns.device:  # moved once, not per call
+                self._fixed_weights = self._fixed_weights.to(returns.device)
+            weights = self._fixed_weights
             mean, var = fixed_weight_moments(returns, weights)
             value = mean - self.psi * var.sqrt()
         else:

@@ -166,6 +166,9 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             **estimator_kwargs,
         )
         self.make_value_estimator(estimator)
+        # SACLoss builds its target entropy at the first loss call, a host-to-device copy
+        # inside the first step (which a CUDA graph capture cannot contain): build it now.
+        _ = self.target_entropy
 
     def _member_q(
         self, tensordict: TensorDictBase, action: Tensor, params: TensorDictBase, detach: bool

@@ -88,12 +88,15 @@ def gaussian_posterior(
                 f"valid must be a bool tensor of shape (*batch, H+1) = {tuple(mu_h.shape)}; "
                 f"got shape {tuple(valid.shape)}."
             )
-        valid = valid.clone()
-        valid[..., 0] = True
+        # Horizon 0 always counts (no in-place write of a host scalar: graph-capturable).
+        valid = torch.cat([torch.ones_like(valid[..., :1]), valid[..., 1:]], dim=-1)
         precision = torch.where(valid, precision, torch.zeros_like(precision))
     total_precision = precision.sum(-1)
     weights = precision / total_precision.unsqueeze(-1)
-    mean = (weights * mu_h).sum(-1)
+    # An invalid horizon's samples may be non-finite (a terminated rollout): a where, not
+    # a 0 x mu_h product, keeps them out of the mean.
+    used_mu_h = mu_h if valid is None else torch.where(valid, mu_h, torch.zeros_like(mu_h))
+    mean = (weights * used_mu_h).sum(-1)
     return GaussianPosterior(
         mean=mean,
         var=total_precision.reciprocal(),

@@ -31,7 +31,6 @@ and :class:`~cbop_torchrl.trainers.checkpoint.CheckpointHook`.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -51,6 +50,7 @@ from cbop_torchrl.objectives.pretrain import ensemble_q
 from cbop_torchrl.registry import Task
 from cbop_torchrl.trainers.checkpoint import CheckpointHook, NonFiniteLossError
 from cbop_torchrl.trainers.logging import log_scalars
+from cbop_torchrl.trainers.update import CapturedStep, GradientStep
 
 
 class GradientSteps:
@@ -105,56 +105,107 @@ class SampleFromBuffer(TrainerHookBase):
         trainer.register_module(name, self)
 
 
-def _all_finite(value: torch.Tensor) -> torch.Tensor:
-    """A 0-dim bool tensor: whether every element of ``value`` is finite (no sync)."""
-    return torch.isfinite(value).all()
-
-
 class GuardedOptimizationStepper(OptimizationStepper):
-    """One Adam step on ``loss_actor + loss_qvalue + loss_alpha``, refusing non-finite values.
+    """One optimizer step on ``loss_actor + loss_qvalue + loss_alpha``, refusing non-finite values.
 
-    The losses, the CBOP target statistics and the gradient norm are checked
-    before ``optimizer.step()``: a NaN/inf raises :class:`NonFiniteLossError`
-    naming the step and the last good checkpoint, and no parameter changes.
+    The step is a :class:`~cbop_torchrl.trainers.update.GradientStep` (losses,
+    backward, gradient norm, optimizer step and, given ``target_update``, the
+    target-network update). Every loss, CBOP target statistic and the gradient
+    norm are checked on the device; the host reads the result every
+    ``check_interval`` steps. A non-finite value raises
+    :class:`NonFiniteLossError` naming the first bad step and the last good
+    checkpoint. With ``check_interval=1`` (the default) the check comes before
+    ``optimizer.step()`` and no parameter changes; with a longer interval (a
+    captured step) a fused optimizer skips the bad steps on the device, so the
+    parameters and every checkpoint stay finite, and the run stops at the next check.
+
+    Args:
+        checkpoint: the run's checkpoint hook (``describe_last()`` names the last good one).
+        target_update: a TorchRL target updater stepped inside the step (None: a
+            ``post_optim`` hook does it).
+        cuda_graph: capture the step as a CUDA graph after ``warmup_steps`` eager
+            steps (:class:`~cbop_torchrl.trainers.update.CapturedStep`; the loss must
+            be on a CUDA device and the optimizer fused and capturable).
+        check_interval: gradient steps between reads of the finiteness record.
+        warmup_steps: eager steps before the capture.
     """
 
-    def __init__(self, checkpoint: CheckpointHook) -> None:
+    def __init__(
+        self,
+        checkpoint: CheckpointHook,
+        target_update: Any | None = None,
+        *,
+        cuda_graph: bool = False,
+        check_interval: int = 1,
+        warmup_steps: int = 3,
+    ) -> None:
+        if check_interval < 1:
+            raise ValueError(f"check_interval must be >= 1; got {check_interval}")
         self.checkpoint = checkpoint
+        self.target_update = target_update
+        self.cuda_graph = cuda_graph
+        self.check_interval = check_interval
+        self.warmup_steps = warmup_steps
+        self.update: GradientStep | None = None
+        self._bound_trainer: Trainer | None = None
+        self.captured: CapturedStep | None = None
+        self._first_frame = 0
+        self._calls = 0
+
+    def _build(self, trainer: Trainer) -> None:
+        self.update = GradientStep(trainer.compute_loss, trainer.optimizer, self.target_update)
+        if (self.cuda_graph or self.check_interval > 1) and not self.update.skips_on_device:
+            optimizer = trainer.optimizer
+            raise ValueError(
+                "a captured step or a check_interval > 1 needs an optimizer that skips a "
+                "non-finite step on the device (fused Adam/AdamW/SGD: fused=True); got "
+                f"{type(optimizer).__name__} with fused={optimizer.defaults.get('fused')}"
+            )
+        if self.cuda_graph:
+            self.captured = CapturedStep(self.update, warmup_steps=self.warmup_steps)
+        self._first_frame = trainer.collected_frames
+        self._calls = 0
+        self._bound_trainer = trainer
 
     def step(self, trainer: Trainer, sub_batch: TensorDictBase) -> TensorDictBase:
-        losses = trainer.compute_loss(sub_batch)
-        total = sum(value for key, value in losses.items() if key.startswith("loss_"))
-        trainer.optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, math.inf)
-        checked = {
-            key: value
-            for key, value in losses.items(True, True)
-            if value.numel() > 0 and value.is_floating_point()
-        }
-        # All checks reduce on the device to one flag: the step's only host synchronisation.
-        finite = torch.stack([torch.isfinite(grad_norm), *map(_all_finite, checked.values())])
-        if not finite.all():
-            bad = sorted(
-                "/".join(key) if isinstance(key, tuple) else key
-                for key, value in checked.items()
-                if not torch.isfinite(value).all()
-            )
-            if not torch.isfinite(grad_norm):
-                bad.append("gradient norm")
-            trainer.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(
-                f"non-finite {', '.join(bad)} at gradient step {trainer.collected_frames} of the "
-                "CBOP stage; the step was not applied and the run stopped. Last good "
-                f"checkpoint: {self.checkpoint.describe_last()}. Lower the learning rates "
-                "(agent.*_lr) or check the dataset/dynamics model, then resume (the same "
-                "command continues from that checkpoint)."
-            )
-        trainer.optimizer.step()
-        losses = losses.detach()
-        losses.set("grad_norm", grad_norm.detach())
+        if self._bound_trainer is not trainer:  # bound to one trainer's loss and optimizer
+            self._build(trainer)
+        self._calls += 1
+        check_now = self._calls % self.check_interval == 0
+        if self.captured is not None:
+            losses = self.captured(sub_batch)
+        elif check_now:  # check before the optimizer step: a bad step changes nothing
+            self.update.zero_grad()
+            losses = self.update.forward_backward(sub_batch)
+            self.raise_if_not_finite(trainer)
+            self.update.apply()
+            return losses
+        else:
+            losses = self.update(sub_batch)
+        if check_now:
+            self.raise_if_not_finite(trainer)
         return losses
+
+    def raise_if_not_finite(self, trainer: Trainer) -> None:
+        """Reads the finiteness record (one host synchronisation); raises on a bad step."""
+        bad_steps, first_bad, names = self.update.health.read()
+        if not bad_steps:
+            return
+        self.update.zero_grad()
+        step = self._first_frame + first_bad
+        skipped = (
+            ""
+            if self.captured is None and self.check_interval == 1
+            else f" ({bad_steps} non-finite step(s) up to step {trainer.collected_frames}, "
+            "none of them applied)"
+        )
+        raise NonFiniteLossError(
+            f"non-finite {', '.join(sorted(names))} at gradient step {step} of the CBOP "
+            f"stage{skipped}; the step was not applied and the run stopped. Last good "
+            f"checkpoint: {self.checkpoint.describe_last()}. Lower the learning rates "
+            "(agent.*_lr) or check the dataset/dynamics model, then resume (the same "
+            "command continues from that checkpoint)."
+        )
 
 
 class ActorWeightAverage(TrainerHookBase):

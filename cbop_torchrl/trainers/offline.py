@@ -41,7 +41,7 @@ from torchrl.objectives import SoftUpdate
 from torchrl.record.loggers import Logger
 from torchrl.trainers import OptimizationStepper, TargetNetUpdaterHook, Trainer, TrainerHookBase
 
-from cbop_torchrl.config import RunConfig
+from cbop_torchrl.config import ConfigError, RunConfig
 from cbop_torchrl.data import DatasetInfo, data_record, make_replay_buffer
 from cbop_torchrl.data.transitions import warn_about_action_range
 from cbop_torchrl.envs import (
@@ -214,7 +214,33 @@ def make_optimizer(loss: CBOPLoss, config: RunConfig) -> torch.optim.Optimizer:
         # One fused kernel over all parameters (CPU and CUDA): fewer small kernels, and
         # no per-parameter read of the step count (13 host syncs per step unfused).
         fused=True,
+        # On CUDA the step count stays on the device, so the step can be captured in a
+        # CUDA graph (torch refuses to capture a non-capturable optimizer's step).
+        capturable=loss.log_alpha.device.type == "cuda",
     )
+
+
+def uses_cuda_graph(config: RunConfig, device: torch.device) -> bool:
+    """Whether the CBOP step is captured as a CUDA graph (``cuda_graph``: null = on CUDA).
+
+    Raises:
+        ConfigError: ``cuda_graph=true`` on a device that is not CUDA, or with ``compile=true``
+            (the estimator's own CUDA graphs cannot nest in the step's).
+    """
+    on_cuda = device.type == "cuda"
+    if config.cuda_graph and not on_cuda:
+        raise ConfigError(
+            f"cuda_graph=true captures the CBOP step as a CUDA graph, but this run is on "
+            f"{device}; run with device=cuda on a machine with a GPU, or drop cuda_graph=true "
+            "(the default, cuda_graph=null, captures only on CUDA)."
+        )
+    if config.cuda_graph and config.compile:
+        raise ConfigError(
+            "cuda_graph=true and compile=true both ask for CUDA graphs (the whole step, and "
+            "the target's Q-ensemble inside it), which cannot nest; use one: cuda_graph=true "
+            "compile=false (faster: the whole step) or cuda_graph=false compile=true."
+        )
+    return on_cuda and not config.compile if config.cuda_graph is None else bool(config.cuda_graph)
 
 
 def common_results(
@@ -709,7 +735,9 @@ def cbop_stage(
     config = run.config
     seed_everything(config.seed + CBOP_SEED_OFFSET)
     loss, actor = build_cbop_loss(config, run.info, dynamics, run.device)
+    cuda_graph = uses_cuda_graph(config, run.device)
     # TorchRL's contract: the target updater is associated before the loss reads its targets.
+    # It is stepped inside the gradient step (GuardedOptimizationStepper), captured with it.
     target_update = SoftUpdate(loss, tau=config.agent.tau)
     actor.load_state_dict(bc_state)
     incompatible = loss.load_state_dict(fqe_state, strict=False)  # FQE's online and target Qs
@@ -736,9 +764,9 @@ def cbop_stage(
         partial(cbop_checkpoint_payload, run, actor, rollout_choice),
     )  # fmt: skip
     training = build_offline_training(
-        run, loss=loss, optimizer=optimizer, stepper=GuardedOptimizationStepper(checkpoint),
-        checkpoint=checkpoint, buffer=buffer, generator=generator, actor=actor,
-        eval_env=eval_env, target_update=target_update,
+        run, loss=loss, optimizer=optimizer, stepper=cbop_stepper(config, checkpoint,
+        target_update, cuda_graph), checkpoint=checkpoint, buffer=buffer, generator=generator,
+        actor=actor, eval_env=eval_env, target_update=None,
         extra_hooks=(QValueStats(loss, run.logger, config.train.log_interval), *diagnostics),
     )  # fmt: skip
     start = training.start_step
@@ -751,6 +779,17 @@ def cbop_stage(
     training.train(config.train.total_steps)
     return CBOPStage(
         loss, dynamics, training, diagnostics[0] if diagnostics else None, rollout_choice
+    )
+
+
+def cbop_stepper(
+    config: RunConfig, checkpoint: CheckpointHook, target_update: SoftUpdate, cuda_graph: bool
+) -> GuardedOptimizationStepper:
+    """The CBOP step: eager with a finiteness read per step, or captured with one per log step."""
+    if not cuda_graph:
+        return GuardedOptimizationStepper(checkpoint, target_update)
+    return GuardedOptimizationStepper(
+        checkpoint, target_update, cuda_graph=True, check_interval=config.train.log_interval
     )
 
 

@@ -1,0 +1,221 @@
+"""One gradient step as a plain function of a batch, and its capture as a CUDA graph.
+
+:class:`GradientStep` is the whole update of an SAC-style loss: the losses,
+backward, the gradient norm, the optimizer step and the target-network
+update, written so that nothing in it needs the host: whether the step was
+finite is a device flag, a fused optimizer skips a non-finite step on that
+flag (``found_inf``, the mechanism ``torch.amp.GradScaler`` uses), and the
+flag is accumulated on the device in a :class:`StepHealth` that the caller
+reads when it chooses (every step on a CPU, where reading costs nothing;
+every log interval on a GPU).
+
+:class:`CapturedStep` records such a function once as a ``torch.cuda.CUDAGraph``
+and replays it: after a few eager warm-up steps (on a side stream, as
+PyTorch's whole-network capture recipe asks, so the optimizer's state and
+every lazy buffer exist), one capture, then per step one copy of the batch
+into the graph's static input and one ``replay()``: about 1,100 kernel
+launches become one, with no Python per kernel. Random draws come from the
+device's default generator, whose offsets a CUDA graph advances on every
+replay, so a captured step draws what the eager one would.
+
+Shapes: the batch is a TensorDict with batch ``[B]`` (B fixed for the whole
+run: a new B would need a new capture); the returned losses are a TensorDict
+with batch ``[]`` that the next replay overwrites (clone what you keep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from tensordict import TensorDictBase
+from torch import Tensor
+
+
+def supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step()`` skips itself on ``optimizer.found_inf`` (fused Adam/AdamW/SGD).
+
+    ``torch.amp.GradScaler`` sets ``grad_scale``/``found_inf`` attributes on a fused
+    optimizer, whose kernel then leaves parameters, moments and step count unchanged
+    where ``found_inf`` is nonzero: a skip decided on the device, without a host read.
+    """
+    fused = bool(optimizer.defaults.get("fused"))
+    return fused and isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD))
+
+
+class StepHealth:
+    """Device-side record of non-finite steps: counters a CUDA graph can update.
+
+    Attributes (all on the device):
+        steps: ``[]`` int64, steps run since the record was made.
+        bad_steps: ``[]`` int64, steps whose losses, target or gradient were not finite.
+        first_bad: ``[]`` int64, the index (in ``steps``) of the first such step, -1 if none.
+        first_bad_keys: ``[n_keys]`` bool, which checked values were not finite at that step.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.steps = torch.zeros((), dtype=torch.int64, device=device)
+        self.bad_steps = torch.zeros((), dtype=torch.int64, device=device)
+        self.first_bad = torch.full((), -1, dtype=torch.int64, device=device)
+        self.first_bad_keys: Tensor | None = None
+        self.keys: list[str] = []
+
+    def record(self, finite_by_key: Tensor, keys: list[str]) -> Tensor:
+        """Adds one step; ``finite_by_key`` ``[n_keys]`` bool. Returns the step's ``found_inf``."""
+        if self.first_bad_keys is None:  # the first (eager) call fixes the keys
+            self.keys = list(keys)
+            self.first_bad_keys = torch.zeros_like(finite_by_key)
+        bad = ~finite_by_key.all()
+        is_first = bad & (self.first_bad < 0)
+        self.first_bad.copy_(torch.where(is_first, self.steps, self.first_bad))
+        self.first_bad_keys.copy_(torch.where(is_first, ~finite_by_key, self.first_bad_keys))
+        self.bad_steps.add_(bad.to(torch.int64))
+        self.steps.add_(1)
+        return bad.to(torch.float32)
+
+    def read(self) -> tuple[int, int, list[str]]:
+        """``(bad_steps, first_bad, names)`` on the host: one synchronisation."""
+        values = torch.stack([self.bad_steps, self.first_bad]).tolist()
+        names = []
+        if values[0] and self.first_bad_keys is not None:
+            flags = self.first_bad_keys.tolist()
+            names = [key for key, flag in zip(self.keys, flags, strict=True) if flag]
+        return int(values[0]), int(values[1]), names
+
+
+class GradientStep:
+    """One update of ``loss`` on a batch: ``losses -> backward -> optimizer step -> target update``.
+
+    Args:
+        loss: a TorchRL loss module whose output's ``loss_*`` keys are summed.
+        optimizer: its optimizer. With a fused one (:func:`supports_found_inf`) a
+            non-finite step is skipped on the device; otherwise call
+            :meth:`forward_backward`, read :attr:`health`, then :meth:`apply`.
+        target_update: a TorchRL ``TargetNetUpdater`` (``SoftUpdate``) stepped after
+            the optimizer, or None.
+
+    Calling it runs ``zero_grad`` (``set_to_none``: no kernel, so inside a CUDA
+    graph capture the gradients are allocated in the graph's pool and every
+    replay overwrites them), :meth:`forward_backward` and :meth:`apply`, and
+    returns the detached losses with ``grad_norm`` (a TensorDict, batch ``[]``). Every
+    floating-point output of the loss (losses, the CBOP target's diagnostics)
+    and the gradient norm are checked; :attr:`health` records the result.
+    """
+
+    def __init__(
+        self,
+        loss: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        target_update: object | None = None,
+    ) -> None:
+        self.loss = loss
+        self.optimizer = optimizer
+        self.target_update = target_update
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        device = self.params[0].device
+        self.health = StepHealth(device)
+        self.skips_on_device = supports_found_inf(optimizer)
+        if self.skips_on_device:
+            # A tensor attribute the fused kernel reads: 1.0 skips the step.
+            optimizer.found_inf = torch.zeros((), dtype=torch.float32, device=device)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def forward_backward(self, batch: TensorDictBase) -> TensorDictBase:
+        """Losses, backward and the health record; parameters are not changed yet."""
+        losses = self.loss(batch)
+        total = sum(value for key, value in losses.items() if key.startswith("loss_"))
+        total.backward()
+        grads = [p.grad for p in self.params if p.grad is not None]
+        # The total 2-norm without clip_grad_norm_'s multiply by a clip factor of 1.
+        grad_norm = torch.nn.utils.get_total_norm(grads)
+        checked = {
+            "/".join(key) if isinstance(key, tuple) else key: value
+            for key, value in losses.items(True, True)
+            if value.numel() > 0 and value.is_floating_point()
+        }
+        finite = torch.stack(
+            [torch.isfinite(value).all() for value in checked.values()]
+            + [torch.isfinite(grad_norm)]
+        )
+        found_inf = self.health.record(finite, [*checked, "gradient norm"])
+        if self.skips_on_device:
+            self.optimizer.found_inf.copy_(found_inf)
+        losses = losses.detach()
+        losses.set("grad_norm", grad_norm.detach())
+        return losses
+
+    def apply(self) -> None:
+        """The optimizer step (skipped on the device for a non-finite fused step), then targets."""
+        self.optimizer.step()
+        if self.target_update is not None:
+            self.target_update.step()
+
+    def __call__(self, batch: TensorDictBase) -> TensorDictBase:
+        self.zero_grad()
+        losses = self.forward_backward(batch)
+        self.apply()
+        return losses
+
+
+class CapturedStep:
+    """``step(batch)`` recorded once as a CUDA graph, then replayed (CUDA only).
+
+    Args:
+        step: the function to capture (a :class:`GradientStep`): it must make no
+            host synchronisation and allocate nothing from host data once warm.
+        warmup_steps: eager steps, run on a side stream, before the capture.
+
+    The first ``warmup_steps`` calls run ``step`` eagerly (they are real steps);
+    the next records it with the batch copied into a static input and replays it
+    (that replay is the step); later calls copy their batch into the static input
+    and replay. The outputs are the graph's static tensors.
+    """
+
+    def __init__(
+        self,
+        step: Callable[[TensorDictBase], TensorDictBase],
+        warmup_steps: int = 3,
+    ) -> None:
+        if warmup_steps < 1:
+            raise ValueError(
+                f"warmup_steps must be >= 1 (lazy state must exist); got {warmup_steps}"
+            )
+        self.step = step
+        self.warmup_steps = warmup_steps
+        self.warmed = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_batch: TensorDictBase | None = None
+        self.static_out: TensorDictBase | None = None
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    def _on_side_stream(self, batch: TensorDictBase) -> TensorDictBase:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = self.step(batch)
+        torch.cuda.current_stream().wait_stream(side)
+        return out
+
+    def capture(self, batch: TensorDictBase) -> None:
+        """Records ``step`` on a copy of ``batch`` (nothing is computed until :meth:`replay`)."""
+        self.static_batch = batch.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self.static_out = self.step(self.static_batch)
+        self.graph = graph
+
+    def __call__(self, batch: TensorDictBase) -> TensorDictBase:
+        if self.graph is None:
+            if self.warmed < self.warmup_steps:
+                self.warmed += 1
+                return self._on_side_stream(batch)
+            self.capture(batch)
+        else:
+            self.static_batch.update_(batch)
+        self.graph.replay()
+        return self.static_out

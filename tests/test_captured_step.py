@@ -1,0 +1,247 @@
+"""The CBOP gradient step as one plain function (trainers/update.py), checked on the CPU.
+
+What a CUDA graph capture needs of the step, and what can be checked without a
+GPU: the function computes exactly the update the eager stepper did; it makes
+no host synchronisation and builds no tensor from host data in steady state
+(a capture would fail on the first, and freeze the second); a non-finite step
+is skipped on the device and reported at the next read. The capture itself
+(``CapturedStep``) and its equality with the eager step are in tests/test_cuda.py.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch.utils._python_dispatch import TorchDispatchMode
+from torchrl.objectives import SoftUpdate
+
+from cbop_torchrl.config import ConfigError, RunConfig
+from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
+from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
+from cbop_torchrl.objectives.loss import CBOPLoss
+from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
+from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper
+from cbop_torchrl.trainers.offline import uses_cuda_graph
+from cbop_torchrl.trainers.update import CapturedStep, GradientStep
+from cbop_torchrl.utils import HostSyncCounter
+
+OBS, ACT, BATCH = 5, 2, 16
+
+pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
+
+
+def _loss(seed: int = 0) -> CBOPLoss:
+    torch.manual_seed(seed)
+    ensemble = GaussianEnsemble(OBS, ACT, num_members=4, hidden_sizes=(16, 16))
+    dynamics = DynamicsModel(ensemble, "hopper", elites=[0, 2, 3])
+    return CBOPLoss(
+        make_actor(OBS, ACT, (16,)),
+        make_qvalue_ensemble(3, OBS, ACT, (16, 16)),
+        dynamics,
+        action_spec=action_spec(ACT, torch.device("cpu")),
+        horizon=3,
+    )
+
+
+def _batches(steps: int) -> list[TensorDict]:
+    generator = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(steps):
+        obs = torch.randn(BATCH, OBS, generator=generator)
+        obs[:, 0] = 1.25  # hopper's healthy height: rollouts mostly stay alive
+        out.append(
+            TensorDict(
+                {
+                    "observation": obs,
+                    "action": torch.rand(BATCH, ACT, generator=generator) * 2 - 1,
+                    ("next", "observation"): obs + 0.01 * torch.randn(BATCH, OBS),
+                    ("next", "reward"): torch.randn(BATCH, 1, generator=generator),
+                    ("next", "terminated"): torch.zeros(BATCH, 1, dtype=torch.bool),
+                },
+                batch_size=[BATCH],
+            )
+        )
+    return out
+
+
+def _adam(loss: CBOPLoss) -> torch.optim.Adam:
+    return torch.optim.Adam(loss.parameters(), lr=1e-3, fused=True)
+
+
+def _reference_update(loss, optimizer, target_update, batch) -> None:
+    """The eager stepper's update as it was written before the step became one function."""
+    losses = loss(batch)
+    total = sum(value for key, value in losses.items() if key.startswith("loss_"))
+    optimizer.zero_grad(set_to_none=True)
+    total.backward()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    torch.nn.utils.clip_grad_norm_(params, float("inf"))
+    optimizer.step()
+    target_update.step()
+
+
+def test_the_step_function_equals_the_eager_update_bit_for_bit() -> None:
+    reference, tested = _loss(), _loss()
+    ref_opt, opt = _adam(reference), _adam(tested)
+    ref_target, target = SoftUpdate(reference, tau=0.05), SoftUpdate(tested, tau=0.05)
+    step = GradientStep(tested, opt, target)
+    for i, batch in enumerate(_batches(5)):
+        torch.manual_seed(100 + i)
+        _reference_update(reference, ref_opt, ref_target, batch.clone())
+        torch.manual_seed(100 + i)
+        losses = step(batch.clone())
+        assert {"loss_actor", "loss_qvalue", "loss_alpha", "grad_norm"} <= set(losses.keys())
+    for key, value in reference.state_dict().items():
+        assert torch.equal(value, tested.state_dict()[key]), key
+    assert step.health.read() == (0, -1, [])
+
+
+class _HostDataAudit(TorchDispatchMode):
+    """Counts tensors made from host data (``torch.tensor(x)``) and reads of device values.
+
+    On a GPU the first is a host-to-device copy that a CUDA graph would freeze at its
+    capture, the second a synchronisation a capture refuses.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = func.name()
+        if name.startswith(("aten::lift_fresh", "aten::_local_scalar_dense", "aten::nonzero")):
+            self.found.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_warm_step_makes_no_host_sync_and_no_tensor_from_host_data() -> None:
+    loss = _loss()
+    step = GradientStep(loss, _adam(loss), SoftUpdate(loss, tau=0.05))
+    batches = _batches(3)
+    step(batches[0])  # lazy state (Adam's moments, the health record's keys) is made here
+    with HostSyncCounter() as syncs, _HostDataAudit() as audit:
+        step(batches[1])
+        step(batches[2])
+    assert syncs.count == 0, syncs.by_op
+    assert audit.found == []
+
+
+class _NanAtStep:
+    """A loss ``sum(p^2)`` whose value is NaN at the given calls (0-based)."""
+
+    def __init__(self, parameter: torch.nn.Parameter, bad_calls: set[int]) -> None:
+        self.parameter, self.bad_calls, self.calls = parameter, bad_calls, 0
+
+    def __call__(self, batch: TensorDict) -> TensorDict:
+        scale = float("nan") if self.calls in self.bad_calls else 1.0
+        self.calls += 1
+        loss = (self.parameter**2).sum() * scale
+        return TensorDict({"loss_qvalue": loss, "cbop": {"target_mean": loss.detach()}}, [])
+
+
+class _Trainer:
+    def __init__(self, loss, optimizer) -> None:
+        self.compute_loss, self.optimizer, self.collected_frames = loss, optimizer, 40
+
+
+class _Checkpoint:
+    def describe_last(self) -> str:
+        return "run/checkpoint.pt (gradient step 30)"
+
+
+def test_a_deferred_check_skips_the_bad_step_on_the_device_and_names_it() -> None:
+    parameter = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.Adam([parameter], lr=0.1, fused=True)
+    trainer = _Trainer(_NanAtStep(parameter, bad_calls={1}), optimizer)
+    stepper = GuardedOptimizationStepper(_Checkpoint(), check_interval=4)
+    values = []
+    for _ in range(3):
+        stepper.step(trainer, TensorDict())
+        values.append(parameter.detach().clone())
+    assert not torch.equal(values[0], torch.ones(3))  # step 0 applied
+    assert torch.equal(values[1], values[0])  # step 1 (NaN) skipped by the fused kernel
+    assert not torch.equal(values[2], values[1])  # step 2 applied
+    assert int(optimizer.state[parameter]["step"]) == 2
+    with pytest.raises(NonFiniteLossError) as error:
+        stepper.step(trainer, TensorDict())  # the fourth call reads the record
+    message = str(error.value)
+    assert "at gradient step 41" in message  # the trainer was at 40 on the first call
+    assert "loss_qvalue" in message and "cbop/target_mean" in message
+    assert "run/checkpoint.pt (gradient step 30)" in message
+    assert torch.isfinite(parameter).all()
+
+
+def test_a_deferred_check_needs_a_fused_optimizer() -> None:
+    parameter = torch.nn.Parameter(torch.ones(3))
+    trainer = _Trainer(_NanAtStep(parameter, set()), torch.optim.SGD([parameter], lr=0.1))
+    stepper = GuardedOptimizationStepper(_Checkpoint(), check_interval=10)
+    with pytest.raises(ValueError, match="fused=True"):
+        stepper.step(trainer, TensorDict())
+
+
+def test_steps_between_checks_read_nothing_from_the_device() -> None:
+    loss = _loss()
+    trainer = _Trainer(loss, _adam(loss))
+    stepper = GuardedOptimizationStepper(
+        _Checkpoint(), SoftUpdate(loss, tau=0.05), check_interval=3
+    )
+    counts = []
+    for batch in _batches(6):
+        with HostSyncCounter() as syncs:
+            stepper.step(trainer, batch)
+        counts.append(syncs.count)
+    assert counts[0] == 0 and counts[1] == 0 and counts[3] == 0 and counts[4] == 0, counts
+
+
+def test_cuda_graph_is_chosen_on_cuda_only_and_refused_where_it_cannot_run() -> None:
+    config = RunConfig()
+    assert uses_cuda_graph(config, torch.device("cpu")) is False
+    assert uses_cuda_graph(config, torch.device("cuda")) is True
+    assert uses_cuda_graph(RunConfig(cuda_graph=False), torch.device("cuda")) is False
+    assert uses_cuda_graph(RunConfig(compile=True), torch.device("cuda")) is False
+    with pytest.raises(ConfigError, match="device=cuda"):
+        uses_cuda_graph(RunConfig(cuda_graph=True), torch.device("cpu"))
+    with pytest.raises(ConfigError, match="cannot nest"):
+        uses_cuda_graph(RunConfig(cuda_graph=True, compile=True), torch.device("cuda"))
+
+
+def test_a_captured_step_needs_a_warm_up() -> None:
+    with pytest.raises(ValueError, match="warmup_steps"):
+        CapturedStep(lambda batch: batch, warmup_steps=0)
+
+
+def test_resuming_the_step_function_from_a_state_dict_continues_exactly() -> None:
+    """Two half-runs (state saved and loaded in between, a new step function) equal one run."""
+    batches = _batches(6)
+    whole = _loss()
+    whole_step = GradientStep(whole, _adam(whole), SoftUpdate(whole, tau=0.05))
+    torch.manual_seed(7)
+    for batch in batches:
+        whole_step(batch.clone())
+
+    first = _loss()
+    first_opt = _adam(first)
+    first_step = GradientStep(first, first_opt, SoftUpdate(first, tau=0.05))
+    torch.manual_seed(7)
+    for batch in batches[:3]:
+        first_step(batch.clone())
+    saved = copy.deepcopy(
+        {"loss": first.state_dict(), "opt": first_opt.state_dict(), "rng": torch.get_rng_state()}
+    )
+    second = _loss()  # the same dynamics model; the trained weights come from the saved state
+    with torch.no_grad():
+        for parameter in second.parameters():
+            parameter.normal_()
+    second_opt = _adam(second)
+    # The updater first (constructing one copies the online weights onto the targets).
+    second_step = GradientStep(second, second_opt, SoftUpdate(second, tau=0.05))
+    second.load_state_dict(saved["loss"])
+    second_opt.load_state_dict(saved["opt"])
+    torch.set_rng_state(saved["rng"])
+    for batch in batches[3:]:
+        second_step(batch.clone())
+    for key, value in whole.state_dict().items():
+        assert torch.equal(value, second.state_dict()[key]), key
