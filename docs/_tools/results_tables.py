@@ -1,0 +1,111 @@
+"""The results figures that appear on several pages, generated from one source.
+
+The source is the benchmark's summaries (``benchmarks/results/<dataset>/<variant>/seed*.json``)
+read with the report's functions (:mod:`cbop_torchrl.evaluation.report`), the same ones that
+write ``benchmarks/results/report/``. A page holds a generated block between
+
+    <!-- generated: NAME (python docs/_tools/results_tables.py --write) -->
+    ...
+    <!-- end: NAME -->
+
+and ``python docs/_tools/results_tables.py --write`` rewrites every block of README.md and the
+docs pages from the summaries there are; ``--check`` (and tests/test_docs_results_tables.py)
+fails when one differs. Blocks:
+
+- ``headline``: each current algorithm's final score per dataset, with the lowest and highest
+  seed's and the number of seeds, the data's behaviour policy and size
+  (:func:`~cbop_torchrl.evaluation.report.headline_markdown`).
+- ``datasets``: the sets the results were measured on, from the generator's provenance that
+  each summary stores (transitions, episodes, behaviour policy, file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+PAGES = (ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "docs" / "datasets.md")
+BLOCK = re.compile(
+    r"(<!-- generated: (?P<name>[\w-]+) \(python docs/_tools/results_tables.py --write\) -->\n)"
+    r"(?P<body>.*?)"
+    r"(<!-- end: (?P=name) -->)",
+    re.S,
+)
+
+
+def summaries() -> list[dict]:
+    from cbop_torchrl.evaluation.report import load_summaries
+
+    return load_summaries([RESULTS], analysis=False)
+
+
+def datasets_markdown(found: list[dict]) -> str:
+    """The sets of the headline (the current variants' runs): size, behaviour policy, file."""
+    from cbop_torchrl.evaluation.report import CURRENT, _file_versions
+
+    lines = [
+        "| dataset | transitions | episodes | the data's mean episode score | behaviour policy "
+        "(medium), normalized | file (sha256) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for dataset in sorted({s["dataset"] for s in found}):
+        provenances = [
+            s["dataset_provenance"]
+            for s in found
+            if s["dataset"] == dataset and s["variant"] in CURRENT and s.get("dataset_provenance")
+        ]
+        if not provenances:
+            continue
+        p = provenances[0]
+        lines.append(
+            f"| {dataset} | {int(p['transitions']):,} | {int(p['episodes']):,} | "
+            f"{float(p['episode_normalized_score_mean']):.1f} | "
+            f"{float(p['policy_normalized_score']):.1f} | {_file_versions(provenances)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def blocks(found: list[dict] | None = None) -> dict[str, str]:
+    from cbop_torchrl.evaluation.report import headline_markdown
+
+    found = summaries() if found is None else found
+    return {"headline": headline_markdown(found), "datasets": datasets_markdown(found)}
+
+
+def render(text: str, generated: dict[str, str]) -> str:
+    """``text`` with each generated block's body replaced by its current content."""
+
+    def replace(match: re.Match) -> str:
+        return f"{match[1]}\n{generated[match['name']]}\n{match[4]}"
+
+    return BLOCK.sub(replace, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the pages' blocks")
+    parser.add_argument("--check", action="store_true", help="fail when a block is stale")
+    args = parser.parse_args(argv)
+    generated = blocks()
+    stale = []
+    for page in PAGES:
+        text = page.read_text()
+        new = render(text, generated)
+        if new != text:
+            stale.append(page.relative_to(ROOT).as_posix())
+            if args.write:
+                page.write_text(new)
+    if stale and not args.write:
+        command = "python docs/_tools/results_tables.py --write"
+        print(f"stale generated blocks in {', '.join(stale)}: {command}")
+        return 1
+    print("rewrote " + ", ".join(stale) if stale else "every generated block is current")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Figures that appear on several pages come from one source and agree.
+
+The headline results table and the datasets' sizes and behaviour policies in README.md and
+docs/results.md are generated from the benchmark's summaries by docs/_tools/results_tables.py;
+docs/datasets.md's table of the generated sets (from benchmarks/dataset_stats.py) must give
+the same transitions and behaviour-policy score for every set the results use.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs" / "_tools"))
+import results_tables  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def summaries() -> list[dict]:
+    return results_tables.summaries()
+
+
+@pytest.fixture(scope="module")
+def generated(summaries: list[dict]) -> dict[str, str]:
+    return results_tables.blocks(summaries)
+
+
+@pytest.mark.parametrize("page", results_tables.PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_the_generated_blocks_are_current(page: Path, generated: dict[str, str]) -> None:
+    text = page.read_text()
+    assert results_tables.render(text, generated) == text, (
+        f"{page.name}: stale results block; run python docs/_tools/results_tables.py --write"
+    )
+
+
+def test_the_readme_and_the_results_page_open_with_the_headline() -> None:
+    for page in (ROOT / "README.md", ROOT / "docs" / "results.md"):
+        assert "<!-- generated: headline " in page.read_text(), page.name
+
+
+def test_the_datasets_page_agrees_with_the_summaries(summaries: list[dict]) -> None:
+    text = (ROOT / "docs" / "datasets.md").read_text()
+    checked = 0
+    for summary in summaries:
+        provenance = summary.get("dataset_provenance")
+        if not provenance or summary["variant"] != "cbop":
+            continue
+        rows = re.findall(rf"^\| {re.escape(summary['dataset'])} \|(.*)$", text, re.M)
+        assert rows, f"docs/datasets.md has no row for {summary['dataset']}"
+        cells = [c.strip() for c in rows[0].split("|")]
+        transitions = int(cells[0].split()[0].replace(",", ""))
+        assert transitions == int(provenance["transitions"]), (summary["dataset"], cells[0])
+        behaviour = float(re.search(r", ([\d.]+) \(", cells[4])[1])  # "step, score (episodes)"
+        assert behaviour == pytest.approx(provenance["policy_normalized_score"], abs=0.05)
+        checked += 1
+    assert checked
+
+
+def test_render_replaces_only_the_named_blocks() -> None:
+    text = (
+        "a\n<!-- generated: headline (python docs/_tools/results_tables.py --write) -->\nold\n"
+        "<!-- end: headline -->\nb\n"
+    )
+    new = results_tables.render(text, {"headline": "| x |\n"})
+    assert new.startswith("a\n") and new.endswith("<!-- end: headline -->\nb\n")
+    assert "old" not in new and "\n| x |\n" in new
