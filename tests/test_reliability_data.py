@@ -32,7 +32,7 @@ import cbop_torchrl.trainers.offline as offline
 import cbop_torchrl.trainers.pretrain as pretrain
 import cbop_torchrl.utils as utils
 from cbop_torchrl.config import PretrainConfig, RunConfig
-from cbop_torchrl.data import DatasetError, load_dataset_with_info
+from cbop_torchrl.data import DatasetError, data_record, load_dataset_with_info
 from cbop_torchrl.modules.dynamics import load_dynamics, save_dynamics
 from cbop_torchrl.trainers.checkpoint import CheckpointError, NonFiniteLossError
 from cbop_torchrl.trainers.dynamics import DynamicsConfig, load_or_train_dynamics
@@ -94,15 +94,21 @@ def test_a_run_is_never_continued_or_reported_finished_on_changed_data(
     assert json.loads((run_dir / DATA_RECORD_NAME).read_text())["content"] != recorded["content"]
 
 
-def test_a_run_directory_without_a_data_record_gets_one(
+def test_a_missing_data_record_comes_from_the_checkpoint_or_the_run_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     file = write_d4rl_hdf5(tmp_path / "hopper-x.hdf5", episode_lengths=(30, 30))
+    record = data_record(load_dataset_with_info(str(file))[1])
     run_dir = tmp_path / "run"
-    claim_run_dir(run_dir)  # a run of an earlier version: marked, no data.json
-    monkeypatch.setattr(offline, "_resume_state", lambda *args: {"step": 1})
+    claim_run_dir(run_dir)  # a run whose data.json was removed: marked, no data.json
+    monkeypatch.setattr(offline, "_resume_state", lambda *args: {"step": 1, "data": record})
     open_run(file, run_dir).lock.release()
-    assert (run_dir / DATA_RECORD_NAME).is_file()
+    assert json.loads((run_dir / DATA_RECORD_NAME).read_text()) == record
+    (run_dir / DATA_RECORD_NAME).unlink()  # and the checkpoint records no data either
+    monkeypatch.setattr(offline, "_resume_state", lambda *args: {"step": 1})
+    with pytest.raises(CheckpointError, match="data.json is missing and its checkpoint records"):
+        open_run(file, run_dir)
+    assert not (run_dir / DATA_RECORD_NAME).exists()
 
 
 # ------------------------------------------------------------------ 4: diverged stages

@@ -28,7 +28,7 @@ from cbop_torchrl.evaluation.analysis import load_run_config
 from cbop_torchrl.evaluation.report import ReportError, load_summaries, summarize_run
 from cbop_torchrl.registry import get_family
 from cbop_torchrl.trainers import memory
-from cbop_torchrl.trainers.checkpoint import CheckpointError, load_policy
+from cbop_torchrl.trainers.checkpoint import CheckpointError, load_policy, seal
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 180
@@ -67,11 +67,13 @@ def _one_error(done: subprocess.CompletedProcess) -> str:
 
 
 def _edited_policy(finished_run: dict, tmp_path: Path, edit) -> Path:
-    """A copy of the run's ``policy.pt`` changed by ``edit(state)`` (a hostile or damaged file)."""
+    """A copy of the run's ``policy.pt`` changed by ``edit(state)`` (a hostile file: its
+    integrity digest is made again, as a deliberate edit would, so the checks of its content
+    are what refuses it)."""
     state = torch.load(finished_run["run"] / "policy.pt", weights_only=True)
     edit(state)
     path = tmp_path / "policy.pt"
-    torch.save(state, path)
+    torch.save(seal(state), path)
     return path
 
 
