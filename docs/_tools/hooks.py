@@ -52,13 +52,18 @@ def _outside_text(markdown: str):
     yield False, markdown[last:]
 
 
+RELATIVE_LINK = re.compile(r"\]\(((?![a-z]+:|#|/)[^)#\s]+)(#[^)\s]*)?\)")
+"""Any relative link: those of a repository file put into the site."""
+
+
 def _repository_targets(page_path: Path, markdown: str) -> list[Path]:
     """Repository files outside docs/ that ``markdown`` (the file ``page_path``) links."""
     found = []
+    link = REPO_LINK if page_path.is_relative_to(DOCS) else RELATIVE_LINK
     for is_code, text in _outside_text(markdown):
         if is_code:
             continue
-        for match in REPO_LINK.finditer(text):
+        for match in link.finditer(text):
             target = (page_path.parent / match[1]).resolve()
             if not target.is_relative_to(DOCS) and target.is_relative_to(ROOT) and target.is_file():
                 found.append(target)
@@ -143,10 +148,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         relative = posixpath.relpath(site_path(target), page_dir or ".")
         return f"]({relative}{match[2] or ''})"
 
-    if src_uri.startswith(f"{REPO_DIR}/"):
-        link = re.compile(r"\]\(((?!https?:|#|/)[^)#\s]+)(#[^)\s]*)?\)")
-    else:
-        link = REPO_LINK
+    link = RELATIVE_LINK if src_uri.startswith(f"{REPO_DIR}/") else REPO_LINK
     return "".join(
         text if is_code else link.sub(to_site, text) for is_code, text in _outside_text(markdown)
     )
