@@ -30,7 +30,7 @@ the "% bf16" column: a GPU's headline figure). ``--device cuda`` times the paper
 sizes (``paper``: walker2d and the other tasks, M = 20; ``paper-hopper``: M = 50)
 against an 8192 x 8192 matmul peak and skips the CPU-only parts.
 ``--sizes cpu,cpu-c2x256,cpu-c3x256b256`` times the CPU preset (3x256 critics) beside the
-preset with 2x256 critics (before session 16) and with the paper's batch 256 too
+preset with 2x256 critics (before commit 5bc7ba6) and with the paper's batch 256 too
 (docs/learning.md, Experiments 32-34) in one process.
 
 With the CPU-preset size it also times the CBOP stage's whole step (sample, loss,

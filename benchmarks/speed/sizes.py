@@ -77,7 +77,7 @@ def cpu_deep_critics_size(cpu: Size) -> Size:
 
 
 def cpu_shallow_critics_size(cpu: Size) -> Size:
-    """``cpu`` with critics as wide as its actor (2x256): the CPU preset before session 16.
+    """``cpu`` with critics as wide as its actor (2x256): the CPU preset before commit 5bc7ba6.
 
     What the preset's switch to 3x256 critics (docs/learning.md, Experiment 34) costs.
     """
