@@ -200,6 +200,7 @@ def test_row_intervals_over_seeds_and_evaluations() -> None:
     summaries[-1].update(other_file)
     every = row_intervals(summaries, reps=2000)
     assert [r["last10"] for r in every if r["dataset_sha256"] == "f" * 12] == [99.0]
+    assert all(r["last10_t_ci95"] is None for r in every if r["seeds"] == [0])
     rows = {(r["variant"], r["measure"]): r for r in every if r["dataset_sha256"] is None}
     assert set(rows) == {("bc", "reset"), ("bc", "starts"), ("iql", "reset")}
     reset = rows[("bc", "reset")]
@@ -212,10 +213,13 @@ def test_row_intervals_over_seeds_and_evaluations() -> None:
     assert reset["eval_noise"] == pytest.approx(math.sqrt(2880 / 648) / math.sqrt(2), rel=1e-9)
     # The final window (last 3: level - 1, + 1, - 1) is noisier than the last ten.
     assert reset["final_ci95"][0] < reset["final"] < reset["final_ci95"][1]
-    assert reset["final_se"] > 0
-    low, high = reset["ci95"]
+    assert reset["final_se"] > reset["last10_se"] > 0
+    low, high = reset["last10_ci95"]
     assert 10.0 <= low < 20.0 < high <= 30.0  # three seeds this far apart: a wide interval
-    assert reset["min_difference"] == pytest.approx(1.96 * math.sqrt(2) * reset["se"])
+    assert reset["last10_min_difference"] == pytest.approx(1.96 * math.sqrt(2) * reset["last10_se"])
+    # Student's t over the seed means 10, 20, 30: 20 +- 4.303 * 10 / sqrt(3).
+    half = 4.303 * 10.0 / math.sqrt(3)
+    assert reset["last10_t_ci95"] == pytest.approx([20.0 - half, 20.0 + half])
     assert rows[("bc", "starts")]["last10"] == pytest.approx(25.0)
     assert rows[("iql", "reset")]["across_seed_std"] is None
 

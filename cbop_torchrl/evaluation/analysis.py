@@ -371,6 +371,35 @@ def hierarchical_bootstrap(
     return means
 
 
+#: Student's t 97.5% quantiles for 1-10 degrees of freedom (beyond: 1.96 + 2.4 / df, within 0.01).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def t_interval(values: Sequence[float]) -> list[float] | None:
+    """The 95% Student-t interval of the mean of ``values`` (None with fewer than 2)."""
+    if len(values) < 2:
+        return None
+    df = len(values) - 1
+    quantile = T_975[df - 1] if df <= len(T_975) else 1.96 + 2.4 / df
+    half = quantile * statistics.stdev(values) / math.sqrt(len(values))
+    mean = statistics.fmean(values)
+    return [mean - half, mean + half]
+
+
+def _bootstrap_fields(name: str, per_seed: list[list[float]], reps: int, seed: int) -> dict:
+    """``<name>``, ``<name>_ci95``, ``<name>_se``, ``<name>_t_ci95``, ``<name>_min_difference``."""
+    means = hierarchical_bootstrap(per_seed, reps, seed)
+    tail = (1 - CI_LEVEL) / 2
+    se = float(means.std(ddof=1))
+    return {
+        name: statistics.fmean(statistics.fmean(values) for values in per_seed),
+        f"{name}_ci95": [float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))],
+        f"{name}_se": se,
+        f"{name}_t_ci95": t_interval([statistics.fmean(values) for values in per_seed]),
+        f"{name}_min_difference": 1.96 * math.sqrt(2) * se,
+    }
+
+
 def row_intervals(
     summaries: Sequence[dict[str, Any]],
     window_size: int = LAST_WINDOW,
@@ -380,19 +409,21 @@ def row_intervals(
     """One entry per (dataset, variant, measure) of ``summaries``: the row's score and interval.
 
     For the reset evaluation (``measure: reset``, the summaries' ``curve``) and the
-    start-state evaluation (``measure: starts``, ``start_states.curve``, where present):
+    start-state evaluation (``measure: starts``, ``start_states.curve``, where present),
+    the row's ``final`` (the mean over seeds of each seed's mean of its last
+    :data:`FINAL_WINDOW` evaluations) and ``last10`` (the same over the last ``window_size``),
+    each with:
 
-    - ``final``: mean over seeds of each seed's final score (last :data:`FINAL_WINDOW`),
-      with ``final_ci95`` and ``final_se`` from the same bootstrap over its window;
-    - ``last10``: mean over seeds of each seed's mean of its last ``window_size``
-      evaluations, with ``ci95`` and ``se`` from :func:`hierarchical_bootstrap` (seeds,
-      then evaluations within a seed: both sources of noise);
-    - ``across_seed_std``: the std over seeds of their last-``window_size`` means;
-    - ``eval_noise``: the mean over seeds of :func:`consecutive_noise`;
-    - ``min_difference``: how far another row of the same ``se`` must be from this one to
+    - ``*_ci95`` and ``*_se``: percentile interval and std of :func:`hierarchical_bootstrap`
+      (seeds, then evaluations within a seed: both sources of noise). With three seeds it
+      cannot see more spread than those seeds show, so it is narrow;
+    - ``*_t_ci95``: the Student-t interval over the per-seed means (wide with 3 seeds);
+    - ``*_min_difference``: how far another row of the same ``se`` must be from this one to
       differ, ``1.96 * sqrt(2) * se``; for two rows in general, ``|a - b| > 1.96 *
-      sqrt(se_a^2 + se_b^2)``.
+      sqrt(se_a^2 + se_b^2)``;
 
+    and ``across_seed_std`` (the std over seeds of their last-``window_size`` means) and
+    ``eval_noise`` (the mean over seeds of :func:`consecutive_noise` in that window).
     Summaries made on different versions of a dataset (``dataset_provenance.sha256``,
     ``dataset_sha256`` in the row: its first 12 characters) are separate rows.
     """
@@ -409,15 +440,9 @@ def row_intervals(
             if not curves:
                 continue
             lasts = [window(curve, window_size) for curve in curves.values()]
-            finals = [statistics.fmean(window(curve, FINAL_WINDOW)) for curve in curves.values()]
+            finals = [window(curve, FINAL_WINDOW) for curve in curves.values()]
             last_means = [statistics.fmean(values) for values in lasts]
-            means = hierarchical_bootstrap(lasts, reps, seed)
-            final_means = hierarchical_bootstrap(
-                [window(curve, FINAL_WINDOW) for curve in curves.values()], reps, seed
-            )
-            tail = (1 - CI_LEVEL) / 2
             noises = [n for n in map(consecutive_noise, lasts) if n is not None]
-            se = float(means.std(ddof=1))
             rows.append(
                 {
                     "dataset": dataset,
@@ -425,20 +450,12 @@ def row_intervals(
                     "dataset_sha256": sha or None,
                     "measure": measure,
                     "seeds": sorted(curves),
-                    "final": statistics.fmean(finals),
-                    "final_ci95": [
-                        float(np.quantile(final_means, tail)),
-                        float(np.quantile(final_means, 1 - tail)),
-                    ],
-                    "final_se": float(final_means.std(ddof=1)),
-                    "last10": statistics.fmean(last_means),
-                    "ci95": [float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))],
-                    "se": se,
+                    **_bootstrap_fields("final", finals, reps, seed),
+                    **_bootstrap_fields("last10", lasts, reps, seed),
                     "across_seed_std": statistics.stdev(last_means)
                     if len(last_means) > 1
                     else None,
                     "eval_noise": statistics.fmean(noises) if noises else None,
-                    "min_difference": 1.96 * math.sqrt(2) * se,
                     "window": window_size,
                 }
             )
@@ -457,6 +474,7 @@ __all__ = [
     "history_curve",
     "row_intervals",
     "score_measures",
+    "t_interval",
     "analyze_baseline_run",
     "analyze_cbop_run",
     "ensemble_q",
