@@ -4,8 +4,10 @@
 
 Reads the CSV logger's files (``<run>/logs/<name>/scalars/<group>/<key>.csv``,
 rows ``step,value``) of runs trained with ``eval.diagnostics=true`` and prints
-one row per evaluation step. With several runs, each key is the mean over
-them (e.g. seeds), and ``--per-run`` prints each run's table instead.
+one row per evaluation step (by default the diagnostics the runs logged, with the
+start-state score of ``eval.start_states`` beside the reset score). With several
+runs, each key is the mean over them (e.g. seeds), and ``--per-run`` prints each
+run's table instead.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ DEFAULT_KEYS = [
     "train/alpha",
 ]
 AVERAGE_KEY = "eval/average_normalized_score"  # with eval.actor_average (beyond the paper)
+START_KEY = "eval/start_normalized_score"  # with eval.start_states: episodes from dataset states
 
 
 def read_scalars(run_dir: Path) -> dict[str, dict[int, float]]:
@@ -75,8 +78,10 @@ def main() -> None:
     args = parser.parse_args()
     runs = [read_scalars(run) for run in args.runs]
     logged = set().union(*runs)
-    if args.keys is None:
-        args.keys = DEFAULT_KEYS + ([AVERAGE_KEY] if AVERAGE_KEY in logged else [])
+    if args.keys is None:  # the diagnostics these runs logged (a baseline logs none of diag/*)
+        optional = (START_KEY, AVERAGE_KEY)
+        args.keys = [k for k in DEFAULT_KEYS if k in logged] or DEFAULT_KEYS
+        args.keys[1:1] = [k for k in optional if k in logged]
     unknown = [key for key in args.keys if key not in logged]
     if unknown:
         parser.error(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import runpy
 import statistics
+import sys
 from pathlib import Path
 
 import gymnasium
@@ -29,6 +31,7 @@ from cbop_torchrl.evaluation.analysis import (
 from cbop_torchrl.registry import get_family
 
 ACTION = [0.3, -0.2, 0.1]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def constant_actor(td):
@@ -99,7 +102,7 @@ def test_pick_start_states_is_a_fixed_draw_without_replacement() -> None:
 
 
 def test_a_run_scores_its_start_states_beside_an_unchanged_reset_evaluation(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dataset = write_d4rl_hdf5(
         tmp_path / "hopper-medium-replay-tiny.hdf5",
@@ -130,6 +133,13 @@ def test_a_run_scores_its_start_states_beside_an_unchanged_reset_evaluation(
     summary = score_measures(starts, interval=40, episodes=2, start_states=4)
     assert summary["start_states"]["states"] == 4
     assert [p[0] for p in summary["start_states"]["curve"]] == [r["step"] for r in starts]
+    # benchmarks/curves.py shows the start-state score beside the reset score of a baseline.
+    script = str(ROOT / "benchmarks" / "curves.py")
+    monkeypatch.setattr(sys, "argv", [script, str(tmp_path / "starts")])
+    capsys.readouterr()
+    runpy.run_path(script, run_name="__main__")
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header == "| step | normalized_score | start_normalized_score |"
 
 
 def test_a_negative_number_of_start_states_is_refused(tmp_path: Path) -> None:
