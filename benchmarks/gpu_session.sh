@@ -11,6 +11,8 @@
 # markers are in $STATE) and the run continues from its last checkpoint. Nothing here needs
 # the internet. The run's directory and caches live in $STATE, so they survive between calls
 # only on the same machine (a cluster node's disk, or a lent GPU machine still held).
+# SCREEN=2 is the same screen with the CBOP step captured as one CUDA graph (cuda_graph=true)
+# and 50,000 CBOP steps; SCREEN=1 keeps the eager step (cuda_graph=false) for comparison.
 #
 # Settings (environment): BUDGET_MIN (9: minutes per call, start-up included), BUNDLE
 # (.bundle), STATE (/tmp/cbop-gpu-session), PYTHON (python3), OUT (./gpu-out), STEPS
@@ -37,9 +39,13 @@ PRESET=${PRESET:-paper}
 EVAL_INTERVAL=${EVAL_INTERVAL:-10000}
 LABEL=${LABEL:-}
 OVERRIDES=${OVERRIDES:-}
+SCREEN_PRETRAIN="bc.steps=10000 fqe.steps=20000 dynamics.max_epochs=60 eval.episodes=5 eval.diagnostics=true"
 if [ "${SCREEN:-0}" = 1 ]; then
     STEPS=10000 EVAL_INTERVAL=1000 LABEL=screen
-    OVERRIDES="bc.steps=10000 fqe.steps=20000 dynamics.max_epochs=60 eval.episodes=5 eval.diagnostics=true"
+    OVERRIDES="$SCREEN_PRETRAIN cuda_graph=false"
+elif [ "${SCREEN:-0}" = 2 ]; then  # the captured step: 50,000 CBOP steps
+    STEPS=50000 EVAL_INTERVAL=1000 LABEL=screen50k
+    OVERRIDES="$SCREEN_PRETRAIN cuda_graph=true"
 fi
 variant=cbop-$PRESET${LABEL:+-$LABEL}
 DATASET=hopper-medium-replay-gen

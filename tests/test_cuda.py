@@ -16,7 +16,10 @@ machine). What each one checks:
   :class:`~cbop_torchrl.utils.HostSyncCounter` and CUDA's own sync debug mode;
 - the dynamics ensemble's training on CUDA;
 - vectorized evaluation with the policy on CUDA and the environments on the CPU;
-- a run checkpointed on CUDA resumes on the CPU and then on CUDA again.
+- a run checkpointed on CUDA resumes on the CPU and then on CUDA again;
+- the CBOP step captured as one CUDA graph (``cuda_graph``, trainers/update.py)
+  equals the eager step, makes no host synchronisation once captured, and a
+  captured run resumed across its capture equals an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.registry import get_family
 from cbop_torchrl.trainers.checkpoint import load_checkpoint
 from cbop_torchrl.trainers.dynamics import DynamicsConfig, train_dynamics
+from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper
+from cbop_torchrl.trainers.update import CapturedStep, GradientStep
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [
@@ -283,3 +288,102 @@ def test_a_cuda_checkpoint_resumes_on_the_cpu_and_back(tmp_path: Path) -> None:
     assert state["step"] == 30
     assert all(torch.isfinite(v).all() for v in state["actor"].values())
     assert os.environ.get("CUDA_VISIBLE_DEVICES") != ""  # this process still sees the GPU
+
+
+def _cuda_loss(models, rollout_dtype: str = "float32"):
+    from torchrl.objectives import SoftUpdate
+
+    actor, qnets, dynamics, batch = models["cuda"]
+    loss = CBOPLoss(
+        copy.deepcopy(actor), copy.deepcopy(qnets), dynamics,
+        action_spec=action_spec(batch["action"].shape[-1], CUDA), horizon=SIZE.horizon,
+        rollout_dtype=rollout_dtype,
+    ).to(CUDA)  # fmt: skip
+    optimizer = torch.optim.Adam(loss.parameters(), lr=1e-3, fused=True, capturable=True)
+    return loss, GradientStep(loss, optimizer, SoftUpdate(loss, tau=0.005))
+
+
+def _batches(models, steps: int) -> list:
+    batch = models["cuda"][3]
+    generator = torch.Generator(device=CUDA).manual_seed(3)
+    rows = [torch.randint(batch.shape[0], (batch.shape[0],), generator=generator, device=CUDA)
+            for _ in range(steps)]  # fmt: skip
+    return [batch[index].clone() for index in rows]
+
+
+@pytest.mark.filterwarnings("ignore:No target network updater")
+@pytest.mark.parametrize("rollout_dtype", ["float32", "bfloat16"])
+def test_the_captured_cbop_step_equals_the_eager_step(models, rollout_dtype: str) -> None:
+    steps = 10
+    batches = _batches(models, steps)
+    eager_loss, eager = _cuda_loss(models, rollout_dtype)
+    graph_loss, graph_step = _cuda_loss(models, rollout_dtype)
+    captured = CapturedStep(graph_step, warmup_steps=3)
+    torch.manual_seed(11)
+    eager_out = [eager(batch).clone() for batch in batches]
+    torch.manual_seed(11)
+    graph_out = [captured(batch).clone() for batch in batches]
+    assert captured.captured
+    for key, value in eager_loss.state_dict().items():
+        torch.testing.assert_close(graph_loss.state_dict()[key], value, rtol=1e-4, atol=1e-5)
+    for out_e, out_g in zip(eager_out, graph_out, strict=True):
+        for key in ("loss_actor", "loss_qvalue", "grad_norm"):
+            torch.testing.assert_close(out_g[key], out_e[key], rtol=1e-3, atol=1e-4)
+    assert graph_step.health.read() == (0, -1, [])
+
+
+@pytest.mark.filterwarnings("ignore:No target network updater")
+def test_a_captured_step_makes_no_host_synchronisation() -> None:
+    steps = 8
+    trainer, metrics, _ = host_sync_trainer(steps, log_interval=1000, device=CUDA)
+    trainer.optimizer = torch.optim.Adam(
+        trainer.loss_module.parameters(), lr=1e-3, fused=True, capturable=True
+    )
+    stepper = GuardedOptimizationStepper(
+        trainer.optimization_stepper.checkpoint, cuda_graph=True, check_interval=1000,
+        warmup_steps=2,
+    )  # fmt: skip
+    trainer.optimization_stepper = stepper
+    optim_steps = trainer.optim_steps
+    calls = []
+
+    def watched(batch):
+        calls.append(len(calls))
+        if len(calls) <= 3:  # warm-up and capture
+            return optim_steps(batch)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return optim_steps(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    trainer.optim_steps = watched
+    trainer.train()
+    assert stepper.captured is not None and stepper.captured.captured
+    assert trainer.collected_frames == steps and metrics._count == steps
+    assert stepper.update.health.read()[0] == 0
+
+
+def test_a_captured_run_resumed_across_its_capture_equals_an_uninterrupted_one(
+    tmp_path: Path,
+) -> None:
+    workspace = pipeline_workspace(tmp_path)
+
+    def train(run_dir: Path, epochs: int) -> dict:
+        command = cli(workspace, run_dir, "device=cuda", "cuda_graph=true",
+                      f"train.epochs={epochs}", "train.steps_per_epoch=20",
+                      "train.checkpoint_interval=20", "train.log_interval=10")  # fmt: skip
+        done = subprocess.run(command, env=workspace["env"], capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads((run_dir / "results.json").read_text())
+
+    whole = train(tmp_path / "whole", 2)
+    train(tmp_path / "parts", 1)
+    parts = train(tmp_path / "parts", 2)
+    assert parts["resumed_from_step"] == 20 and parts["gradient_steps"] == whole["gradient_steps"]
+    one = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")["trainer"]["loss_module"]
+    two = load_checkpoint(tmp_path / "parts" / "checkpoint.pt")["trainer"]["loss_module"]
+    for key, value in one.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            torch.testing.assert_close(two[key], value, rtol=1e-3, atol=1e-4)

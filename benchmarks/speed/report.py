@@ -37,8 +37,9 @@ def print_size(result: dict) -> None:
         f"{result['peak_bf16_gflops']:.0f} bf16 (% peak: target_bf16 against bf16, others fp32)"
     )
     print(f"{'':18}{'ms/call':>10}{'GFLOP/s':>10}{'% peak':>8}{'% bf16':>8}{'vs ref':>8}")
-    names = ("reference_target", "target_fp32", "target_bf16", "update", "update_bf16")
-    for name in (*names, "sac_update"):
+    names = ("reference_target", "target_fp32", "target_bf16", "target_tf32", "update")
+    captured = ("step_eager", "step_captured", "step_bf16_eager", "step_bf16_captured")
+    for name in (*names, "update_bf16", "sac_update", *captured):
         if name + "_ms" not in result:  # a report from before update_bf16 was timed
             continue
         print(
@@ -53,6 +54,15 @@ def print_size(result: dict) -> None:
         f"y = {result['target_mean']:.1f} +- {result['target_std']:.1f}); "
         f"update / fp32 target = {result['update_over_target_fp32']:.2f}"
     )
+    if "step_dispatched_ops" in result:
+        print(
+            f"TF32 target: mean|dy|/std(y) = {100 * result['target_tf32_rel_error']:.3f}%; "
+            f"the whole step captured as one CUDA graph: {result['step_captured_speedup']:.1f}x "
+            f"(fp32), {result['step_bf16_captured_speedup']:.1f}x (bf16) the eager step, which "
+            f"dispatches {result['step_dispatched_ops']} operations"
+        )
+    elif "update_dispatched_ops" in result:
+        print(f"one eager bf16 update dispatches {result['update_dispatched_ops']} operations")
 
 
 def print_preset_steps(report: dict) -> None:

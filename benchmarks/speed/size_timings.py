@@ -1,7 +1,12 @@
 """All timings of one size: reference and project targets, CBOP and SAC updates, matmul peak.
 
 Interleaved in the same rounds, each with its nominal GFLOP/s and share of the
-matmul peak measured in those rounds, and the bf16 target's relative error.
+matmul peak measured in those rounds, and the bf16 (and, on CUDA, TF32) target's
+relative error. On CUDA it also times the whole CBOP step (fused capturable Adam and
+the target update included, :class:`~cbop_torchrl.trainers.update.GradientStep`)
+eager (``step_eager``, ``step_bf16_eager``) and captured as one CUDA graph
+(``step_captured``, ``step_bf16_captured``), and counts the operations one eager
+step dispatches (``step_dispatched_ops``: what the host launches without a graph).
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ from dataclasses import asdict
 
 import torch
 from tensordict import TensorDict
-from torchrl.objectives import SACLoss
+from torch.utils._python_dispatch import TorchDispatchMode
+from torchrl.objectives import SACLoss, SoftUpdate
 
 from benchmarks.speed.measure import relative_error, time_interleaved
 from benchmarks.speed.models import build_models
@@ -21,6 +27,7 @@ from benchmarks.speed.sizes import Size, env_sizes, flop_counts
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator
 from cbop_torchrl.objectives.loss import CBOPLoss
+from cbop_torchrl.trainers.update import CapturedStep, GradientStep
 
 
 def gradient_step(loss_module, optimizer) -> Callable[[TensorDict], None]:
@@ -32,6 +39,56 @@ def gradient_step(loss_module, optimizer) -> Callable[[TensorDict], None]:
         optimizer.step()
 
     return step
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the operations dispatched while active (views included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def dispatched_ops(call: Callable[[], object]) -> int:
+    """Operations one call of ``call`` dispatches (after a warm-up call)."""
+    call()
+    with _OpCounter() as counter:
+        call()
+    return counter.count
+
+
+def whole_step(
+    actor, qnets, dynamics, act_dim: int, size: Size, device: torch.device, rollout_dtype: str
+) -> GradientStep:
+    """The CBOP stage's step: loss, backward, fused (capturable on CUDA) Adam, target update."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No target network updater")
+        loss = CBOPLoss(
+            actor, qnets, dynamics, action_spec=action_spec(act_dim, device),
+            horizon=size.horizon, rollout_dtype=rollout_dtype,
+        ).to(device)  # fmt: skip
+    optimizer = torch.optim.Adam(
+        loss.parameters(), lr=3e-4, fused=True, capturable=device.type == "cuda"
+    )
+    return GradientStep(loss, optimizer, SoftUpdate(loss, tau=0.005))
+
+
+class _Precision:
+    """``torch.set_float32_matmul_precision(value)`` for the duration of a call."""
+
+    def __init__(self, value: str) -> None:
+        self.value, self.saved = value, "highest"
+
+    def __enter__(self) -> None:
+        self.saved = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(self.value)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_float32_matmul_precision(self.saved)
 
 
 def bench_size(
@@ -102,6 +159,21 @@ def bench_size(
     bootstrap = y32 - batch.get(("next", "reward"))  # gamma (V - alpha log pi), the model part
     rel_error_bootstrap = relative_error(y16, y32, scale=bootstrap)
 
+    on_cuda = device.type == "cuda"
+    tf32 = _Precision("high")
+    if on_cuda:
+        with tf32:
+            rel_error_tf32 = relative_error(est_fp32.compute_target(batch)[0], y32)
+        steps = {
+            name: whole_step(actor, qnets, dynamics, act_dim, size, device, dtype)
+            for name, dtype in (("fp32", "float32"), ("bf16", "bfloat16"))
+        }
+        captured = {name: CapturedStep(step) for name, step in steps.items()}
+        for replay in captured.values():
+            for _ in range(replay.warmup_steps + 2):  # warm-up, capture, one replay
+                replay(batch)
+        step_ops = dispatched_ops(lambda: steps["bf16"](batch))
+
     calls = {
         "reference_target": lambda: reference(batch),
         "target_fp32": lambda: est_fp32.compute_target(batch),
@@ -110,6 +182,12 @@ def bench_size(
         "update_bf16": lambda: cbop_step_bf16(batch),
         "sac_update": lambda: sac_step(batch),
     }
+    if on_cuda:
+        calls["target_tf32"] = lambda: _with(tf32, lambda: est_fp32.compute_target(batch))
+        calls["step_eager"] = lambda: steps["fp32"](batch)
+        calls["step_bf16_eager"] = lambda: steps["bf16"](batch)
+        calls["step_captured"] = lambda: captured["fp32"](batch)
+        calls["step_bf16_captured"] = lambda: captured["bf16"](batch)
     square = {
         dtype: torch.randn(matmul_n, matmul_n, device=device).to(dtype)
         for dtype in (torch.float32, torch.bfloat16)
@@ -130,8 +208,17 @@ def bench_size(
         "update": flops["update"],
         "update_bf16": flops["update"],
         "sac_update": flops["sac_update"],
+        "target_tf32": flops["target"],
+        "step_eager": flops["update"],
+        "step_bf16_eager": flops["update"],
+        "step_captured": flops["update"],
+        "step_bf16_captured": flops["update"],
     }
-    peak_of = {"target_bf16": peaks["bf16"]}
+    peak_of = {
+        "target_bf16": peaks["bf16"],
+        "step_bf16_eager": peaks["bf16"],
+        "step_bf16_captured": peaks["bf16"],
+    }
     result: dict = {
         "size": asdict(size),
         "target_gflop": flops["target"] / 1e9,
@@ -152,4 +239,19 @@ def bench_size(
         result[f"{name}_bf16_peak_share"] = gflops / peaks["bf16"]
         result[f"{name}_speedup_vs_reference"] = seconds["reference_target"] / sec
     result["update_over_target_fp32"] = seconds["update"] / seconds["target_fp32"]
+    if on_cuda:
+        result["target_tf32_rel_error"] = rel_error_tf32
+        result["step_dispatched_ops"] = step_ops
+        result["step_bf16_captured_speedup"] = (
+            seconds["step_bf16_eager"] / seconds["step_bf16_captured"]
+        )
+        result["step_captured_speedup"] = seconds["step_eager"] / seconds["step_captured"]
+        result["captured_nonfinite_steps"] = sum(r.step.health.read()[0] for r in captured.values())
+    else:
+        result["update_dispatched_ops"] = dispatched_ops(lambda: cbop_step_bf16(batch))
     return result
+
+
+def _with(context, call: Callable[[], object]) -> object:
+    with context:
+        return call()
