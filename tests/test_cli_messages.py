@@ -43,7 +43,7 @@ BAD_INPUTS = [
         ["output_dir=out", "dynamics.activation=bogus"],
         ["dynamics.activation", "silu, relu, tanh, elu"],
     ),
-    ("cbop.py", ["preset=debug", "hydra.run.dir=/proc"], ["'/proc/", "hydra.run.dir="]),
+    ("cbop.py", ["preset=debug", "hydra.run.dir=/proc"], ["'/proc'", "hydra.run.dir="]),
     ("select_psi.py", ["sweep_dir=.", "qvalue_nets=${qvalue_nets}"], ["qvalue_nets=${"]),
     ("report.py", ["paths=runs", f"out=${{oc.env:{UNSET}}}"], [UNSET, "must be set"]),
 ]

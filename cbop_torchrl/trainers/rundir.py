@@ -164,7 +164,18 @@ def claim_run_dir(run_dir: str | Path) -> None:
             f"the run directory {str(run_dir)!r} exists and is not a directory; pass another "
             "run directory (hydra.run.dir=...)."
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CheckpointError(
+            f"cannot create the run directory {str(run_dir)!r} ({error.strerror}); pass a run "
+            "directory you can write to (hydra.run.dir=...)."
+        ) from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise CheckpointError(
+            f"the run directory {str(run_dir)!r} is not writable by this user; pass a run "
+            "directory you can write to (hydra.run.dir=...)."
+        )
     marker = run_dir / MARKER_NAME
     if _is_regular_file(marker):
         for directory in (run_dir, run_dir / "logs"):  # left by a run killed mid-write
