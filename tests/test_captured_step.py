@@ -245,3 +245,30 @@ def test_resuming_the_step_function_from_a_state_dict_continues_exactly() -> Non
         second_step(batch.clone())
     for key, value in whole.state_dict().items():
         assert torch.equal(value, second.state_dict()[key]), key
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_failed_capture_raises_or_goes_on_eagerly(monkeypatch, strict: bool) -> None:
+    """``cuda_graph=true`` (strict) raises; ``null`` warns and trains on with the eager step."""
+
+    def no_capture(self, batch):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(CapturedStep, "capture", no_capture)
+    monkeypatch.setattr(CapturedStep, "_on_side_stream", lambda self, batch: self.step(batch))
+    parameter = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.Adam([parameter], lr=0.1, fused=True)
+    trainer = _Trainer(_NanAtStep(parameter, set()), optimizer)
+    stepper = GuardedOptimizationStepper(
+        _Checkpoint(), cuda_graph=True, check_interval=2, warmup_steps=2, strict_capture=strict
+    )
+    for _ in range(2):  # the eager warm-up
+        stepper.step(trainer, TensorDict())
+    if strict:
+        with pytest.raises(RuntimeError, match="stream is capturing"):
+            stepper.step(trainer, TensorDict())
+        return
+    with pytest.warns(RuntimeWarning, match="could not be captured"):
+        stepper.step(trainer, TensorDict())
+    stepper.step(trainer, TensorDict())
+    assert stepper.captured is None and int(optimizer.state[parameter]["step"]) == 4

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -128,6 +129,8 @@ class GuardedOptimizationStepper(OptimizationStepper):
             be on a CUDA device and the optimizer fused and capturable).
         check_interval: gradient steps between reads of the finiteness record.
         warmup_steps: eager steps before the capture.
+        strict_capture: a failed capture raises; otherwise (``cuda_graph=null``) it warns
+            and the run goes on with the eager step.
     """
 
     def __init__(
@@ -138,6 +141,7 @@ class GuardedOptimizationStepper(OptimizationStepper):
         cuda_graph: bool = False,
         check_interval: int = 1,
         warmup_steps: int = 3,
+        strict_capture: bool = True,
     ) -> None:
         if check_interval < 1:
             raise ValueError(f"check_interval must be >= 1; got {check_interval}")
@@ -146,6 +150,7 @@ class GuardedOptimizationStepper(OptimizationStepper):
         self.cuda_graph = cuda_graph
         self.check_interval = check_interval
         self.warmup_steps = warmup_steps
+        self.strict_capture = strict_capture
         self.update: GradientStep | None = None
         self._bound_trainer: Trainer | None = None
         self.captured: CapturedStep | None = None
@@ -173,7 +178,7 @@ class GuardedOptimizationStepper(OptimizationStepper):
         self._calls += 1
         check_now = self._calls % self.check_interval == 0
         if self.captured is not None:
-            losses = self.captured(sub_batch)
+            losses = self._captured_step(sub_batch)
         elif check_now:  # check before the optimizer step: a bad step changes nothing
             self.update.zero_grad()
             losses = self.update.forward_backward(sub_batch)
@@ -185,6 +190,24 @@ class GuardedOptimizationStepper(OptimizationStepper):
         if check_now:
             self.raise_if_not_finite(trainer)
         return losses
+
+    def _captured_step(self, sub_batch: TensorDictBase) -> TensorDictBase:
+        if self.captured.captured or self.captured.warmed < self.captured.warmup_steps:
+            return self.captured(sub_batch)
+        try:  # this call captures; nothing has run on the device yet if it fails
+            return self.captured(sub_batch)
+        except Exception as error:
+            if self.strict_capture:
+                raise
+            warnings.warn(
+                f"the CBOP step could not be captured as a CUDA graph ({type(error).__name__}: "
+                f"{error}); the run goes on with the eager step. Set cuda_graph=false to skip "
+                "the attempt.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self.captured = None
+            return self.update(sub_batch)
 
     def raise_if_not_finite(self, trainer: Trainer) -> None:
         """Reads the finiteness record (one host synchronisation); raises on a bad step."""

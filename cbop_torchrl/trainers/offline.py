@@ -789,8 +789,9 @@ def cbop_stepper(
     if not cuda_graph:
         return GuardedOptimizationStepper(checkpoint, target_update)
     return GuardedOptimizationStepper(
-        checkpoint, target_update, cuda_graph=True, check_interval=config.train.log_interval
-    )
+        checkpoint, target_update, cuda_graph=True, check_interval=config.train.log_interval,
+        strict_capture=config.cuda_graph is True,
+    )  # fmt: skip
 
 
 def cbop_checkpoint_payload(
