@@ -489,7 +489,19 @@ def cached_info(fingerprint: str) -> dict | None:
     info_path = _cache_entry(fingerprint) / "info.json"
     if not info_path.exists():
         return None
-    return json.loads(info_path.read_text())
+    try:
+        info = json.loads(info_path.read_text())
+    except (OSError, ValueError) as error:
+        info, why = None, f"{type(error).__name__}: {error}"
+    else:
+        why = "not a summary of a converted file"
+    if not isinstance(info, dict) or "fingerprint" not in info:
+        raise DatasetError(
+            f"the dataset cache entry {str(info_path.parent)!r} is damaged or was not written "
+            f"by cbop-torchrl (its info.json: {why}); delete that directory and run the "
+            "command again to convert the file afresh."
+        )
+    return info
 
 
 def _write_cache_data(data: TensorDict, directory: Path) -> None:

@@ -178,6 +178,14 @@ def claim_run_dir(run_dir: str | Path) -> None:
         )
     marker = run_dir / MARKER_NAME
     if _is_regular_file(marker):
+        linked = [name for name in (*RUN_OUTPUTS, ".hydra") if (run_dir / name).is_symlink()]
+        if linked:  # a run would write through them (its logs) or replace them
+            raise CheckpointError(
+                f"the run directory {str(run_dir)!r} holds links where a run writes its own "
+                f"outputs ({', '.join(linked)}); a run never writes through a link, and "
+                "nothing was written. Remove those links (their targets are not needed) or "
+                "pass another run directory (hydra.run.dir=...)."
+            )
         for directory in (run_dir, run_dir / "logs"):  # left by a run killed mid-write
             remove_stale_temporaries(directory)
         write_hydra_files(run_dir)

@@ -1,0 +1,784 @@
+"""Reliability III (issue 42): no program replaces a file it did not write, nothing in a
+cache runs code, a run notices every change to its data and checkpoint, and every ordinary
+bad value is one paragraph with exit code 2.
+
+The refusals run one after another in one child process (tests/programs.py), each from its
+own empty working directory (so a refused command is also checked to leave nothing behind).
+The cases that need a trained run share one debug run, trained and resumed inside this
+process (tests/inprocess.py), on Pendulum-like data whose observations live in another file
+(an HDF5 external link) under a folder whose name holds ``$(...)`` and a quote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from d4rl_files import pipeline_workspace, write_d4rl_hdf5
+from inprocess import run_program
+from programs import Call, run_programs, selected_ids
+from tensordict import NonTensorData, TensorDict, tensorclass
+
+from cbop_torchrl.cli import override_word
+from cbop_torchrl.config import RunConfig
+from cbop_torchrl.data import DatasetError, data_record, load_dataset_with_info
+from cbop_torchrl.data.d4rl import load_d4rl
+from cbop_torchrl.data.safe_memmap import check_tensors_only
+from cbop_torchrl.trainers.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    seal,
+    state_digest,
+)
+from cbop_torchrl.trainers.memory import process_limits, run_estimate
+from cbop_torchrl.trainers.rundir import LOCK_NAME, MARKER_NAME, claim_run_dir
+from cbop_torchrl.utils import (
+    OUTPUTS_MANIFEST,
+    ForeignFileError,
+    atomic_write,
+    cache_dir,
+    check_owned_output,
+    owned_outputs,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 120  # imports on a loaded 2-core machine; every refusal comes before training
+
+
+class _RunsCodeWhenUnpickled:
+    """Unpickling this touches ``path``: what a hostile cache entry could do instead."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):  # noqa: ANN204 - pickle's protocol
+        return (Path.touch, (self.path,))
+
+
+# ------------------------------------------------------------------------------ inputs
+
+
+def _edit_file(source: Path, path: Path, edit) -> Path:  # noqa: ANN001
+    """A copy of the D4RL-format ``source`` at ``path``, changed by ``edit(handle)``."""
+    shutil.copy(source, path)
+    with h5py.File(path, "a") as handle:
+        edit(handle)
+    return path
+
+
+def _as_group(key: str):  # noqa: ANN202
+    def edit(handle: h5py.File) -> None:
+        values = handle[key][()]
+        del handle[key]
+        handle.create_group(key)["values"] = values
+
+    return edit
+
+
+def _scaled(key: str, factor: float):  # noqa: ANN202
+    def edit(handle: h5py.File) -> None:
+        values = handle[key][()].astype(np.float64) * factor
+        del handle[key]
+        handle[key] = values
+
+    return edit
+
+
+def _linked(key: str, target: str, virtual: bool = False):  # noqa: ANN202
+    def edit(handle: h5py.File) -> None:
+        shape = handle[key].shape
+        del handle[key]
+        if virtual:
+            layout = h5py.VirtualLayout(shape=shape, dtype="f4")
+            layout[...] = h5py.VirtualSource(target, "values", shape=shape)
+            handle.create_virtual_dataset(key, layout)
+        else:
+            handle[key] = h5py.ExternalLink(target, "/values")
+
+    return edit
+
+
+def user_run_like_folder(folder: Path) -> dict[Path, bytes]:
+    """A user's folder with an empty ``.run.lock`` and files named like a run's outputs."""
+    files = {
+        folder / "logs" / "2024-notes.txt": b"my notes\n",
+        folder / "config.json": b'{"mine": true}\n',
+        folder / "results.json": b'{"also": "mine"}\n',
+        folder / LOCK_NAME: b"",
+    }
+    for path, content in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    return files
+
+
+@dataclass
+class Case:
+    """One refused command: its script, arguments, the words its error must hold and must
+    not hold, and the files it must leave as they were."""
+
+    script: str
+    args: list[str]
+    words: list[str]
+    not_words: list[str] = field(default_factory=list)
+    kept: dict[Path, bytes] = field(default_factory=dict)
+    absent: list[Path] = field(default_factory=list)
+
+
+def refusal_cases(root: Path) -> dict[str, Case]:
+    """Every refusal of the battery (the issue's cases, then similar ones), inputs written."""
+    base = write_d4rl_hdf5(root / "hopper-base.hdf5", episode_lengths=(40, 40, 40))
+    with h5py.File(root / "values.h5", "w") as handle:
+        handle["values"] = np.zeros((120, 11), dtype=np.float32)
+    data = root / "data"
+    data.mkdir()
+    evil_config = root / "evil_config"
+    (evil_config / "preset").mkdir(parents=True)
+    sentinel = root / "yaml_code_ran"
+    (evil_config / "preset" / "evil.yaml").write_text(
+        f'seed: !!python/object/apply:os.system ["touch {sentinel}"]\n'
+    )
+    (evil_config / "preset" / "broken.yaml").write_text("seed: [0\n")
+
+    def hdf5(name: str, edit) -> str:  # noqa: ANN001
+        return str(_edit_file(base, data / name, edit))
+
+    sweep = root / "sweep"
+    (sweep / "run").mkdir(parents=True)
+    (sweep / "run" / "policy.pt").write_bytes(b"trained policy bytes")
+    own_json = root / "mine" / "notes.json"
+    own_json.parent.mkdir()
+    own_json.write_bytes(b'{"my": "notes"}\n')
+    linked_json = root / "mine" / "link.json"
+    linked_json.symlink_to(own_json)
+    report_out = root / "report_out"
+    report_out.mkdir()
+    report_files = {
+        report_out / name: f"the user's {name}\n".encode()
+        for name in ("results.md", "results.csv", "README_results.md")
+    }
+    for path, content in report_files.items():
+        path.write_bytes(content)
+    planted = root / "planted_manifest"
+    planted.mkdir()
+    (planted / OUTPUTS_MANIFEST).symlink_to(own_json)
+    collect_dirs = {kind: root / f"collect_{kind}" for kind in ("text", "h5", "provenance")}
+    for folder in collect_dirs.values():
+        folder.mkdir()
+    (collect_dirs["text"] / "hopper-random-gen.hdf5").write_bytes(b"not an HDF5 file\n")
+    shutil.copy(base, collect_dirs["h5"] / "hopper-random-gen.hdf5")  # the user's own data
+    (collect_dirs["provenance"] / "hopper-random-gen.provenance.json").write_bytes(b"{}\n")
+    dynamics_out = root / "dynamics_out"
+    dynamics_out.mkdir()
+    (dynamics_out / "dynamics_metrics.json").write_bytes(b'{"mine": 1}\n')
+    run_like = {resume: root / f"run_like_{resume}" for resume in ("false", "auto")}
+    collect = ["env=hopper", "kind=random", "rollout_transitions=2000", "progress=false"]
+    debug = ["preset=debug", "progress=false"]
+
+    def kept(*paths: Path) -> dict[Path, bytes]:
+        return {path: path.read_bytes() for path in paths}
+
+    cases = {
+        # D: tracebacks where one paragraph belongs
+        "seed=-1": Case("cbop.py", [*debug, "seed=-1"], ["seed=-1 must be an integer from 0"]),
+        "seed=2**70": Case(
+            "cbop.py",
+            [*debug, "seed=1180591620717411303424"],
+            ["seed=1180591620717411303424 must be an integer from 0 to 2**32 - 1"],
+        ),  # fmt: skip
+        "num_qvalue_nets=1": Case(
+            "cbop.py",
+            [*debug, "agent.num_qvalue_nets=1"],
+            ["agent.num_qvalue_nets=1", "at least 2"],
+            ["parameter list"],
+        ),  # fmt: skip
+        "cql num_random=0": Case(
+            "baseline.py",
+            ["algo=cql", *debug, "algo.num_random=0"],
+            ["algo.num_random=0 must be an integer >= 1"],
+        ),  # fmt: skip
+        "yaml tag": Case(
+            "cbop.py",
+            ["--config-dir", str(evil_config), "preset=evil"],
+            ["YAML tag", "python/object/apply:os.system", "evil.yaml", "line 1"],
+            ["ConstructorError"],
+            absent=[sentinel],
+        ),  # fmt: skip
+        "collect onto a non-HDF5 file": Case(
+            "collect.py",
+            [*collect, f"out_dir={collect_dirs['text']}"],
+            ["hopper-random-gen.hdf5", "was not written by cbop-torchrl"],
+            ["signature"],
+            kept=kept(collect_dirs["text"] / "hopper-random-gen.hdf5"),
+        ),  # fmt: skip
+        # E: nonsense accepted, or refused late
+        "psi=inf": Case(
+            "cbop.py", [*debug, "estimator.psi=inf"], ["estimator.psi=inf"], ["learning rate"]
+        ),
+        "iql temperature=-3": Case(
+            "baseline.py",
+            ["algo=iql", *debug, "algo.temperature=-3"],
+            ["algo.temperature=-3", "must be a number >= 0"],
+        ),  # fmt: skip
+        # F: refused, but the message misled
+        "rewards is a group": Case(
+            "cbop.py",
+            [*debug, f"env={hdf5('hopper-group.hdf5', _as_group('rewards'))}"],
+            ["rewards is a group"],
+            ["attribute"],
+        ),  # fmt: skip
+        "observations link to a missing file": Case(
+            "cbop.py",
+            [*debug, f"env={hdf5('hopper-link.hdf5', _linked('observations', 'gone.h5'))}"],
+            ["observations", "'gone.h5'", "does not exist"],
+        ),
+        "rewards x 1e30": Case(
+            "cbop.py",
+            [*debug, f"env={hdf5('hopper-big-r.hdf5', _scaled('rewards', 1e30))}"],
+            ["rewards has values up to 1", "Rescale rewards"],
+            ["dynamics.lr="],
+        ),  # fmt: skip
+        "observations x 1e30": Case(
+            "cbop.py",
+            [*debug, f"env={hdf5('hopper-big-o.hdf5', _scaled('observations', 1e30))}"],
+            ["observations has values up to", "Rescale observations"],
+            ["dynamics.lr="],
+        ),
+        # A: files a program did not write
+        "select-psi json onto a run's policy.pt": Case(
+            "select_psi.py",
+            [f"sweep_dir={sweep}", "steps=20", f"json={sweep}/run/policy.pt"],
+            ["policy.pt", "was not written by cbop-torchrl"],
+            kept=kept(sweep / "run" / "policy.pt"),
+        ),  # fmt: skip
+        "select-psi json onto a user's json": Case(
+            "select_psi.py",
+            [f"sweep_dir={sweep}", f"json={own_json}"],
+            ["notes.json", "was not written by cbop-torchrl"],
+            kept=kept(own_json),
+        ),  # fmt: skip
+        "report onto a user's results.md": Case(
+            "report.py",
+            [f"paths={sweep}", f"out={report_out}"],
+            ["results.md", "was not written by cbop-torchrl"],
+            kept=report_files,
+        ),  # fmt: skip
+        "collect onto a user's HDF5 file": Case(
+            "collect.py",
+            [*collect, f"out_dir={collect_dirs['h5']}"],
+            ["hopper-random-gen.hdf5", "was not written by cbop-torchrl"],
+            kept=kept(collect_dirs["h5"] / "hopper-random-gen.hdf5"),
+        ),  # fmt: skip
+        **{
+            f"a folder with a stray lock, resume={resume}": Case(
+                "cbop.py",
+                [*debug, f"hydra.run.dir={folder}", f"resume={resume}"],
+                ["no cbop-torchrl run wrote there", "config.json"],
+                kept=user_run_like_folder(folder),
+                absent=[folder / MARKER_NAME, folder / ".hydra"],
+            )  # fmt: skip
+            for resume, folder in run_like.items()
+        },
+        # beyond the issue's list: the same classes, other inputs
+        "evaluate seed=-5": Case("evaluate.py", ["checkpoint=x.pt", "seed=-5"], ["seed=-5"]),
+        "collect seed=2**32": Case("collect.py", ["seed=4294967296"], ["seed=4294967296"]),
+        "td3bc alpha=inf": Case(
+            "baseline.py", ["algo=td3bc", *debug, "algo.alpha=inf"], ["algo.alpha=inf"]
+        ),
+        "cql cql_temperature=0": Case(
+            "baseline.py",
+            ["algo=cql", *debug, "algo.cql_temperature=0"],
+            ["algo.cql_temperature=0"],
+        ),  # fmt: skip
+        "dynamics.lr=inf": Case("cbop.py", [*debug, "dynamics.lr=inf"], ["dynamics.lr=inf"]),
+        "invalid YAML in a preset": Case(
+            "cbop.py",
+            ["--config-dir", str(evil_config), "preset=broken"],
+            ["broken.yaml", "is not valid YAML"],
+        ),  # fmt: skip
+        "actions x 1e30": Case(
+            "cbop.py",
+            [*debug, f"env={hdf5('hopper-big-a.hdf5', _scaled('actions', 1e30))}"],
+            ["actions has values up to"],
+        ),  # fmt: skip
+        "virtual dataset from a missing file": Case(
+            "cbop.py",
+            [*debug, f"env={hdf5('hopper-vds.hdf5', _linked('observations', 'vgone.h5', True))}"],
+            ["observations", "'vgone.h5'"],
+        ),
+        "train-dynamics rewards group": Case(
+            "train_dynamics.py",
+            [f"env={data / 'hopper-group.hdf5'}", f"output_dir={root / 'dyn_new'}"],
+            ["rewards is a group"],
+        ),
+        "train-dynamics onto a user's metrics": Case(
+            "train_dynamics.py",
+            [f"env={base}", f"output_dir={dynamics_out}"],
+            ["dynamics_metrics.json", "was not written by cbop-torchrl"],
+            kept=kept(dynamics_out / "dynamics_metrics.json"),
+        ),  # fmt: skip
+        "select-psi json through a link": Case(
+            "select_psi.py",
+            [f"sweep_dir={sweep}", f"json={linked_json}"],
+            ["link.json", "is a link"],
+            kept=kept(own_json),
+        ),  # fmt: skip
+        "report into a folder with a planted manifest": Case(
+            "report.py",
+            [f"paths={sweep}", f"out={planted}"],
+            [OUTPUTS_MANIFEST, "is a link"],
+            kept=kept(own_json),
+        ),  # fmt: skip
+        "collect onto a user's provenance file": Case(
+            "collect.py",
+            [*collect, f"out_dir={collect_dirs['provenance']}"],
+            ["hopper-random-gen.provenance.json", "was not written by cbop-torchrl"],
+            kept=kept(collect_dirs["provenance"] / "hopper-random-gen.provenance.json"),
+        ),  # fmt: skip
+    }
+    return cases
+
+
+def _case_ids() -> list[str]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        return list(refusal_cases(Path(folder)))
+
+
+CASE_IDS = _case_ids()
+
+
+def case_env(cwd: Path, home: Path | None = None) -> dict[str, str]:
+    """This process's environment with a cache in ``cwd``, no GPU and no ``HYDRA_FULL_ERROR``."""
+    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(cwd / "cache"), "CUDA_VISIBLE_DEVICES": ""}
+    if home is not None:
+        env["HOME"] = str(home)
+    env.pop("HYDRA_FULL_ERROR", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def refused(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[subprocess.CompletedProcess, Path, Case]]:
+    """Every selected case (and the hostile TorchRL cache), one child process for all."""
+    wanted = selected_ids(request, "test_a_bad_input_is_one_paragraph_and_touches_nothing")
+    root = tmp_path_factory.mktemp("battery")
+    cases = {id_: case for id_, case in refusal_cases(root).items() if id_ in wanted}
+    calls, folders = [], {}
+    for index, (id_, case) in enumerate(cases.items()):
+        cwd = root / f"work{index}"
+        cwd.mkdir()
+        folders[id_] = cwd
+        calls.append(Call(case.script, case.args, str(cwd), case_env(cwd)))
+    results = run_programs(calls, timeout_s=TIMEOUT_S + 30 * len(calls))
+    return {
+        id_: (done, folders[id_], case)
+        for (id_, case), done in zip(cases.items(), results, strict=True)
+    }
+
+
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_a_bad_input_is_one_paragraph_and_touches_nothing(
+    case_id: str, refused: dict[str, tuple[subprocess.CompletedProcess, Path, Case]]
+) -> None:
+    done, cwd, case = refused[case_id]
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    for noise in ("Traceback", "HYDRA_FULL_ERROR", *case.not_words):
+        assert noise not in output, (noise, output)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    message = done.stderr[done.stderr.index("error:") :]  # a list of problems: its lines
+    for word in case.words:
+        assert word in message, (word, message)
+    left = sorted(p.name for p in cwd.iterdir() if p.name != "cache")
+    assert left == [], f"the refused command left {left} behind"
+    for path, content in case.kept.items():
+        assert path.read_bytes() == content, path
+        assert not path.is_symlink()
+    for path in case.absent:
+        assert not path.exists(), path
+
+
+# --------------------------------------------------------------------- B: code in a cache
+
+
+def hostile_memmap(folder: Path, sentinel: Path, nested: bool = False) -> None:
+    """A TensorDict memmap like TorchRL's D4RL cache, with one field whose pickle runs code."""
+    rows = 4
+    evil = NonTensorData(_RunsCodeWhenUnpickled(sentinel), batch_size=[rows])
+    fields = {"observation": torch.zeros(rows, 3)}
+    if nested:
+        fields["next"] = TensorDict({"reward": torch.zeros(rows), "evil": evil}, [rows])
+    else:
+        fields["evil"] = evil
+    TensorDict(fields, batch_size=[rows]).memmap_(folder)
+
+
+def test_a_crafted_torchrl_d4rl_cache_runs_no_code(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    sentinel = tmp_path / "code_ran"
+    hostile_memmap(home / ".cache" / "torchrl" / "d4rl" / "hopper-medium-v2", sentinel)
+    work = tmp_path / "work"
+    work.mkdir()
+    [done] = run_programs(
+        [
+            Call(
+                "cbop.py", ["env=hopper-medium-v2", "preset=debug"], str(work), case_env(work, home)
+            )
+        ],  # fmt: skip
+        timeout_s=TIMEOUT_S,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "TorchRL's cache of 'hopper-medium-v2'" in done.stderr
+    assert "'NonTensorData'" in done.stderr and "Delete that directory" in done.stderr
+    assert not sentinel.exists()
+
+
+@tensorclass
+class _Pair:
+    left: torch.Tensor
+
+
+def test_only_plain_tensors_pass_the_cache_check(tmp_path: Path) -> None:
+    sentinel = tmp_path / "ran"
+    hostile_memmap(tmp_path / "nested", sentinel, nested=True)
+    with pytest.raises(DatasetError, match="'evil' of type 'NonTensorData'"):
+        load_d4rl("hopper-medium-v2", torchrl_root=_torchrl_root_with(tmp_path, "nested"))
+    TensorDict({"pair": _Pair(left=torch.zeros(2, 1), batch_size=[2])}, [2]).memmap_(
+        tmp_path / "tensorclass"
+    )
+    with pytest.raises(DatasetError, match="not a tensor|not a plain TensorDict"):
+        check_tensors_only(tmp_path / "tensorclass", "a cache", "Delete it.")
+    plain = tmp_path / "plain"
+    TensorDict({"a": torch.zeros(2, 1), "b": {"c": torch.ones(2)}}, [2]).memmap_(plain)
+    check_tensors_only(plain, "a cache", "Delete it.")  # TorchRL's own layout passes
+    (plain / "extra.pickle").write_bytes(b"\x80\x04N.")
+    with pytest.raises(DatasetError, match="extra.pickle"):
+        check_tensors_only(plain, "a cache", "Delete it.")
+    (plain / "extra.pickle").unlink()
+    (plain / "a.memmap").rename(plain / "a.bytes")
+    (plain / "a.memmap").symlink_to(plain / "a.bytes")
+    with pytest.raises(DatasetError, match="a link"):
+        check_tensors_only(plain, "a cache", "Delete it.")
+    assert not sentinel.exists()
+
+
+def _torchrl_root_with(tmp_path: Path, name: str) -> Path:
+    root = tmp_path / f"torchrl_{name}"
+    (root / "d4rl").mkdir(parents=True)
+    (tmp_path / name).rename(root / "d4rl" / "hopper-medium-v2")
+    return root
+
+
+# ------------------------------------------------------------------------- A: owned outputs
+
+
+def test_a_program_replaces_only_files_it_wrote(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "user.md").write_text("mine\n")
+    with owned_outputs(out, "cbop-report"):
+        atomic_write(out / "results.md", lambda tmp: tmp.write_text("first\n"))
+        atomic_write(out / "results.md", lambda tmp: tmp.write_text("second\n"))  # its own
+        with pytest.raises(ForeignFileError, match="user.md"):
+            atomic_write(out / "user.md", lambda tmp: tmp.write_text("replaced\n"))
+    assert (out / "results.md").read_text() == "second\n"
+    assert (out / "user.md").read_text() == "mine\n"
+    manifest = json.loads((out / OUTPUTS_MANIFEST).read_text())
+    assert manifest["files"] == {"results.md": "cbop-report"}
+    (out / "notes.md").symlink_to(out / "user.md")
+    with pytest.raises(ForeignFileError, match="is a link"):
+        check_owned_output(out / "notes.md", "cbop-report")
+    earlier = out / "earlier.json"  # an output of an earlier version, known by its content
+    earlier.write_text("[]\n")
+    check_owned_output(earlier, "cbop-select-psi", lambda path: path.read_text() == "[]\n")
+    with pytest.raises(ForeignFileError, match="earlier.json"):
+        check_owned_output(earlier, "cbop-select-psi", lambda path: 1 / 0)
+
+
+# ---------------------------------------------------------------- C, D, F: a trained run
+
+
+def pendulum_workspace(root: Path) -> dict:
+    """Pendulum-like data under a folder named with ``$(...)`` and a quote, its observations
+    an external link to ``obs.h5``; ``{"root", "dataset", "obs", "env", "task"}``."""
+    folder = root / "it's $(touch PWNED) here"
+    folder.mkdir()
+    dataset = write_d4rl_hdf5(
+        folder / "pendulum-data.hdf5", obs_dim=3, action_dim=1, episode_lengths=(150,) * 8,
+        terminal_episodes=(), timeout_episodes=(),
+    )  # fmt: skip
+    with h5py.File(dataset, "a") as handle:
+        observations = handle["observations"][()]
+        del handle["observations"]
+        handle["observations"] = h5py.ExternalLink("obs.h5", "/values")
+    with h5py.File(folder / "obs.h5", "w") as handle:
+        handle["values"] = observations
+    return {
+        "root": root, "folder": folder, "dataset": dataset, "obs": folder / "obs.h5",
+        "env": {"CBOP_TORCHRL_CACHE": str(root / "cache")},
+        "task": ["task.gym_id=Pendulum-v1", "task.termination=none", "estimator.psi=1"],
+    }  # fmt: skip
+
+
+@dataclass
+class TrainedCases:
+    """What the trained-run fixture ran: the training, and each case's run directory and
+    result by name."""
+
+    training: object
+    workspace: dict
+    results: dict[str, object] = field(default_factory=dict)
+    run_dirs: dict[str, Path] = field(default_factory=dict)
+
+
+def _xor_tensor_words(checkpoint: Path, words: int = 100) -> None:
+    """XORs the low byte of ``words`` 4-byte words inside the checkpoint's tensor storages."""
+    with zipfile.ZipFile(checkpoint) as archive:
+        entries = [info for info in archive.infolist() if "/data/" in info.filename]
+        entry = max(entries, key=lambda info: info.file_size)
+    with open(checkpoint, "r+b") as handle:
+        handle.seek(entry.header_offset + 26)
+        name_length, extra_length = np.frombuffer(handle.read(4), dtype="<u2")
+        start = entry.header_offset + 30 + int(name_length) + int(extra_length)
+        positions = np.random.default_rng(0).choice(entry.file_size // 4, words, replace=False)
+        for position in positions:
+            handle.seek(start + 4 * int(position))
+            byte = handle.read(1)[0]
+            handle.seek(start + 4 * int(position))
+            handle.write(bytes([byte ^ 0xFF]))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> TrainedCases:
+    """One debug run, then copies of its directory damaged or resumed in each case's way."""
+    root = tmp_path_factory.mktemp("trained")
+    workspace = pendulum_workspace(root)
+    env_word = override_word("env", str(workspace["dataset"]))
+    base = root / "run"
+    command = ["preset=debug", env_word, *workspace["task"]]
+    saved_cwd = os.getcwd()
+    os.chdir(root)  # the suggested baseline command writes its run under runs/ here
+    try:  # with progress, the run prints its banner (and the baseline command in it)
+        training = run_program(
+            "cbop", [*command, "progress=true", f"hydra.run.dir={base}"], workspace["env"]
+        )
+        command.append("progress=false")
+        cases = TrainedCases(training, workspace)
+        if training.returncode != 0:
+            return cases
+
+        def resume(name: str, damage) -> None:  # noqa: ANN001
+            run_dir = root / name
+            shutil.copytree(base, run_dir)
+            damage(run_dir)
+            cases.run_dirs[name] = run_dir
+            cases.results[name] = run_program(
+                "cbop", [*command, override_word("hydra.run.dir", str(run_dir))], workspace["env"]
+            )
+
+        def edit_tensor(run_dir: Path) -> None:  # a changed value, the file still loadable
+            path = run_dir / "checkpoint.pt"
+            state = torch.load(path, weights_only=True)
+            state["actor"] = {k: v + 1e-3 for k, v in state["actor"].items()}
+            torch.save(state, path)
+
+        resume("xor", lambda run_dir: _xor_tensor_words(run_dir / "checkpoint.pt"))
+        resume("edited", edit_tensor)
+        resume("truncated data.json", lambda d: (d / "data.json").write_text('{"conte'))
+        resume("no data.json, same data", lambda d: (d / "data.json").unlink())
+
+        def non_json_results(run_dir: Path) -> None:
+            (root / "elsewhere.bin").write_bytes(b"\x00\x01 not json")
+            (run_dir / "results.json").unlink()
+            (run_dir / "results.json").symlink_to(root / "elsewhere.bin")
+
+        resume("results.json linked to a non-JSON file", non_json_results)
+        line = next(
+            line for line in training.stdout.splitlines() if "a baseline with the same" in line
+        )
+        cases.results["suggested command"] = line.partition("(algo=bc|td3bc|iql|cql): ")[2]
+        words = shlex.split(cases.results["suggested command"])  # as the shell reads it
+        cases.results["baseline"] = run_program("baseline", words[1:], workspace["env"])
+
+        with h5py.File(workspace["obs"], "a") as handle:  # only the linked file changes
+            handle["values"][0, 0] = 123.0
+        resume("linked file changed", lambda run_dir: None)
+        resume("linked file changed, no data.json", lambda d: (d / "data.json").unlink())
+    finally:
+        os.chdir(saved_cwd)
+    return cases
+
+
+def _error(done) -> str:  # noqa: ANN001
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "Traceback" not in output, output
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    return errors[0]
+
+
+def test_the_debug_run_trains(trained: TrainedCases) -> None:
+    done = trained.training
+    assert done.returncode == 0, done.stdout + done.stderr
+    state = load_checkpoint(trained.workspace["root"] / "run" / "checkpoint.pt")
+    assert state["integrity"] == state_digest(state)
+    recorded = json.loads((trained.workspace["root"] / "run" / "data.json").read_text())
+    assert state["data"] == recorded
+    assert (trained.workspace["root"] / "run" / ".hydra" / "overrides.yaml").is_file()
+    assert not (trained.workspace["folder"] / "PWNED").exists()
+
+
+@pytest.mark.parametrize("name", ["xor", "edited"])
+def test_a_damaged_checkpoint_is_refused_on_resume(trained: TrainedCases, name: str) -> None:
+    error = _error(trained.results[name])
+    assert "checkpoint.pt" in error
+    assert "damaged" in error and "resume=false" in error
+    assert "learning rate" not in error
+
+
+def test_a_missing_or_unreadable_data_record_is_not_an_earlier_version(
+    trained: TrainedCases,
+) -> None:
+    error = _error(trained.results["truncated data.json"])
+    assert "data.json is not a readable record" in error and "hydra.run.dir=" in error
+    done = trained.results["no data.json, same data"]  # the checkpoint's record restores it
+    assert done.returncode == 0, done.stdout + done.stderr
+    restored = json.loads((trained.run_dirs["no data.json, same data"] / "data.json").read_text())
+    assert restored == json.loads((trained.workspace["root"] / "run" / "data.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["linked file changed", "linked file changed, no data.json"])
+def test_a_change_to_a_linked_file_is_a_change_of_the_data(
+    trained: TrainedCases, name: str
+) -> None:
+    error = _error(trained.results[name])
+    assert "was started on other data" in error and "pendulum-data" in error
+
+
+def test_a_results_json_that_is_no_json_is_one_paragraph(trained: TrainedCases) -> None:
+    error = _error(trained.results["results.json linked to a non-JSON file"])
+    assert "results.json" in error and "is a link" in error
+    assert (trained.workspace["root"] / "elsewhere.bin").read_bytes() == b"\x00\x01 not json"
+
+
+def test_the_suggested_baseline_command_runs_as_written(trained: TrainedCases) -> None:
+    command = trained.results["suggested command"]
+    assert "task.gym_id=Pendulum-v1" in command and "task.termination=none" in command
+    words = shlex.split(command)
+    assert words[0].endswith("cbop-baseline"), words
+    done = trained.results["baseline"]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Pendulum-v1" in done.stdout + done.stderr
+    assert not (trained.workspace["folder"] / "PWNED").exists()
+
+
+def test_a_new_run_reads_the_changed_linked_file(tmp_path: Path) -> None:
+    file = write_d4rl_hdf5(tmp_path / "hopper-x.hdf5", episode_lengths=(30, 30))
+    with h5py.File(file, "a") as handle:
+        observations = handle["observations"][()]
+        del handle["observations"]
+        handle["observations"] = h5py.ExternalLink("obs.h5", "/values")
+    with h5py.File(tmp_path / "obs.h5", "w") as handle:
+        handle["values"] = observations
+    data, info = load_dataset_with_info(str(file))
+    with h5py.File(tmp_path / "obs.h5", "a") as handle:
+        handle["values"][0, 0] = 77.0
+    again, again_info = load_dataset_with_info(str(file))
+    assert float(data["observation"][0, 0]) != 77.0
+    assert float(again["observation"][0, 0]) == 77.0  # not the stale cached arrays
+    assert data_record(info)["content"] != data_record(again_info)["content"]
+
+
+def test_a_sealed_state_notices_one_changed_value() -> None:
+    state = seal({"format": "x", "weights": {"w": torch.arange(6.0)}, "step": 3})
+    assert state_digest(state) == state["integrity"]
+    state["weights"]["w"][4] += 1e-6
+    assert state_digest(state) != state["integrity"]
+    assert state_digest({"a": torch.zeros(2, dtype=torch.bfloat16)}) != state_digest(
+        {"a": torch.zeros(2, dtype=torch.float16)}
+    )
+
+
+def test_a_damaged_policy_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "policy.pt"
+    state = seal({"format": "cbop-torchrl/1", "policy": {}, "actor": {"w": torch.ones(3)}})
+    state["actor"]["w"][0] = 2.0
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="is damaged"):
+        load_checkpoint(path)
+
+
+# -------------------------------------------------------------------------- D: memory
+
+
+def test_the_estimate_counts_fqe_bootstrap_counts_and_reads_process_limits() -> None:
+    config = RunConfig()
+    config.agent.num_qvalue_nets = 1000
+    small = run_estimate(config, 11, 3, num_rows=1000)
+    large = run_estimate(config, 11, 3, num_rows=10_000_000)
+    assert large.total - small.total >= 1000 * (10_000_000 - 1000)
+    assert any("FQE bootstrap counts" in part for part in large.parts)
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    assert all(size >= 0 for size, _ in process_limits())
+    assert (soft != resource.RLIM_INFINITY) == any("ulimit -v" in w for _, w in process_limits())
+
+
+def test_sizes_beyond_the_address_space_limit_are_refused(tmp_path: Path) -> None:
+    workspace = pipeline_workspace(tmp_path)
+    limit = 8 * 10**9
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "cbop.py"), "preset=debug", "progress=false",
+         f"env={workspace['dataset']}", "agent.num_qvalue_nets=100000",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        env={**case_env(tmp_path), "CBOP_TORCHRL_CACHE": str(tmp_path / "cache")},
+        capture_output=True, text=True, timeout=TIMEOUT_S, preexec_fn=limited, cwd=tmp_path,
+    )  # fmt: skip
+    error = _error(done)
+    assert "address-space limit (ulimit -v)" in error and "agent.num_qvalue_nets" in error
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------ beyond the issue's list
+
+
+def test_a_run_never_writes_through_a_link_in_its_own_directory(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "my_logs"
+    elsewhere.mkdir()
+    (elsewhere / "notes.txt").write_text("mine\n")
+    run_dir = tmp_path / "run"
+    claim_run_dir(run_dir)
+    (run_dir / "logs").symlink_to(elsewhere)  # the csv logger would write into my_logs/
+    with pytest.raises(CheckpointError, match=r"holds links .*\(logs\)"):
+        claim_run_dir(run_dir)
+    assert [p.name for p in elsewhere.iterdir()] == ["notes.txt"]
+
+
+def test_a_damaged_dataset_cache_summary_is_one_paragraph(tmp_path: Path) -> None:
+    file = write_d4rl_hdf5(tmp_path / "hopper-x.hdf5", episode_lengths=(6, 5))
+    _, info = load_dataset_with_info(str(file))
+    entry = cache_dir("datasets") / info.fingerprint
+    (entry / "info.json").write_text('{"fingerpr')
+    with pytest.raises(DatasetError, match="info.json.*delete that directory"):
+        load_dataset_with_info(str(file))
