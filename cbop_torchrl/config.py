@@ -780,6 +780,18 @@ def validate(config: RunConfig) -> list[str]:
         )
     if config.threads is not None and (isinstance(config.threads, bool) or config.threads < 1):
         problems.append(f"threads={config.threads!r} must be null (torch's default) or >= 1")
+    on_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
+    if config.cuda_graph and on_cpu:
+        problems.append(
+            "cuda_graph=true captures the CBOP step as a CUDA graph, which needs device=cuda on "
+            "a machine with a GPU; drop cuda_graph=true (the default, cuda_graph=null, captures "
+            "whenever the device is CUDA)"
+        )
+    if config.cuda_graph and config.compile:
+        problems.append(
+            "cuda_graph=true and compile=true both ask for CUDA graphs, which cannot nest; use "
+            "cuda_graph=true compile=false (the whole step) or cuda_graph=false compile=true"
+        )
     if not 0.0 < config.agent.gamma <= 1.0 or not 0.0 < config.agent.tau <= 1.0:
         problems.append("agent.gamma and agent.tau must be in (0, 1]")
     return problems

@@ -272,3 +272,13 @@ def test_a_failed_capture_raises_or_goes_on_eagerly(monkeypatch, strict: bool) -
         stepper.step(trainer, TensorDict())
     stepper.step(trainer, TensorDict())
     assert stepper.captured is None and int(optimizer.state[parameter]["step"]) == 4
+
+
+def test_cuda_graph_true_on_a_cpu_run_is_refused_before_anything_runs(tmp_path) -> None:
+    from cbop_torchrl.config import validate
+
+    problems = validate(RunConfig(cuda_graph=True, device="cpu"))
+    assert any("cuda_graph=true" in problem and "device=cuda" in problem for problem in problems)
+    problems = validate(RunConfig(cuda_graph=True, compile=True, device="cpu"))
+    assert any("cannot nest" in problem for problem in problems)
+    assert not any("cuda_graph" in problem for problem in validate(RunConfig(device="cpu")))

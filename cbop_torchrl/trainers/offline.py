@@ -318,6 +318,7 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     run = OfflineRun.open(config, info, run_dir, config.training_dict())
     if (finished := run.finished_results()) is not None:
         return finished
+    uses_cuda_graph(config, run.device)  # cuda_graph=true off CUDA: refused before any stage
     warn_about_terminals(data, info.name, run.task)
     run.start(config.to_dict())
     data = run.specs.to_agent_actions(data.to(run.device))
@@ -525,6 +526,7 @@ def behaviour_cloning_stage(run: OfflineRun, data: TensorDictBase) -> tuple[dict
     return load_or_train_bc(
         data, info.fingerprint, info.obs_dim, info.action_dim, run.hidden_sizes,
         config.bc, config.seed, config.progress, run.log,
+        cuda_graph=uses_cuda_graph(config, run.device),
     )  # fmt: skip
 
 
@@ -536,6 +538,7 @@ def fitted_q_evaluation_stage(run: OfflineRun, data: TensorDictBase) -> tuple[di
         data, info.fingerprint, info.obs_dim, info.action_dim, critic_hidden_sizes(config),
         config.agent.num_qvalue_nets, config.agent.gamma, config.fqe,
         config.seed, config.progress, run.log, q_init=config.agent.q_init,
+        cuda_graph=uses_cuda_graph(config, run.device),
     )  # fmt: skip
 
 

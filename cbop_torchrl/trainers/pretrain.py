@@ -37,6 +37,7 @@ from cbop_torchrl.objectives.pretrain import (
     bootstrap_counts,
 )
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
+from cbop_torchrl.trainers.update import CapturedStep, GradientStep
 from cbop_torchrl.utils import (
     atomic_torch_save,
     cache_dir,
@@ -70,11 +71,15 @@ def run_supervised_stage(
     log_fn: LogFn | None = None,
     after_step: Callable[[int], None] | None = None,
     log_interval: int = 1000,
+    cuda_graph: bool = False,
 ) -> dict[str, float]:
     """``config.steps`` Adam steps on the sum of ``loss``'s ``loss_*`` entries.
 
     Resumes from ``work_dir/partial.pt`` when present and writes it every
-    ``config.checkpoint_interval`` steps.
+    ``config.checkpoint_interval`` steps. With ``cuda_graph`` (a CUDA device) each
+    step is one replay of a captured :class:`~cbop_torchrl.trainers.update.GradientStep`
+    with a fused capturable Adam: a non-finite step is skipped on the device and
+    reported at the next log step; ``after_step`` runs eagerly after each replay.
 
     Returns:
         The loss outputs of the last step, as floats.
@@ -82,7 +87,12 @@ def run_supervised_stage(
     Raises:
         NonFiniteLossError: a loss or gradient became NaN/inf (the step is not applied).
     """
-    optimizer = torch.optim.Adam(loss.parameters(), lr=config.lr)
+    captured = None
+    if cuda_graph:
+        optimizer = torch.optim.Adam(loss.parameters(), lr=config.lr, fused=True, capturable=True)
+        captured = CapturedStep(GradientStep(loss, optimizer))
+    else:
+        optimizer = torch.optim.Adam(loss.parameters(), lr=config.lr)
     rng = GlobalRNGState()
     partial = work_dir / "partial.pt"
     start = 0
@@ -103,20 +113,13 @@ def run_supervised_stage(
     )
     for step in bar:
         batch = buffer.sample()
-        out = loss(batch)
-        total = sum(value for key, value in out.items() if key.startswith("loss_"))
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(loss.parameters(), math.inf)
-        if not (torch.isfinite(total) and torch.isfinite(grad_norm)):
-            raise NonFiniteLossError(
-                f"the {name} stage hit a non-finite loss or gradient at step {step + 1} "
-                f"(loss {float(total)}, gradient norm {float(grad_norm)}); nothing was trained "
-                f"on it. Its last good checkpoint is {partial if partial.is_file() else 'none'}. "
-                f"Check the dataset for extreme values or lower {name}.lr."
-            )
-        optimizer.step()
         done = step + 1
+        if captured is not None:
+            out = captured(batch)
+            if done % log_interval == 0 or done == config.steps:
+                _raise_if_a_step_was_not_finite(name, captured.step, start, partial)
+        else:
+            out = _eager_stage_step(name, loss, optimizer, batch, step, partial)
         if after_step is not None:
             after_step(done)
         if done % log_interval == 0 or done == config.steps:
@@ -136,6 +139,46 @@ def run_supervised_stage(
                 partial,
             )
     return last
+
+
+def _eager_stage_step(
+    name: str,
+    loss: LossModule,
+    optimizer: torch.optim.Optimizer,
+    batch: TensorDictBase,
+    step: int,
+    partial: Path,
+) -> TensorDictBase:
+    """One eager Adam step, refused before ``optimizer.step()`` when not finite."""
+    out = loss(batch)
+    total = sum(value for key, value in out.items() if key.startswith("loss_"))
+    optimizer.zero_grad(set_to_none=True)
+    total.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(loss.parameters(), math.inf)
+    if not (torch.isfinite(total) and torch.isfinite(grad_norm)):
+        raise NonFiniteLossError(
+            f"the {name} stage hit a non-finite loss or gradient at step {step + 1} "
+            f"(loss {float(total)}, gradient norm {float(grad_norm)}); nothing was trained "
+            f"on it. Its last good checkpoint is {partial if partial.is_file() else 'none'}. "
+            f"Check the dataset for extreme values or lower {name}.lr."
+        )
+    optimizer.step()
+    return out
+
+
+def _raise_if_a_step_was_not_finite(
+    name: str, step: GradientStep, start: int, partial: Path
+) -> None:
+    """Reads a captured stage's finiteness record (one host read, at log steps)."""
+    bad_steps, first_bad, names = step.health.read()
+    if bad_steps:
+        raise NonFiniteLossError(
+            f"the {name} stage hit a non-finite {', '.join(names)} at step "
+            f"{start + first_bad + 1} ({bad_steps} such step(s), skipped on the device); "
+            f"nothing was trained on them. Its last good checkpoint is "
+            f"{partial if partial.is_file() else 'none'}. Check the dataset for extreme "
+            f"values or lower {name}.lr."
+        )
 
 
 def read_cached_stage(path: Path, key: str | None = None) -> Any | None:
@@ -195,6 +238,7 @@ def load_or_train_bc(
     seed: int,
     progress: bool = True,
     log_fn: LogFn | None = None,
+    cuda_graph: bool = False,
 ) -> tuple[dict[str, torch.Tensor], bool]:
     """The behaviour-cloned actor's state dict, and whether it came from the cache.
 
@@ -204,6 +248,7 @@ def load_or_train_bc(
         obs_dim, action_dim, hidden_sizes: the actor's architecture.
         config: steps, batch size, learning rate, checkpoint interval.
         seed: run seed (the stage uses ``seed + BC_SEED_OFFSET``).
+        cuda_graph: capture each step as a CUDA graph (see :func:`run_supervised_stage`).
     """
     key = {"data": fingerprint, "config": vars(config), "hidden": list(hidden_sizes), "seed": seed}
     work_dir = _stage_dir("bc", key)
@@ -217,7 +262,10 @@ def load_or_train_bc(
         buffer, generator = _sampler(
             data.select("observation", "action"), config.batch_size, seed + BC_SEED_OFFSET
         )
-        run_supervised_stage("bc", loss, buffer, generator, config, work_dir, progress, log_fn)
+        run_supervised_stage(
+            "bc", loss, buffer, generator, config, work_dir, progress, log_fn,
+            cuda_graph=cuda_graph,
+        )  # fmt: skip
         state = {k: v.detach().cpu() for k, v in actor.state_dict().items()}
         check_finite_state(state, "bc", config.lr)
         atomic_torch_save({"actor": state}, result)
@@ -402,12 +450,15 @@ def load_or_train_fqe(
     progress: bool = True,
     log_fn: LogFn | None = None,
     q_init: str = "torch",
+    cuda_graph: bool = False,
 ) -> tuple[dict[str, torch.Tensor], bool]:
     """FQE of the behaviour policy for an M-member Q-ensemble.
 
     ``config.converge`` runs the authors' scheme (:func:`fit_fqe_rounds_to_convergence`),
     otherwise ``config.steps`` steps of :func:`run_supervised_stage`. ``q_init`` is the
     Q-networks' initialisation (:func:`~cbop_torchrl.modules.actor_critic.make_qvalue`).
+    ``cuda_graph`` captures the steps of the latter (:func:`run_supervised_stage`); the
+    authors' scheme runs eagerly.
 
     Returns:
         The :class:`FittedQEvaluationLoss` state dict (``qvalue_network_params.*``
@@ -454,7 +505,7 @@ def load_or_train_fqe(
             buffer, generator = _sampler(fqe_data, config.batch_size, seed + FQE_SEED_OFFSET)
             run_supervised_stage(
                 "fqe", loss, buffer, generator, config, work_dir, progress, log_fn,
-                fqe_target_update(loss, config),
+                fqe_target_update(loss, config), cuda_graph=cuda_graph,
             )  # fmt: skip
         state = {k: v.detach().cpu() for k, v in loss.state_dict().items()}
         check_finite_state(state, "fqe", config.lr)
