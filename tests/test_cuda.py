@@ -251,6 +251,15 @@ def test_the_dynamics_ensemble_trains_on_cuda(models) -> None:
     assert len(epochs) == 3 and all(torch.isfinite(torch.tensor(e["train_loss"])) for e in epochs)
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
     assert len(metrics["elites"]) == 3
+    # The same training with its minibatch step captured as a CUDA graph (cuda_graph).
+    captured_epochs = []
+    captured, _ = train_dynamics(
+        data, "walker2d", config, progress=False, log_fn=captured_epochs.append, cuda_graph=True
+    )
+    for eager_epoch, graph_epoch in zip(epochs, captured_epochs, strict=True):
+        assert graph_epoch["train_loss"] == pytest.approx(eager_epoch["train_loss"], rel=1e-4)
+    for key, value in model.ensemble.state_dict().items():
+        torch.testing.assert_close(captured.ensemble.state_dict()[key], value, rtol=1e-3, atol=1e-4)
 
 
 def test_vectorized_evaluation_with_the_policy_on_cuda_and_envs_on_the_cpu() -> None:

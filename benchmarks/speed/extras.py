@@ -14,9 +14,14 @@ from cbop_torchrl.registry import get_family
 
 
 def bench_dynamics_training(device: torch.device, size: Size, steps: int) -> dict:
-    """Minibatch steps of the project's training epoch on synthetic standardized data."""
-    # The trainer's inner loop (private helper): the same forward/NLL/backward/Adam step.
-    from cbop_torchrl.trainers.dynamics import DynamicsConfig, train_epoch
+    """Minibatch steps of the project's training epoch on synthetic standardized data.
+
+    On CUDA also with the minibatch step captured as a CUDA graph (``*_captured``), as
+    the pipeline trains with ``cuda_graph`` on a GPU.
+    """
+    # The trainer's inner loop: the same forward/NLL/backward/Adam step.
+    from cbop_torchrl.trainers.dynamics import DynamicsConfig, minibatch_step, train_epoch
+    from cbop_torchrl.trainers.update import CapturedStep
 
     obs_dim, act_dim = env_sizes(size.family)
     config = DynamicsConfig(
@@ -26,34 +31,36 @@ def bench_dynamics_training(device: torch.device, size: Size, steps: int) -> dic
         num_layers=len(size.dyn_hidden),
         weight_decay=(1e-4,) * (len(size.dyn_hidden) + 1),
     )
-    ensemble = GaussianEnsemble(obs_dim, act_dim, size.dyn_members, size.dyn_hidden).to(device)
-    optimizer = torch.optim.Adam(ensemble.param_groups(config.weight_decay), lr=config.lr)
     rows = steps * config.batch_size
     x = torch.randn(rows, obs_dim + act_dim, device=device)
     y = torch.randn(rows, obs_dim + 1, device=device)
     bootstrap = torch.randint(rows, (size.dyn_members, rows), device=device)
     gen = torch.Generator(device=device).manual_seed(0)
-    train_epoch(
-        ensemble,
-        optimizer,
-        x[: config.batch_size],
-        y[: config.batch_size],
-        bootstrap[:, : config.batch_size] % config.batch_size,
-        gen,
-        config,
-    )  # warm-up
-    sync(device)
-    start = time.perf_counter()
-    train_epoch(ensemble, optimizer, x, y, bootstrap, gen, config)
-    sync(device)
-    seconds = time.perf_counter() - start
     samples = rows * size.dyn_members  # (row, member) pairs
     flops = 3 * samples * mlp_flops([obs_dim + act_dim, *size.dyn_hidden, 2 * (obs_dim + 1)])
-    return {
-        "dynamics_train_samples_per_s": samples / seconds,
-        "dynamics_train_gflops": flops / seconds / 1e9,
-        "dynamics_train_ms_per_step": seconds / steps * 1e3,
-    }
+    result = {}
+    for suffix, capture in (("", False), ("_captured", True)):
+        if capture and device.type != "cuda":
+            continue
+        ensemble = GaussianEnsemble(obs_dim, act_dim, size.dyn_members, size.dyn_hidden)
+        ensemble = ensemble.to(device)
+        optimizer = torch.optim.Adam(
+            ensemble.param_groups(config.weight_decay), lr=config.lr, fused=True,
+            capturable=capture,
+        )  # fmt: skip
+        step = minibatch_step(ensemble, optimizer, x, y, config)
+        captured = CapturedStep(step) if capture else None
+        warm = bootstrap[:, : 5 * config.batch_size]  # warm-up (and the capture)
+        train_epoch(step, warm, gen, config, captured)
+        sync(device)
+        start = time.perf_counter()
+        train_epoch(step, bootstrap, gen, config, captured)
+        sync(device)
+        seconds = time.perf_counter() - start
+        result[f"dynamics_train_samples_per_s{suffix}"] = samples / seconds
+        result[f"dynamics_train_gflops{suffix}"] = flops / seconds / 1e9
+        result[f"dynamics_train_ms_per_step{suffix}"] = seconds / steps * 1e3
+    return result
 
 
 def bench_evaluation(num_envs: int, max_steps: int, hidden: tuple[int, ...]) -> dict:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tqdm.auto import tqdm
 
 from cbop_torchrl.config import DynamicsConfig
@@ -42,6 +42,7 @@ from cbop_torchrl.modules.dynamics import (
     save_dynamics,
 )
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
+from cbop_torchrl.trainers.update import CapturedStep
 from cbop_torchrl.utils import (
     atomic_json_dump,
     cache_dir,
@@ -161,29 +162,21 @@ def holdout_metrics(model: DynamicsModel, holdout: _Split) -> dict[str, Any]:
     }
 
 
-def train_epoch(
+def minibatch_step(
     ensemble: GaussianEnsemble,
     optimizer: torch.optim.Optimizer,
     train_x: torch.Tensor,
     train_y: torch.Tensor,
-    bootstrap: torch.Tensor,
-    shuffle_gen: torch.Generator,
     config: DynamicsConfig,
-) -> torch.Tensor:
-    """One pass of every member over its bootstrap resample; returns the mean NLL per member.
+) -> Callable[[TensorDictBase], TensorDictBase]:
+    """One Adam step of every member on its rows ``batch["index"]`` ``[E, b]``; returns its NLL.
 
-    Args:
-        train_x, train_y: standardized ``[N, O + A]`` inputs and ``[N, O + 1]`` targets.
-        bootstrap: ``[E, N]`` row indices; row ``e`` is member ``e``'s resample.
+    A function of the batch of indices alone (the data are captured by reference), so a
+    :class:`~cbop_torchrl.trainers.update.CapturedStep` can record it as a CUDA graph.
     """
-    ensemble.train()
-    num_members, num_train = bootstrap.shape
-    # Per-member reshuffle of that member's bootstrap indices.
-    keys = torch.rand(num_members, num_train, generator=shuffle_gen, device=bootstrap.device)
-    epoch_idx = bootstrap.gather(1, keys.argsort(dim=1))
-    nll_sum = torch.zeros((), device=bootstrap.device)
-    batches = epoch_idx.split(config.batch_size, dim=1)
-    for batch_idx in batches:  # [E, b]
+
+    def step(batch: TensorDictBase) -> TensorDictBase:
+        batch_idx = batch.get("index")
         x, y = train_x[batch_idx], train_y[batch_idx]  # [E, b, O + A], [E, b, O + 1]
         mean, logvar = ensemble(x, per_member=True)
         # Gaussian NLL (up to constants), mean over rows and dims, summed over members.
@@ -192,8 +185,36 @@ def train_epoch(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        nll_sum += nll.detach()
-    ensemble.eval()
+        return TensorDict({"nll": nll.detach()}, batch_size=[])
+
+    return step
+
+
+def train_epoch(
+    step: Callable[[TensorDictBase], TensorDictBase],
+    bootstrap: torch.Tensor,
+    shuffle_gen: torch.Generator,
+    config: DynamicsConfig,
+    captured: CapturedStep | None = None,
+) -> torch.Tensor:
+    """One pass of every member over its bootstrap resample; returns the mean NLL per member.
+
+    Args:
+        step: :func:`minibatch_step`.
+        bootstrap: ``[E, N]`` row indices; row ``e`` is member ``e``'s resample.
+        captured: ``step`` captured as a CUDA graph, used for the full-size minibatches
+            (a smaller last one runs ``step`` eagerly).
+    """
+    num_members, num_train = bootstrap.shape
+    # Per-member reshuffle of that member's bootstrap indices.
+    keys = torch.rand(num_members, num_train, generator=shuffle_gen, device=bootstrap.device)
+    epoch_idx = bootstrap.gather(1, keys.argsort(dim=1))
+    nll_sum = torch.zeros((), device=bootstrap.device)
+    batches = epoch_idx.split(config.batch_size, dim=1)
+    for batch_idx in batches:  # [E, b]
+        full = batch_idx.shape[1] == config.batch_size
+        run = captured if captured is not None and full else step
+        nll_sum += run(TensorDict({"index": batch_idx}, batch_size=[])).get("nll")
     return nll_sum / (len(batches) * num_members)
 
 
@@ -216,10 +237,12 @@ def train_dynamics(
     config: DynamicsConfig | None = None,
     progress: bool = True,
     log_fn: Callable[[dict[str, Any]], None] | None = None,
+    cuda_graph: bool = False,
 ) -> tuple[DynamicsModel, dict[str, Any]]:
     """Trains a :class:`GaussianEnsemble` on ``dataset_td`` and selects its elites.
 
-    Runs on the device of the dataset's tensors.
+    Runs on the device of the dataset's tensors; with ``cuda_graph`` (a CUDA device) each
+    full-size minibatch step is one replay of a CUDA graph (the same arithmetic).
 
     Args:
         dataset_td: dataset TensorDict ``[N]`` (see ``cbop_torchrl.data.load_dataset``).
@@ -266,8 +289,11 @@ def train_dynamics(
     bootstrap = torch.randint(num_train, (num_members, num_train), generator=cpu_gen).to(device)
     shuffle_gen = torch.Generator(device=device).manual_seed(config.seed + 1)
     optimizer = torch.optim.Adam(
-        ensemble.param_groups(config.weight_decay), lr=config.lr, fused=True
-    )
+        ensemble.param_groups(config.weight_decay), lr=config.lr, fused=True,
+        capturable=cuda_graph,
+    )  # fmt: skip
+    step = minibatch_step(ensemble, optimizer, train_x, train_y, config)
+    captured = CapturedStep(step) if cuda_graph else None
     best_params = {n: p.detach().clone() for n, p in ensemble.named_parameters()}
     best_mse = torch.full((num_members,), math.inf, device=device)
 
@@ -275,9 +301,9 @@ def train_dynamics(
     bar = tqdm(total=config.max_epochs, desc="dynamics", unit="epoch", disable=not progress)
     while True:
         epoch += 1
-        train_nll = train_epoch(
-            ensemble, optimizer, train_x, train_y, bootstrap, shuffle_gen, config
-        )
+        ensemble.train()
+        train_nll = train_epoch(step, bootstrap, shuffle_gen, config, captured)
+        ensemble.eval()
         mse, nll = holdout_losses(ensemble, hold_x, hold_y)
         improved = (best_mse - mse) / best_mse > config.improvement_threshold
         improved |= torch.isinf(best_mse)
@@ -394,6 +420,7 @@ def load_or_train_dynamics(
     use_cache: bool = True,
     *,
     termination: str,
+    cuda_graph: bool = False,
 ) -> tuple[DynamicsModel, dict[str, Any]]:
     """A trained ensemble for ``dataset_td``, from the cache when one exists.
 
@@ -408,6 +435,7 @@ def load_or_train_dynamics(
         progress, log_fn: see :func:`train_dynamics`.
         use_cache: False always trains (and then refreshes the cache entry).
         termination: the task's registered termination function name (``task.termination``).
+        cuda_graph: capture the minibatch step as a CUDA graph (see :func:`train_dynamics`).
     """
     config = config or DynamicsConfig()
     directory = cache_dir("dynamics", dynamics_cache_key(info, config))
@@ -429,7 +457,9 @@ def load_or_train_dynamics(
                     "replaces it",
                     stacklevel=2,
                 )
-        model, metrics = train_dynamics(dataset_td, termination, config, progress, log_fn)
+        model, metrics = train_dynamics(
+            dataset_td, termination, config, progress, log_fn, cuda_graph=cuda_graph
+        )
         check_trained_dynamics(model, metrics, config, dataset_td)
         metadata = {"dataset": info.name, "config": config.to_dict()}
         save_dynamics(model, model_path, metadata=metadata)

@@ -515,6 +515,7 @@ def dynamics_stage(run: OfflineRun, data: TensorDictBase) -> tuple[Any, dict[str
     dynamics, metrics = load_or_train_dynamics(
         data, run.info, run.config.dynamics, progress=run.config.progress,
         log_fn=run.log_dynamics_epoch, termination=run.task.termination,
+        cuda_graph=uses_cuda_graph(run.config, run.device),
     )  # fmt: skip
     return dynamics.to(run.device), metrics
 
