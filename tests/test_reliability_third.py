@@ -186,6 +186,7 @@ def refusal_cases(root: Path) -> dict[str, Case]:
     run_like = {resume: root / f"run_like_{resume}" for resume in ("false", "auto")}
     collect = ["env=hopper", "kind=random", "rollout_transitions=2000", "progress=false"]
     debug = ["preset=debug", "progress=false"]
+    on_data = [*debug, "estimator.psi=1"]  # the files' names give no dataset kind: psi given
 
     def kept(*paths: Path) -> dict[Path, bytes]:
         return {path: path.read_bytes() for path in paths}
@@ -235,24 +236,24 @@ def refusal_cases(root: Path) -> dict[str, Case]:
         # F: refused, but the message misled
         "rewards is a group": Case(
             "cbop.py",
-            [*debug, f"env={hdf5('hopper-group.hdf5', _as_group('rewards'))}"],
+            [*on_data, f"env={hdf5('hopper-group.hdf5', _as_group('rewards'))}"],
             ["rewards is a group"],
             ["attribute"],
         ),  # fmt: skip
         "observations link to a missing file": Case(
             "cbop.py",
-            [*debug, f"env={hdf5('hopper-link.hdf5', _linked('observations', 'gone.h5'))}"],
+            [*on_data, f"env={hdf5('hopper-link.hdf5', _linked('observations', 'gone.h5'))}"],
             ["observations", "'gone.h5'", "does not exist"],
         ),
         "rewards x 1e30": Case(
             "cbop.py",
-            [*debug, f"env={hdf5('hopper-big-r.hdf5', _scaled('rewards', 1e30))}"],
+            [*on_data, f"env={hdf5('hopper-big-r.hdf5', _scaled('rewards', 1e30))}"],
             ["rewards has values up to 1", "Rescale rewards"],
             ["dynamics.lr="],
         ),  # fmt: skip
         "observations x 1e30": Case(
             "cbop.py",
-            [*debug, f"env={hdf5('hopper-big-o.hdf5', _scaled('observations', 1e30))}"],
+            [*on_data, f"env={hdf5('hopper-big-o.hdf5', _scaled('observations', 1e30))}"],
             ["observations has values up to", "Rescale observations"],
             ["dynamics.lr="],
         ),
@@ -310,12 +311,12 @@ def refusal_cases(root: Path) -> dict[str, Case]:
         ),  # fmt: skip
         "actions x 1e30": Case(
             "cbop.py",
-            [*debug, f"env={hdf5('hopper-big-a.hdf5', _scaled('actions', 1e30))}"],
+            [*on_data, f"env={hdf5('hopper-big-a.hdf5', _scaled('actions', 1e30))}"],
             ["actions has values up to"],
         ),  # fmt: skip
         "virtual dataset from a missing file": Case(
             "cbop.py",
-            [*debug, f"env={hdf5('hopper-vds.hdf5', _linked('observations', 'vgone.h5', True))}"],
+            [*on_data, f"env={hdf5('hopper-vds.hdf5', _linked('observations', 'vgone.h5', True))}"],
             ["observations", "'vgone.h5'"],
         ),
         "train-dynamics rewards group": Case(
@@ -610,6 +611,28 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> TrainedCases:
             (run_dir / "results.json").symlink_to(root / "elsewhere.bin")
 
         resume("results.json linked to a non-JSON file", non_json_results)
+
+        def garbage_results(run_dir: Path) -> None:
+            (run_dir / "results.json").write_bytes(b"\x00\x01 not json")
+
+        resume("results.json not JSON", garbage_results)
+        policy = base / "policy.pt"
+        cases.results["policy.pt before"] = policy.read_bytes()
+        report_out = root / "my_report"
+        report_out.mkdir()
+        (report_out / "results.md").write_text("my own results\n")
+        env = {**os.environ, **workspace["env"]}
+        select, report = run_programs(
+            [
+                Call("select_psi.py", [override_word("sweep_dir", str(root)), "steps=20",
+                     "progress=false", override_word("json", str(policy))], root, env),
+                Call("report.py", [override_word("paths", str(base)),
+                     override_word("out", str(report_out)), "analysis=false"], root, env),
+            ],
+            timeout_s=TIMEOUT_S + 60,
+        )  # fmt: skip
+        cases.results["select-psi json=policy.pt"] = select
+        cases.results["report out=<user folder>"] = report
         line = next(
             line for line in training.stdout.splitlines() if "a baseline with the same" in line
         )
@@ -675,8 +698,23 @@ def test_a_change_to_a_linked_file_is_a_change_of_the_data(
 
 def test_a_results_json_that_is_no_json_is_one_paragraph(trained: TrainedCases) -> None:
     error = _error(trained.results["results.json linked to a non-JSON file"])
-    assert "results.json" in error and "is a link" in error
+    assert "results.json" in error and "never writes through a link" in error
     assert (trained.workspace["root"] / "elsewhere.bin").read_bytes() == b"\x00\x01 not json"
+    error = _error(trained.results["results.json not JSON"])
+    assert "results.json' cannot be read as JSON" in error and "resume=false" in error
+
+
+def test_select_psi_and_report_never_replace_a_trained_runs_or_a_users_file(
+    trained: TrainedCases,
+) -> None:
+    root = trained.workspace["root"]
+    error = _error(trained.results["select-psi json=policy.pt"])
+    assert "policy.pt" in error and "was not written by cbop-torchrl" in error
+    assert (root / "run" / "policy.pt").read_bytes() == trained.results["policy.pt before"]
+    error = _error(trained.results["report out=<user folder>"])
+    assert "results.md" in error and "was not written by cbop-torchrl" in error
+    assert (root / "my_report" / "results.md").read_text() == "my own results\n"
+    assert sorted(p.name for p in (root / "my_report").iterdir()) == ["results.md"]
 
 
 def test_the_suggested_baseline_command_runs_as_written(trained: TrainedCases) -> None:
