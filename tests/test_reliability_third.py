@@ -820,3 +820,21 @@ def test_a_damaged_dataset_cache_summary_is_one_paragraph(tmp_path: Path) -> Non
     (entry / "info.json").write_text('{"fingerpr')
     with pytest.raises(DatasetError, match="info.json.*delete that directory"):
         load_dataset_with_info(str(file))
+
+
+@pytest.mark.parametrize(
+    "path", ["/data/it's $(touch x), a b/d.hdf5", "/data/${HOME}/d.hdf5", "C:\\data\\", "null"]
+)
+def test_a_suggested_command_gives_hydra_the_path_as_it_is(path: str) -> None:
+    from types import SimpleNamespace
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from cbop_torchrl.envs.task import example_command
+
+    words = shlex.split(example_command(SimpleNamespace(source=path), "Swimmer-v4"))
+    env_word = next(word for word in words if word.startswith("env="))
+    value = OverridesParser.create().parse_override(env_word).value()
+    assert OmegaConf.create({"env": value}).env == path  # no interpolation, no other type
+    assert "task.gym_id=Swimmer-v4" in words

@@ -78,11 +78,13 @@ def example_command(info: DatasetInfo, gym_id: str) -> str:
     table knows D4RL data only); from Python, a ``cbop-train`` command. Either is
     written for the user's shell (:func:`cbop_torchrl.utils.program_command`).
     """
+    from cbop_torchrl.cli import override_word  # quoted so that Hydra reads the value back
+
     program = running_program()
     words = [w for w in sys.argv[1:] if w.partition("=")[0].lstrip("+~") not in TASK_KEYS]
     if program is None:
-        program, words = "cbop-train", [f"env={info.source}"]
-    words += [f"task.gym_id={gym_id}", "task.termination=none"]
+        program, words = "cbop-train", [override_word("env", str(info.source))]
+    words += [override_word("task.gym_id", gym_id), "task.termination=none"]
     if program == "cbop-train" and not any(w.startswith("estimator.psi=") for w in words):
         words.append("estimator.psi=1.0")
     return f"{program_command(program)} {shlex.join(words)}"
