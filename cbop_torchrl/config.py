@@ -675,7 +675,7 @@ def validate(config: RunConfig) -> list[str]:
         )
     if estimator.psi is not None and not 0 <= estimator.psi < math.inf:
         problems.append(
-            f"estimator.psi={estimator.psi} must be a finite number >= 0 (0 gives the posterior "
+            f"estimator.psi={estimator.psi} must be >= 0 and finite (0 gives the posterior "
             "mean, larger values a more conservative lower confidence bound; e.g. "
             "estimator.psi=2.0)"
         )
