@@ -397,6 +397,37 @@ def linked_files(path: Path) -> list[tuple[str, Path]]:
         DatasetError: a linked file is missing, naming the key and the file.
     """
     where = f"D4RL-format file {str(path)!r}"
+    files = []
+    for key, name in _link_names(path):
+        if name == ".":  # a virtual dataset's source in the same file
+            continue
+        target = _find_linked(path, name)
+        if target is None:
+            raise DatasetError(
+                f"{where}: {key} is stored in (linked to) the file {name!r}, which does not "
+                f"exist (looked for it beside {str(path)!r} and in the working directory); "
+                "put that file there or write the array into this file."
+            )
+        files.append((key, target))
+    return files
+
+
+def _link_names(path: Path) -> list[tuple[str, str]]:
+    """``(key, file name as stored)`` of every link in ``path`` to another file, memoized on
+    disk per (path, size, mtime) like :func:`file_sha256`, so that a file is opened with
+    h5py once: its links cannot change without its bytes changing."""
+    stat = path.stat()
+    key = config_hash(["links", str(path.resolve()), stat.st_size, stat.st_mtime_ns], length=24)
+    memo = cache_dir("datasets", "_links") / f"{key}.json"
+    try:
+        stored = json.loads(memo.read_text())
+        if isinstance(stored, list) and all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
+            for pair in stored
+        ):
+            return [(pair[0], pair[1]) for pair in stored]
+    except (OSError, ValueError):
+        pass
     found: list[tuple[str, str]] = []
     with _open_hdf5(path) as handle:
 
@@ -413,19 +444,9 @@ def linked_files(path: Path) -> list[tuple[str, Path]]:
                                       else str(entry[0])))  # fmt: skip
 
         handle.visititems_links(visit)
-    files = []
-    for key, name in found:
-        if name == ".":  # a virtual dataset's source in the same file
-            continue
-        target = _find_linked(path, name)
-        if target is None:
-            raise DatasetError(
-                f"{where}: {key} is stored in (linked to) the file {name!r}, which does not "
-                f"exist (looked for it beside {str(path)!r} and in the working directory); "
-                "put that file there or write the array into this file."
-            )
-        files.append((key, target))
-    return files
+    remove_stale_temporaries(memo.parent)
+    atomic_write(memo, lambda tmp: tmp.write_text(json.dumps([list(pair) for pair in found])))
+    return found
 
 
 def _find_linked(path: Path, name: str) -> Path | None:
