@@ -418,7 +418,7 @@ def _link_names(path: Path) -> list[tuple[str, str]]:
     h5py once: its links cannot change without its bytes changing."""
     stat = path.stat()
     key = config_hash(["links", str(path.resolve()), stat.st_size, stat.st_mtime_ns], length=24)
-    memo = cache_dir("datasets", "_links") / f"{key}.json"
+    memo = cache_dir("datasets", "_sha256") / f"{key}.links.json"  # beside the hashes
     try:
         stored = json.loads(memo.read_text())
         if isinstance(stored, list) and all(
