@@ -429,6 +429,22 @@ def run_settings_differences(run_dir: Path, expected: dict | None) -> list[str]:
         return []
 
 
+def run_on_current_file(run_dir: Path, provenance: dict) -> bool:
+    """Whether the run in ``run_dir`` was made on the dataset's current version.
+
+    Its ``data.json`` records the file's sha256 (``content``). A run made on the current
+    file whose summary was never written (the driver stopped between the run's end and
+    its summary) keeps its directory although the stored summary is stale.
+    """
+    path = run_dir / "data.json"
+    if not provenance.get("sha256") or not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("content") == provenance["sha256"]
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def stale_reason(
     summary: dict, provenance: dict, steps: int, preset: str, expected: dict | None = None
 ) -> str | None:
@@ -619,7 +635,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[bench] done     {dataset} {name} seed {seed}: {summary_path}")
                 continue
             print(f"[bench] stale    {summary_path}: {why}")
-            if other_dataset(stored, provenance) and run_dir.exists() and not args.dry_run:
+            if (
+                other_dataset(stored, provenance)
+                and run_dir.exists()
+                and not run_on_current_file(run_dir, provenance)
+                and not args.dry_run
+            ):
                 # Another dataset: start that run over (another budget extends or restarts it).
                 run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
         differences = run_settings_differences(run_dir, expected)
@@ -683,7 +704,16 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             continue
-        summary = summarize_run(run_dir, analysis=not args.no_analysis)
+        try:
+            summary = summarize_run(run_dir, analysis=not args.no_analysis)
+        except Exception as error:  # noqa: BLE001 - the finished run's summary must be written
+            if args.no_analysis:
+                raise
+            # The checkpoint analysis failed (e.g. code changed under a long queue): keep the
+            # run's scores; `--rows` and the report do not need the analysis.
+            print(f"[bench] analysis failed ({type(error).__name__}: {error}); summary without it")
+            summary = summarize_run(run_dir, analysis=False)
+            summary["analysis_error"] = f"{type(error).__name__}: {error}"
         add_score_measures(summary, run_dir)
         summary["dataset"] = dataset
         summary["variant"] = name  # the config alone cannot tell cbop-fqe-rounds5 from cbop

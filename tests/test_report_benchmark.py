@@ -76,6 +76,22 @@ def test_plan_order_skip_and_stale(
     assert "stale" in printed and printed.count("start ") == 6
 
 
+def test_a_run_made_on_the_current_file_is_kept_beside_a_stale_summary(tmp_path: Path) -> None:
+    """A run finished on the current file whose summary was never written is not started over."""
+    driver = load_driver()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    provenance = {"sha256": "new"}
+    assert not driver.run_on_current_file(run_dir, provenance)  # no data record: made elsewhere
+    (run_dir / "data.json").write_text(json.dumps({"content": "old"}))
+    assert not driver.run_on_current_file(run_dir, provenance)
+    (run_dir / "data.json").write_text(json.dumps({"content": "new"}))
+    assert driver.run_on_current_file(run_dir, provenance)
+    assert not driver.run_on_current_file(run_dir, {})  # no provenance: nothing to compare
+    (run_dir / "data.json").write_text("{damaged")
+    assert not driver.run_on_current_file(run_dir, provenance)
+
+
 def test_another_preset_keeps_its_runs_and_summaries_apart(
     tmp_path: Path, isolated_cache: Path, capsys: pytest.CaptureFixture
 ) -> None:
