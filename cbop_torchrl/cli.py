@@ -73,6 +73,7 @@ from cbop_torchrl.utils import (
     is_disk_full,
     is_out_of_memory,
     out_of_memory_message,
+    override_value,
     program_command,
     running_program,
     unwritable_reason,
@@ -912,48 +913,6 @@ HYDRA_FLAGS_WITH_VALUE = frozenset(
 """Hydra's command-line flags that take the next word as their value."""
 
 
-def _override_value(text: str) -> str:
-    """``text`` as a Hydra override value that Hydra reads back as exactly this string:
-    bare when it is a plain word Hydra takes for a string, else single-quoted (a quote
-    escaped, and the backslashes before a quote or the closing one doubled; ``${``
-    escaped so that it is no interpolation)."""
-    if re.fullmatch(r"[\w./~:+@%-]+", text) and not _other_type(text):
-        return text
-    quoted = re.sub(r"(\\+)(?='|$)", lambda m: m[1] * 2, text)
-    quoted = quoted.replace("'", "\\'").replace("${", "\\${")
-    return f"'{quoted}'"
-
-
-def _other_type(text: str) -> bool:
-    """Whether Hydra reads the bare word ``text`` as something other than that string."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        return OverridesParser.create().parse_override(f"k={text}").value() != text
-    except Exception:
-        return True
-
-
-def override_word(key: str, value: Any) -> str:
-    """``key=value`` as a command-line override that sets exactly ``value`` (a string,
-    number, bool, None or a list of them), for the commands messages suggest."""
-    return f"{key}={_override_literal(value)}"
-
-
-def _override_literal(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_override_literal(item) for item in value) + "]"
-    if isinstance(value, enum.Enum):
-        value = value.value
-    return _override_value(str(value))
-
-
 def translate_old_arguments(
     argv: Sequence[str], positional: str, options: Mapping[str, str]
 ) -> list[str] | None:
@@ -986,7 +945,7 @@ def translate_old_arguments(
             if not equals and index < len(argv):
                 value = argv[index]
                 index += 1
-            words.append(f"{options[name]}={_override_value(value)}")
+            words.append(f"{options[name]}={override_value(value)}")
         elif not arg.startswith("-") and not equals:
             changed = True
             paths.append(arg)
@@ -995,7 +954,7 @@ def translate_old_arguments(
     if not changed:
         return None
     if paths:
-        values = [_override_value(path) for path in paths]
+        values = [override_value(path) for path in paths]
         joined = values[0] if len(values) == 1 else f"[{','.join(values)}]"
         words.insert(0, f"{positional}={joined}")
     return words

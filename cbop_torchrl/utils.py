@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import hashlib
 import json
@@ -692,3 +693,49 @@ class HostSyncCounter(TorchDispatchMode):
         ):
             self._add("aten::index.Tensor (boolean mask)")
         return func(*args, **kwargs)
+
+
+# Command-line overrides for the commands messages suggest (cli.py and envs/task.py use them;
+# here, at the bottom of the stack, so that any layer may).
+
+
+def override_value(text: str) -> str:
+    """``text`` as a Hydra override value that Hydra reads back as exactly this string:
+    bare when it is a plain word Hydra takes for a string, else single-quoted (a quote
+    escaped, and the backslashes before a quote or the closing one doubled; ``${``
+    escaped so that it is no interpolation)."""
+    if re.fullmatch(r"[\w./~:+@%-]+", text) and not _other_type(text):
+        return text
+    quoted = re.sub(r"(\\+)(?='|$)", lambda m: m[1] * 2, text)
+    quoted = quoted.replace("'", "\\'").replace("${", "\\${")
+    return f"'{quoted}'"
+
+
+def _other_type(text: str) -> bool:
+    """Whether Hydra reads the bare word ``text`` as something other than that string."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_override(f"k={text}").value() != text
+    except Exception:
+        return True
+
+
+def override_word(key: str, value: Any) -> str:
+    """``key=value`` as a command-line override that sets exactly ``value`` (a string,
+    number, bool, None or a list of them), for the commands messages suggest."""
+    return f"{key}={_override_literal(value)}"
+
+
+def _override_literal(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_override_literal(item) for item in value) + "]"
+    if isinstance(value, enum.Enum):
+        value = value.value
+    return override_value(str(value))

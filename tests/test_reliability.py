@@ -181,3 +181,34 @@ def test_a_dataset_cache_entry_is_read_without_pickle_and_checked(tmp_path: Path
     with pytest.raises(DatasetError, match="not written by cbop-torchrl"):
         load_hdf5(file)
     assert not sentinel.exists()
+
+
+def test_an_unmarked_run_of_an_earlier_version_is_adopted_only_with_nothing_else(tmp_path):
+    """Lock + a checkpoint this package reads + only a run's outputs: an earlier version's
+    run (adopted); the same with a user's file beside them is refused, the file untouched."""
+    from cbop_torchrl.trainers.checkpoint import CHECKPOINT_FORMAT, CheckpointError
+    from cbop_torchrl.trainers.rundir import MARKER_NAME, claim_run_dir
+
+    def earlier_run(path):
+        path.mkdir()
+        (path / ".run.lock").write_text("")
+        torch.save({"format": CHECKPOINT_FORMAT, "step": 10}, path / "checkpoint.pt")
+        (path / "logs").mkdir()
+        return path
+
+    adopted = earlier_run(tmp_path / "earlier")
+    claim_run_dir(adopted)
+    assert (adopted / MARKER_NAME).is_file()
+
+    mixed = earlier_run(tmp_path / "mixed")
+    (mixed / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="no .cbop-run marker"):
+        claim_run_dir(mixed)
+    assert (mixed / "notes.txt").read_text() == "mine" and not (mixed / MARKER_NAME).exists()
+
+    not_ours = tmp_path / "not-ours"
+    not_ours.mkdir()
+    (not_ours / ".run.lock").write_text("")
+    (not_ours / "checkpoint.pt").write_bytes(b"a user's own file")
+    with pytest.raises(CheckpointError, match="no .cbop-run marker"):
+        claim_run_dir(not_ours)

@@ -31,7 +31,6 @@ from inprocess import run_program
 from programs import Call, run_programs, selected_ids
 from tensordict import NonTensorData, TensorDict, tensorclass
 
-from cbop_torchrl.cli import override_word
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetError, data_record, load_dataset_with_info
 from cbop_torchrl.data.d4rl import load_d4rl
@@ -50,6 +49,7 @@ from cbop_torchrl.utils import (
     atomic_write,
     cache_dir,
     check_owned_output,
+    override_word,
     owned_outputs,
 )
 

@@ -205,8 +205,7 @@ def _baseline_command(config: Any, total: int) -> str:
     import shlex
 
     from cbop_torchrl.baselines import cbop_pipeline_budget, preset_training
-    from cbop_torchrl.cli import override_word
-    from cbop_torchrl.utils import program_command
+    from cbop_torchrl.utils import override_word, program_command
 
     words = ["algo=iql"]
     if config.env != "demo":
@@ -228,8 +227,8 @@ def task_overrides(task: Any) -> list[str]:
     or its dict) on another program's command line: every key that is not its default."""
     import dataclasses
 
-    from cbop_torchrl.cli import override_word
     from cbop_torchrl.envs.task import TaskConfig
+    from cbop_torchrl.utils import override_word
 
     values = dataclasses.asdict(task) if dataclasses.is_dataclass(task) else dict(task or {})
     default = dataclasses.asdict(TaskConfig())

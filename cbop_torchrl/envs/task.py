@@ -78,7 +78,7 @@ def example_command(info: DatasetInfo, gym_id: str) -> str:
     table knows D4RL data only); from Python, a ``cbop-train`` command. Either is
     written for the user's shell (:func:`cbop_torchrl.utils.program_command`).
     """
-    from cbop_torchrl.cli import override_word  # quoted so that Hydra reads the value back
+    from cbop_torchrl.utils import override_word  # quoted so that Hydra reads the value back
 
     program = running_program()
     words = [w for w in sys.argv[1:] if w.partition("=")[0].lstrip("+~") not in TASK_KEYS]

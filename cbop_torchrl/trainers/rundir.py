@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from cbop_torchrl.trainers.checkpoint import (
+    CHECKPOINT_NAME,
     DATA_RECORD_NAME,
     CheckpointError,
+    load_checkpoint,
     read_data_record,
 )
 from cbop_torchrl.utils import atomic_json_dump, atomic_write, remove_stale_temporaries
@@ -191,7 +193,13 @@ def claim_run_dir(run_dir: str | Path) -> None:
         write_hydra_files(run_dir)
         return
     # A lock file alone proves nothing (anyone can leave an empty .run.lock): only what a
-    # run writes before anything else, the marker, makes a folder a run's.
+    # run writes before anything else, the marker, makes a folder a run's, or the run of
+    # an earlier version that wrote no marker (its lock, a checkpoint this package reads,
+    # and nothing but a run's outputs).
+    if _is_unmarked_earlier_run(run_dir):
+        _create_marker(marker)
+        write_hydra_files(run_dir)
+        return
     foreign = sorted(
         entry.name
         for entry in run_dir.iterdir()
@@ -249,6 +257,23 @@ def write_hydra_files(run_dir: Path) -> None:
     }
     for name in _HYDRA_FILES:
         atomic_write(folder / name, lambda tmp, text=texts[name]: tmp.write_text(text))
+
+
+def _is_unmarked_earlier_run(run_dir: Path) -> bool:
+    """A run directory of a version before the marker: the lock, a readable CBOP checkpoint,
+    and only the names a run writes (:data:`RUN_OUTPUTS`, Hydra's ``.hydra``)."""
+    names = {entry.name for entry in run_dir.iterdir()}
+    allowed = {LOCK_NAME, *RUN_OUTPUTS, *_PRE_RUN_NAMES}
+    checkpoint = run_dir / CHECKPOINT_NAME
+    if LOCK_NAME not in names or not names <= allowed or not _is_regular_file(checkpoint):
+        return False
+    if any((run_dir / name).is_symlink() for name in names):
+        return False
+    try:
+        load_checkpoint(checkpoint)
+    except CheckpointError:
+        return False
+    return True
 
 
 def _is_regular_file(path: Path) -> bool:
