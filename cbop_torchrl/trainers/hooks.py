@@ -285,7 +285,8 @@ class EvaluationHook(TrainerHookBase):
     episode from each of those dataset states restored in the simulator
     (:func:`~cbop_torchrl.envs.starts.evaluate_from_states`): ``start_*`` in the
     history, ``eval/start_normalized_score`` and ``eval/start_seconds`` (its wall
-    time) in the logs; the reset evaluation is unchanged and stays the primary score.
+    time; the reset evaluation's: ``eval/seconds``) in the logs; the reset evaluation is
+    unchanged and stays the primary score.
     The final evaluation after the last step is done by the pipeline itself.
     """
 
@@ -324,9 +325,11 @@ class EvaluationHook(TrainerHookBase):
         scalars: dict[str, Any] = {}
         summaries = {}
         for prefix, policy in policies.items():
+            started = time.perf_counter()
             summary = evaluate_policy(
                 policy, self.task, self.env, self.max_steps, self.seed
             ).summary()
+            scalars[f"eval/{prefix}seconds"] = time.perf_counter() - started
             summaries[prefix] = summary
             for key, name in EVAL_SCALARS.items():
                 record[f"{prefix}{key}"] = summary[key]
