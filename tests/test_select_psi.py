@@ -245,14 +245,16 @@ def test_select_psi_sweeps_its_own_settings_with_hydra(
             "json=fqe_${steps}.json"]  # fmt: skip
     assert select_psi(argv) == 0
     assert capsys.readouterr().out.count("selected by FQE:") == 2
-    assert sorted(path.name for path in work.iterdir()) == ["fqe_10.json", "fqe_20.json"]
+    # The rankings, and the manifest naming them as select-psi's (docs/reliability.md).
+    written = [".cbop-outputs.json", "fqe_10.json", "fqe_20.json"]
+    assert sorted(path.name for path in work.iterdir()) == written
     for steps in (10, 20):
         (ranking,) = json.loads((work / f"fqe_{steps}.json").read_text())
         assert len(ranking["candidates"]) == 3
     assert select_psi(["sweep_dir=x", "steps=7", "--cfg", "job"]) == 0
     shown = capsys.readouterr().out
     assert "sweep_dir: x" in shown and "steps: 7" in shown and "qvalue_nets: 2" in shown
-    assert sorted(path.name for path in work.iterdir()) == ["fqe_10.json", "fqe_20.json"]
+    assert sorted(path.name for path in work.iterdir()) == written
 
 
 def test_select_psi_bad_input_exits_with_a_message(
