@@ -592,7 +592,9 @@ def write_rows(results: Path, dataset: str) -> Path | None:
         "dataset": dataset,
         "sha256": provenance.get("sha256"),
         "how": "python benchmarks/learning.py --rows --datasets " + dataset,
-        "rule": "two rows differ when |last10_a - last10_b| > 1.96 * sqrt(se_a^2 + se_b^2)",
+        "rule": "two rows of one measure differ when |final_a - final_b| > 1.96 * "
+        "sqrt(final_se_a^2 + final_se_b^2) (the same for last10 with last10_se); with 3 seeds "
+        "the bootstrap se is a lower bound (*_t_ci95 are wider)",
         "rows": row_intervals(summaries),
     }
     atomic_json_dump(rows, path)
