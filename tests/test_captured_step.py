@@ -282,3 +282,35 @@ def test_cuda_graph_true_on_a_cpu_run_is_refused_before_anything_runs(tmp_path) 
     problems = validate(RunConfig(cuda_graph=True, compile=True, device="cpu"))
     assert any("cannot nest" in problem for problem in problems)
     assert not any("cuda_graph" in problem for problem in validate(RunConfig(device="cpu")))
+
+
+def test_the_bc_and_fqe_steps_make_no_host_sync_and_no_tensor_from_host_data() -> None:
+    """What the captured BC and FQE stages (``cuda_graph``) need of their steps."""
+    from cbop_torchrl.objectives.pretrain import (
+        ROW_KEY,
+        BehaviourCloningLoss,
+        FittedQEvaluationLoss,
+        bootstrap_counts,
+    )
+
+    torch.manual_seed(0)
+    batches = _batches(3)
+    for batch in batches:
+        batch.set(("next", "action"), torch.rand(BATCH, ACT) * 2 - 1)
+        batch.set(ROW_KEY, torch.arange(BATCH))
+    losses = {
+        "bc": BehaviourCloningLoss(make_actor(OBS, ACT, (16,))),
+        "fqe": FittedQEvaluationLoss(
+            make_qvalue_ensemble(3, OBS, ACT, (16, 16)),
+            bootstrap_weights=bootstrap_counts(3, BATCH),
+        ),
+    }
+    for name, loss in losses.items():
+        step = GradientStep(loss, torch.optim.Adam(loss.parameters(), lr=1e-3, fused=True))
+        step(batches[0])
+        with HostSyncCounter() as syncs, _HostDataAudit() as audit:
+            step(batches[1])
+            step(batches[2])
+        assert syncs.count == 0, (name, syncs.by_op)
+        assert audit.found == [], name
+        assert step.health.read() == (0, -1, [])
