@@ -314,3 +314,23 @@ def test_the_bc_and_fqe_steps_make_no_host_sync_and_no_tensor_from_host_data() -
         assert syncs.count == 0, (name, syncs.by_op)
         assert audit.found == [], name
         assert step.health.read() == (0, -1, [])
+
+
+def test_the_dynamics_minibatch_step_makes_no_host_sync_and_no_tensor_from_host_data() -> None:
+    from cbop_torchrl.config import DynamicsConfig
+    from cbop_torchrl.trainers.dynamics import minibatch_step
+
+    torch.manual_seed(0)
+    config = DynamicsConfig(num_members=4, num_elites=3, hidden_size=16, num_layers=2,
+                            weight_decay=(1e-4, 1e-4, 1e-4), batch_size=8)  # fmt: skip
+    ensemble = GaussianEnsemble(OBS, ACT, num_members=4, hidden_sizes=(16, 16))
+    optimizer = torch.optim.Adam(ensemble.param_groups(config.weight_decay), lr=1e-3, fused=True)
+    x, y = torch.randn(64, OBS + ACT), torch.randn(64, OBS + 1)
+    step = minibatch_step(ensemble, optimizer, x, y, config)
+    index = [TensorDict({"index": torch.randint(64, (4, 8))}, []) for _ in range(3)]
+    step(index[0])
+    with HostSyncCounter() as syncs, _HostDataAudit() as audit:
+        out = [step(batch) for batch in index[1:]]
+    assert syncs.count == 0, syncs.by_op
+    assert audit.found == []
+    assert all(torch.isfinite(o.get("nll")) for o in out)
