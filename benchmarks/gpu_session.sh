@@ -17,7 +17,8 @@
 # Settings (environment): BUDGET_MIN (9: minutes per call, start-up included), BUNDLE
 # (.bundle), STATE (/tmp/cbop-gpu-session), PYTHON (python3), OUT (./gpu-out), STEPS
 # (the paper's 1000000 CBOP gradient steps), PRESET (paper), SKIP ("": any of install tests
-# bench slices), EVAL_INTERVAL (10000), LABEL ("": the runs' label, e.g. screen) and
+# bench slices), EVAL_INTERVAL (10000), START_STATES ("": learning.py's default; the screens:
+# 0), LABEL ("": the runs' label, e.g. screen) and
 # OVERRIDES ("": extra Hydra overrides of the run). SCREEN=1 sets the last four for a short
 # look at the paper's sizes (docs/gpu.md, "A paper-size screen"): 10,000 CBOP steps after
 # 10,000 BC and 20,000 FQE steps, the dynamics capped at 60 epochs, evaluation and the
@@ -47,6 +48,9 @@ elif [ "${SCREEN:-0}" = 2 ]; then  # the captured step: 50,000 CBOP steps
     STEPS=50000 EVAL_INTERVAL=1000 LABEL=screen50k
     OVERRIDES="$SCREEN_PRETRAIN cuda_graph=true"
 fi
+# The screens score the reset evaluation and Q - MC only: the start-state score (100 more
+# episodes per evaluation, benchmarks/learning.py's default) would double their cost.
+START_STATES=${START_STATES:-$([ "${SCREEN:-0}" != 0 ] && echo 0)}
 variant=cbop-$PRESET${LABEL:+-$LABEL}
 DATASET=hopper-medium-replay-gen
 export CBOP_TORCHRL_CACHE=${CBOP_TORCHRL_CACHE:-$STATE/cache}
@@ -111,7 +115,8 @@ if ! skipped slices; then
         # shellcheck disable=SC2086  # OVERRIDES: one Hydra override per word
         $PYTHON benchmarks/learning.py --preset "$PRESET" --datasets $DATASET --algos cbop --seeds 0 \
             --epochs $((STEPS / 1000)) --steps-per-epoch 1000 --eval-interval "$EVAL_INTERVAL" \
-            ${LABEL:+--label "$LABEL"} --results "$STATE/results" --max-minutes "$slice_min" \
+            ${LABEL:+--label "$LABEL"} ${START_STATES:+--start-states "$START_STATES"} \
+            --results "$STATE/results" --max-minutes "$slice_min" \
             $OVERRIDES >>"$OUT/slices.log" 2>&1
         tail -4 "$OUT/slices.log" | tee -a "$OUT/session.log"
     else
