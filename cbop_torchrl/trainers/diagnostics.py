@@ -40,6 +40,7 @@ and goes into ``results.json`` as ``diagnostics_history``.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import gymnasium
@@ -139,6 +140,7 @@ class LearningDiagnostics(TrainerHookBase):
     def measure(self, step: int) -> dict[str, float]:
         """All measurements at ``step``; logged under ``diag/`` and kept in ``history``."""
         devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+        started = time.perf_counter()
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.seed + step)
             record = {"step": step}
@@ -149,7 +151,9 @@ class LearningDiagnostics(TrainerHookBase):
             record.update(self._horizons())
             record.update(self._dataset_conservatism())
         self.history.append(record)
-        log_scalars(self.logger, {f"diag/{k}": v for k, v in record.items() if k != "step"}, step)
+        scalars = {f"diag/{k}": v for k, v in record.items() if k != "step"}
+        scalars["diag/seconds"] = time.perf_counter() - started  # logged, not in the history
+        log_scalars(self.logger, scalars, step)
         return record
 
     def _actor_call(self, obs: torch.Tensor, deterministic: bool = True) -> TensorDictBase:
