@@ -88,8 +88,11 @@ def gaussian_posterior(
                 f"valid must be a bool tensor of shape (*batch, H+1) = {tuple(mu_h.shape)}; "
                 f"got shape {tuple(valid.shape)}."
             )
-        # Horizon 0 always counts (no in-place write of a host scalar: graph-capturable).
-        valid = torch.cat([torch.ones_like(valid[..., :1]), valid[..., 1:]], dim=-1)
+        # Horizon 0 always counts: an elementwise or (not an in-place write of a host
+        # scalar, which a CUDA graph capture would freeze), keeping valid's memory layout,
+        # which decides the summation order below and so the float rounding.
+        horizon_0 = torch.arange(valid.shape[-1], device=valid.device) == 0
+        valid = valid | horizon_0
         precision = torch.where(valid, precision, torch.zeros_like(precision))
     total_precision = precision.sum(-1)
     weights = precision / total_precision.unsqueeze(-1)
