@@ -494,6 +494,17 @@ def _owning_scope(path: Path) -> _Scope | None:
     return None
 
 
+def read_regular_json(path: Path) -> tuple[Any, str | None]:
+    """``(value, None)`` for a regular file holding JSON, else ``(None, what is wrong)``:
+    a link or no regular file is never read, unreadable JSON is named with its error."""
+    if path.is_symlink() or not path.is_file():
+        return None, "is a link or not a regular file"
+    try:
+        return json.loads(path.read_text()), None
+    except (OSError, ValueError) as error:
+        return None, f"cannot be read as JSON ({type(error).__name__}: {error})"
+
+
 def _read_manifest(directory: Path) -> dict[str, str]:
     """``{file name: program}`` of ``directory``'s :data:`OUTPUTS_MANIFEST` ({} when none).
 
@@ -503,21 +514,14 @@ def _read_manifest(directory: Path) -> dict[str, str]:
     path = directory / OUTPUTS_MANIFEST
     if not os.path.lexists(path):
         return {}
-    problem = None
-    if path.is_symlink() or not path.is_file():
-        problem = "is a link or not a regular file"
-    else:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as error:
-            data, problem = None, f"cannot be read ({error})"
-        if problem is None and not (
-            isinstance(data, dict)
-            and data.get("format") == _MANIFEST_FORMAT
-            and isinstance(data.get("files"), dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in data["files"].items())
-        ):
-            problem = f"is not a record of cbop-torchrl's outputs (format {_MANIFEST_FORMAT!r})"
+    data, problem = read_regular_json(path)
+    if problem is None and not (
+        isinstance(data, dict)
+        and data.get("format") == _MANIFEST_FORMAT
+        and isinstance(data.get("files"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in data["files"].items())
+    ):
+        problem = f"is not a record of cbop-torchrl's outputs (format {_MANIFEST_FORMAT!r})"
     if problem is not None:
         raise ForeignFileError(
             f"{str(path)!r} {problem}, so it is not known which files of {str(directory)!r} "

@@ -15,7 +15,6 @@ supports through its lock manager.)
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -29,7 +28,12 @@ from cbop_torchrl.trainers.checkpoint import (
     load_checkpoint,
     read_data_record,
 )
-from cbop_torchrl.utils import atomic_json_dump, atomic_write, remove_stale_temporaries
+from cbop_torchrl.utils import (
+    atomic_json_dump,
+    atomic_write,
+    read_regular_json,
+    remove_stale_temporaries,
+)
 
 LOCK_NAME = ".run.lock"
 
@@ -381,16 +385,9 @@ def read_run_json(path: str | Path) -> dict[str, Any] | None:
     path = Path(path)
     if not os.path.lexists(path):
         return None
-    problem = None
-    if path.is_symlink() or not path.is_file():
-        problem = "is a link or not a regular file"
-    else:
-        try:
-            value = json.loads(path.read_text())
-        except (OSError, ValueError) as error:
-            value, problem = None, f"cannot be read as JSON ({type(error).__name__}: {error})"
-        if problem is None and not isinstance(value, dict):
-            problem = "does not hold a JSON object"
+    value, problem = read_regular_json(path)
+    if problem is None and not isinstance(value, dict):
+        problem = "does not hold a JSON object"
     if problem is not None:
         raise CheckpointError(
             f"{str(path)!r} {problem}; a run writes it itself, so it was replaced or damaged. "
