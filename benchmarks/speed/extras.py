@@ -20,8 +20,7 @@ def bench_dynamics_training(device: torch.device, size: Size, steps: int) -> dic
     the pipeline trains with ``cuda_graph`` on a GPU.
     """
     # The trainer's inner loop: the same forward/NLL/backward/Adam step.
-    from cbop_torchrl.trainers.dynamics import DynamicsConfig, minibatch_step, train_epoch
-    from cbop_torchrl.trainers.update import CapturedStep
+    from cbop_torchrl.trainers.dynamics import DynamicsConfig, make_minibatch_step, train_epoch
 
     obs_dim, act_dim = env_sizes(size.family)
     config = DynamicsConfig(
@@ -44,12 +43,7 @@ def bench_dynamics_training(device: torch.device, size: Size, steps: int) -> dic
             continue
         ensemble = GaussianEnsemble(obs_dim, act_dim, size.dyn_members, size.dyn_hidden)
         ensemble = ensemble.to(device)
-        optimizer = torch.optim.Adam(
-            ensemble.param_groups(config.weight_decay), lr=config.lr, fused=True,
-            capturable=capture,
-        )  # fmt: skip
-        step = minibatch_step(ensemble, optimizer, x, y, config)
-        captured = CapturedStep(step) if capture else None
+        step, captured = make_minibatch_step(ensemble, x, y, config, capture)
         warm = bootstrap[:, : 5 * config.batch_size]  # warm-up (and the capture)
         train_epoch(step, warm, gen, config, captured)
         sync(device)

@@ -190,6 +190,23 @@ def minibatch_step(
     return step
 
 
+def make_minibatch_step(
+    ensemble: GaussianEnsemble,
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    config: DynamicsConfig,
+    cuda_graph: bool = False,
+) -> tuple[Callable[[TensorDictBase], TensorDictBase], CapturedStep | None]:
+    """The training's fused Adam (capturable with ``cuda_graph``), its :func:`minibatch_step`
+    and, with ``cuda_graph``, that step captured as a CUDA graph."""
+    optimizer = torch.optim.Adam(
+        ensemble.param_groups(config.weight_decay), lr=config.lr, fused=True,
+        capturable=cuda_graph,
+    )  # fmt: skip
+    step = minibatch_step(ensemble, optimizer, train_x, train_y, config)
+    return step, CapturedStep(step) if cuda_graph else None
+
+
 def train_epoch(
     step: Callable[[TensorDictBase], TensorDictBase],
     bootstrap: torch.Tensor,
@@ -288,12 +305,7 @@ def train_dynamics(
     num_members = config.num_members
     bootstrap = torch.randint(num_train, (num_members, num_train), generator=cpu_gen).to(device)
     shuffle_gen = torch.Generator(device=device).manual_seed(config.seed + 1)
-    optimizer = torch.optim.Adam(
-        ensemble.param_groups(config.weight_decay), lr=config.lr, fused=True,
-        capturable=cuda_graph,
-    )  # fmt: skip
-    step = minibatch_step(ensemble, optimizer, train_x, train_y, config)
-    captured = CapturedStep(step) if cuda_graph else None
+    step, captured = make_minibatch_step(ensemble, train_x, train_y, config, cuda_graph)
     best_params = {n: p.detach().clone() for n, p in ensemble.named_parameters()}
     best_mse = torch.full((num_members,), math.inf, device=device)
 
