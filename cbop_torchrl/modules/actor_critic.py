@@ -198,18 +198,39 @@ def make_qvalue(
     hidden_sizes: tuple[int, ...] = (256, 256, 256),
     device: torch.device | str | None = None,
     init: str = "torch",
+    layer_norm: bool = False,
 ) -> ValueOperator:
     """One Q-network ``(observation, action) -> state_action_value [..., 1]``.
 
     ``init``: ``"torch"`` keeps PyTorch's default ``Linear`` initialisation;
-    ``"authors"`` applies :func:`authors_q_init`.
+    ``"authors"`` applies :func:`authors_q_init` (Linear layers only).
+
+    ``layer_norm``: an option beyond the paper, whose critics are plain MLPs
+    (``False``, the default, builds exactly those: the same modules, parameter
+    names and random draws). ``True`` puts an ``nn.LayerNorm(width)`` (with its
+    elementwise affine) between every hidden Linear and its ReLU, ``Linear ->
+    LayerNorm -> ReLU``, as in RLPD and the LayerNorm critics of the offline-RL
+    literature; the output Linear is unchanged. Normalising bounds the critics'
+    features, so their extrapolation away from the data is tamer, and the
+    members' disagreement there (what CBOP's and EDAC's uncertainty reads) can
+    differ from the plain MLPs'. A LayerNorm draws no random numbers, so the
+    Linear layers get the same initial weights as with ``layer_norm=False``.
     """
+    norm_kwargs = {}
+    if layer_norm:
+        # TorchRL's MLP (0.14) appends, after each hidden layer, [dropout,] norm and then
+        # the activation: Linear -> LayerNorm -> ReLU, the order wanted here.
+        norm_kwargs = {
+            "norm_class": nn.LayerNorm,
+            "norm_kwargs": [{"normalized_shape": width} for width in hidden_sizes],
+        }
     net = MLP(
         in_features=obs_dim + action_dim,
         out_features=1,
         num_cells=list(hidden_sizes),
         activation_class=nn.ReLU,
         device=device,
+        **norm_kwargs,
     )
     if init == "authors":
         authors_q_init(net)
@@ -225,12 +246,20 @@ def make_qvalue_ensemble(
     hidden_sizes: tuple[int, ...] = (256, 256, 256),
     device: torch.device | str | None = None,
     init: str = "torch",
+    layer_norm: bool = False,
 ) -> list[ValueOperator]:
     """``num_members`` independently initialised Q-networks (``init`` as :func:`make_qvalue`).
 
     Passed to ``SACLoss`` as a list (not one module with ``expand_dim``) so
     that every member keeps its own initialisation.
+
+    ``layer_norm``: beyond the paper (its critics are plain MLPs): ``Linear ->
+    LayerNorm -> ReLU`` hidden layers in every member, see :func:`make_qvalue`.
+    The bounded features tame the members' extrapolation off the data, and so
+    change their disagreement there. The fused ensemble path
+    (:mod:`cbop_torchrl.modules.fused_mlp`) runs these networks too.
     """
     return [
-        make_qvalue(obs_dim, action_dim, hidden_sizes, device, init) for _ in range(num_members)
+        make_qvalue(obs_dim, action_dim, hidden_sizes, device, init, layer_norm=layer_norm)
+        for _ in range(num_members)
     ]

@@ -2,11 +2,13 @@
 
 The Q-ensemble (:func:`~cbop_torchrl.modules.actor_critic.make_qvalue_ensemble`)
 is M TorchRL ``ValueOperator``s over ``nn.Sequential(Linear, act, ..., Linear)``
-whose parameters ``SACLoss`` stacks into one ``[M, ...]`` TensorDict. Instead of
-``torch.vmap`` over the members' modules, these helpers read the network's
-layer sequence once (:func:`plain_mlp_plan`) and run every member at once
-with one ``baddbmm`` per Linear layer (bias fused): the same maths as ``vmap``
-over the members' ``nn.Linear``s, fewer passes over the activations.
+(``Linear, LayerNorm, act, ...`` with ``layer_norm=True``) whose parameters
+``SACLoss`` stacks into one ``[M, ...]`` TensorDict. Instead of ``torch.vmap``
+over the members' modules, these helpers read the network's layer sequence
+once (:func:`plain_mlp_plan`) and run every member at once with one
+``baddbmm`` per Linear layer (bias fused), and a LayerNorm as one
+``layer_norm`` over all members followed by each member's affine: the same
+maths as ``vmap`` over the members' modules, fewer passes over the activations.
 
 - :func:`stack_mlp_weights` + :func:`fused_mlp_ensemble`: for the CBOP
   estimator's rollouts (no gradient): weights cast (bf16) and transposed once
@@ -19,8 +21,9 @@ Shapes: M members, R rows, ``in`` the input width (observation + action).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import torch
 import torch.nn.functional as F
@@ -28,12 +31,31 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
+
+class LayerNormSpec(NamedTuple):
+    """A plan's ``nn.LayerNorm`` over the last dimension (``("norm", LayerNormSpec)``)."""
+
+    name: str
+    """The child's name: its parameters are ``("module", name, "weight" | "bias")`` ``[M, W]``."""
+    width: int
+    """``W``, its ``normalized_shape`` (one dimension)."""
+    eps: float
+    """The module's ``eps``."""
+    weight: bool
+    """Whether it has an elementwise scale (``elementwise_affine``)."""
+    bias: bool
+    """Whether it has an elementwise shift."""
+
+
 MLPPlan: TypeAlias = list[tuple[str, Any]]
-"""A network's layers in order: ``("linear", child name)`` or ``("act", activation fn)``."""
+"""A network's layers in order: ``("linear", child name)``, ``("norm", LayerNormSpec)`` or
+``("act", activation fn)``."""
 StackedMLPLayers: TypeAlias = list[
     tuple[torch.Tensor, torch.Tensor] | Callable[[torch.Tensor], torch.Tensor]
 ]
-"""A plan with each Linear as ``(weight [M, in, out], bias [M, 1, out])``, activations as is."""
+"""A plan with each Linear as ``(weight [M, in, out], bias [M, 1, out])``, each LayerNorm as a
+callable on ``[M, rows, W]`` (:func:`member_layer_norm` with the members' affine), activations
+as is."""
 
 _INPLACE_ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
     nn.ReLU: torch.relu_,
@@ -48,6 +70,52 @@ _ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def member_layer_norm(
+    hidden: torch.Tensor,
+    width: int,
+    eps: float,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    inplace: bool = False,
+) -> torch.Tensor:
+    """LayerNorm of ``[M, rows, W]`` over ``W``, then member m's affine: ``[M, rows, W]``.
+
+    Args:
+        hidden: ``[M, rows, W]`` (member m's rows in ``hidden[m]``).
+        width: ``W``.
+        eps: the LayerNorm's ``eps``.
+        weight, bias: the members' scale and shift ``[M, 1, W]``, or None (no affine).
+        inplace: apply the affine in place on the normalised tensor (a fresh one, so
+            ``hidden`` itself is never written); not under autograd.
+
+    The normalisation is one ``F.layer_norm`` over all members (its statistics
+    accumulate in float32 for bf16 input, the output keeps ``hidden``'s dtype);
+    the per-member affine is one ``addcmul``: the same maths as each member's
+    ``nn.LayerNorm``.
+    """
+    hidden = F.layer_norm(hidden, (width,), eps=eps)
+    if weight is not None and bias is not None:
+        if inplace:
+            return torch.addcmul(bias, hidden, weight, out=hidden)
+        return torch.addcmul(bias, hidden, weight)
+    if weight is not None:
+        return hidden.mul_(weight) if inplace else hidden * weight
+    if bias is not None:
+        return hidden.add_(bias) if inplace else hidden + bias
+    return hidden
+
+
+def _rollout_layer_norm(
+    hidden: torch.Tensor,
+    width: int,
+    eps: float,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`member_layer_norm`, its affine in place outside autograd (the rollout)."""
+    return member_layer_norm(hidden, width, eps, weight, bias, inplace=not torch.is_grad_enabled())
+
+
 def plain_mlp_plan(
     qvalue_network: TensorDictModuleBase,
     obs_key: str,
@@ -55,12 +123,15 @@ def plain_mlp_plan(
     q_value_key: str,
     inplace: bool = True,
 ) -> MLPPlan | None:
-    """``[("linear", name) | ("act", fn), ...]`` if the network is a plain MLP, else None.
+    """``[("linear", name) | ("norm", LayerNormSpec) | ("act", fn), ...]``, or None.
 
-    Plain means: reads ``[obs_key, action_key]`` (concatenated in that order, as
-    TorchRL's ``MLP`` does), writes ``[q_value_key]``, and its ``module`` is an
-    ``nn.Sequential`` of ``nn.Linear`` and ReLU/Tanh/SiLU layers only. The
-    activations run in place unless ``inplace=False`` (under autograd).
+    None unless the network is a plain MLP. Plain means: reads ``[obs_key,
+    action_key]`` (concatenated in that order, as TorchRL's ``MLP`` does),
+    writes ``[q_value_key]``, and its ``module`` is an ``nn.Sequential`` of
+    ``nn.Linear`` (with bias), ``nn.LayerNorm`` over the last dimension
+    (:class:`LayerNormSpec`: the child's name, width, ``eps``, affine or not)
+    and ReLU/Tanh/SiLU layers only, first and last a Linear.
+    The activations run in place unless ``inplace=False`` (under autograd).
     """
     activations = _INPLACE_ACTIVATIONS if inplace else _ACTIVATIONS
     if list(getattr(qvalue_network, "in_keys", [])) != [obs_key, action_key]:
@@ -74,6 +145,15 @@ def plain_mlp_plan(
     for name, child in module.named_children():
         if type(child) is nn.Linear and child.bias is not None:
             plan.append(("linear", name))
+        elif type(child) is nn.LayerNorm and len(child.normalized_shape) == 1:
+            spec = LayerNormSpec(
+                name,
+                int(child.normalized_shape[0]),
+                float(child.eps),
+                child.weight is not None,
+                child.bias is not None,
+            )
+            plan.append(("norm", spec))
         elif type(child) in activations:
             plan.append(("act", activations[type(child)]))
         else:
@@ -91,7 +171,7 @@ def stack_mlp_weights(
     Args:
         params: the members' stacked parameters, ``("module", name, "weight")``
             ``[M, out, in]`` and ``("module", name, "bias")`` ``[M, out]`` for
-            each Linear of ``plan``.
+            each Linear of ``plan``, ``[M, W]`` each for a LayerNorm's affine.
         plan: from :func:`plain_mlp_plan`.
         dtype: ``torch.float32`` or ``torch.bfloat16``.
 
@@ -99,12 +179,26 @@ def stack_mlp_weights(
     ``[in, out]`` layout are paid once, not once per row chunk. The output
     layer's bias stays float32 (and its weight too unless it has one unit), so
     the bias part of Q is not rounded to bf16's 8-bit mantissa (0.4% of |Q|).
+    A LayerNorm becomes a callable on ``[M, rows, W]`` (:func:`member_layer_norm`,
+    its module's ``eps``) with the members' scale and shift ``[M, 1, W]`` in ``dtype``:
+    its output has the hidden activations' dtype, the next Linear's.
     """
     layers: StackedMLPLayers = []
     last = max(i for i, (kind, _) in enumerate(plan) if kind == "linear")
     for i, (kind, item) in enumerate(plan):
         if kind == "act":
             layers.append(item)
+            continue
+        if kind == "norm":
+            affine = {
+                part: params.get(("module", item.name, part)).to(dtype).unsqueeze(1)
+                if getattr(item, part)
+                else None
+                for part in ("weight", "bias")
+            }
+            layers.append(
+                functools.partial(_rollout_layer_norm, width=item.width, eps=item.eps, **affine)
+            )
             continue
         weight = params.get(("module", item, "weight"))  # [M, out, in]
         bias = params.get(("module", item, "bias"))  # [M, out]
@@ -202,7 +296,8 @@ def stacked_mlp_forward(
         inputs: ``(R, in)`` shared by all members (broadcast, not copied) or
             ``(M, R, in)``, one row block per member.
         params: ``[M, ...]`` parameters, ``("module", name, "weight")`` ``[M, out, in]``
-            and ``("module", name, "bias")`` ``[M, out]`` for each Linear of ``plan``.
+            and ``("module", name, "bias")`` ``[M, out]`` for each Linear of ``plan``,
+            ``[M, W]`` each for a LayerNorm's affine.
         plan: from ``plain_mlp_plan(..., inplace=False)``.
         detach: use the parameters detached (gradients reach the inputs only).
 
@@ -211,12 +306,22 @@ def stacked_mlp_forward(
         the parameters' dtype.
 
     One ``baddbmm`` per Linear layer (bias fused, weights read transposed in
-    place), the same maths as ``torch.vmap`` over the members' ``nn.Linear``s.
+    place), a LayerNorm as :func:`member_layer_norm`: the same maths as
+    ``torch.vmap`` over the members' modules.
     """
     hidden = inputs
     for kind, item in plan:
         if kind == "act":
             hidden = item(hidden)
+            continue
+        if kind == "norm":
+            affine = []
+            for part in ("weight", "bias"):
+                value = params.get(("module", item.name, part)) if getattr(item, part) else None
+                if value is not None:
+                    value = (value.detach() if detach else value).unsqueeze(1)
+                affine.append(value)
+            hidden = member_layer_norm(hidden, item.width, item.eps, *affine)
             continue
         weight = params.get(("module", item, "weight"))
         bias = params.get(("module", item, "bias"))
@@ -229,9 +334,11 @@ def stacked_mlp_forward(
 
 
 __all__ = [
+    "LayerNormSpec",
     "MLPPlan",
     "StackedMLPLayers",
     "fused_mlp_ensemble",
+    "member_layer_norm",
     "plain_mlp_plan",
     "stack_mlp_weights",
     "stacked_mlp_forward",

@@ -450,6 +450,7 @@ def load_or_train_fqe(
     progress: bool = True,
     log_fn: LogFn | None = None,
     q_init: str = "torch",
+    layer_norm: bool = False,
     cuda_graph: bool = False,
 ) -> tuple[dict[str, torch.Tensor], bool]:
     """FQE of the behaviour policy for an M-member Q-ensemble.
@@ -457,6 +458,9 @@ def load_or_train_fqe(
     ``config.converge`` runs the authors' scheme (:func:`fit_fqe_rounds_to_convergence`),
     otherwise ``config.steps`` steps of :func:`run_supervised_stage`. ``q_init`` is the
     Q-networks' initialisation (:func:`~cbop_torchrl.modules.actor_critic.make_qvalue`).
+    ``layer_norm`` gives them ``Linear -> LayerNorm -> ReLU`` hidden layers (beyond the
+    paper, whose critics are plain MLPs: see ``make_qvalue``); the cache key holds it
+    only when True, so the plain networks' cached results keep their keys.
     ``cuda_graph`` captures the steps of the latter (:func:`run_supervised_stage`); the
     authors' scheme runs eagerly.
 
@@ -474,6 +478,8 @@ def load_or_train_fqe(
         "seed": seed,
         "init": str(q_init),
     }
+    if layer_norm:
+        key["layer_norm"] = True
     work_dir = _stage_dir("fqe", key)
     result = work_dir / "result.pt"
     with cache_entry_lock(work_dir, "FQE stage"):
@@ -492,8 +498,9 @@ def load_or_train_fqe(
         fqe_data.set(ROW_KEY, torch.arange(fqe_data.shape[0], device=data.device))
         counts = bootstrap_counts(num_members, fqe_data.shape[0]).to(data.device)
         qnets = make_qvalue_ensemble(
-            num_members, obs_dim, action_dim, tuple(hidden_sizes), data.device, str(q_init)
-        )
+            num_members, obs_dim, action_dim, tuple(hidden_sizes), data.device, str(q_init),
+            layer_norm=bool(layer_norm),
+        )  # fmt: skip
         if config.converge:
             loss = FittedQEvaluationLoss(qnets, gamma=gamma, eta=config.eta)
             generator = torch.Generator(device=data.device).manual_seed(seed + FQE_SEED_OFFSET)
