@@ -250,6 +250,9 @@ class AgentConfig:
     alpha_init: float = 1.0
     eta: float = 1.0  # EDAC gradient-diversity weight
     bc_weight: float = 0.0  # beyond the paper (opt-in): weight of the actor's NLL of data actions
+    # Beyond the paper (opt-in): weight of each member's Q(s, a_pi) - Q(s, a_data) in its loss.
+    critic_penalty: float = 0.0
+    critic_layer_norm: bool = False  # beyond the paper (opt-in): LayerNorm in the Q-networks
 
 
 @dataclass
@@ -419,7 +422,11 @@ class RunConfig:
 
 #: ``(section, key, value that turns it off)`` of opt-in settings added after the first
 #: checkpoints were written (see :meth:`RunConfig.training_dict`).
-LATER_OPT_INS: tuple[tuple[str, str, Any], ...] = (("agent", "bc_weight", 0.0),)
+LATER_OPT_INS: tuple[tuple[str, str, Any], ...] = (
+    ("agent", "bc_weight", 0.0),
+    ("agent", "critic_penalty", 0.0),
+    ("agent", "critic_layer_norm", False),
+)
 
 _SECTIONS: dict[str, type] = {
     "agent": AgentConfig,
@@ -716,6 +723,21 @@ def validate(config: RunConfig) -> list[str]:
         problems.append(
             f"agent.bc_weight={bc_weight!r} must be a number >= 0 (0: the paper's actor; "
             "e.g. agent.bc_weight=2.5)"
+        )
+    critic_penalty = config.agent.critic_penalty
+    if (
+        isinstance(critic_penalty, bool)
+        or not isinstance(critic_penalty, (int, float))
+        or not 0 <= critic_penalty < math.inf
+    ):
+        problems.append(
+            f"agent.critic_penalty={critic_penalty!r} must be a finite number >= 0 (0: the "
+            "paper's critic; e.g. agent.critic_penalty=0.5)"
+        )
+    if not isinstance(config.agent.critic_layer_norm, bool):
+        problems.append(
+            f"agent.critic_layer_norm={config.agent.critic_layer_norm!r} must be true or false "
+            "(false: the paper's plain MLP critics)"
         )
     eta = config.agent.eta
     if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not 0 <= eta < math.inf:

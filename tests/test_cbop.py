@@ -381,6 +381,54 @@ def test_bc_weight_keeps_the_actor_near_the_data_actions():
     assert log_likelihood[50.0] > log_likelihood[0.0] + 0.25, (start, log_likelihood)
 
 
+def test_critic_penalty_adds_each_members_gap_between_policy_and_data_actions():
+    """``critic_penalty`` (beyond the paper): loss_qvalue + c * sum_m [Q_m(s, a_pi) - Q_m(s, a)]."""
+    batch = make_batch(shape=(6,))
+    plain, loss = tiny_cbop_loss(), tiny_cbop_loss(critic_penalty=0.5)
+    policy_action = torch.rand(6, ACT) * 2 - 1
+    loss._policy_action = lambda tensordict: policy_action  # the draw, fixed for the check
+    torch.manual_seed(1)
+    out0 = plain(batch)
+    torch.manual_seed(1)
+    out = loss(batch)
+    assert "critic_gap" not in out0.keys()
+    gaps = []
+    for member in range(3):
+        with loss.qvalue_network_params[member].to_module(loss.qvalue_network):
+            at_policy = loss.qvalue_network(batch.clone().set("action", policy_action))
+            at_data = loss.qvalue_network(batch.clone())
+            gaps.append(at_policy["state_action_value"] - at_data["state_action_value"])
+    gap = torch.stack(gaps).squeeze(-1)  # [M, batch]
+    torch.testing.assert_close(out["critic_gap"], gap.mean(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        out["loss_qvalue"], out0["loss_qvalue"] + 0.5 * gap.sum(0).mean(), rtol=1e-5, atol=1e-5
+    )
+    torch.testing.assert_close(out["loss_actor"], out0["loss_actor"])
+    with pytest.raises(ValueError, match="critic_penalty must be a finite number >= 0"):
+        tiny_cbop_loss(critic_penalty=-1.0)
+
+
+def test_critic_penalty_makes_q_fall_at_the_policys_actions():
+    """Trained on loss_qvalue alone, a large penalty lowers Q(pi) - Q(data); without it, not."""
+    batch = make_batch(shape=(64,))
+    gaps = {}
+    for weight in (0.0, 5.0):
+        loss = tiny_cbop_loss(critic_penalty=weight)
+        optimizer = torch.optim.Adam(loss.qvalue_network_params.values(True, True), lr=1e-2)
+        torch.manual_seed(0)
+        for _ in range(40):
+            out = loss(batch)
+            optimizer.zero_grad()
+            out["loss_qvalue"].backward()
+            optimizer.step()
+        measure = tiny_cbop_loss(critic_penalty=1.0)
+        measure.load_state_dict(loss.state_dict())
+        torch.manual_seed(2)
+        gaps[weight] = float(measure(batch)["critic_gap"])
+    assert gaps[5.0] < gaps[0.0] - 0.1, gaps
+    assert gaps[5.0] < 0, gaps
+
+
 def test_stock_sac_loss_swap_gives_cbop_loss_targets():
     torch.manual_seed(0)
     actor = make_actor(OBS, ACT, hidden_sizes=(16,))

@@ -131,6 +131,8 @@ def test_cpu_preset_takes_psi_from_the_dataset() -> None:
         (["estimator.quantile=1.5"], "must be in (0, 1)"),
         (["eval.episodes=0"], "eval.episodes=0 must be a positive number"),
         (["agent.bc_weight=-1"], "agent.bc_weight=-1.0 must be a number >= 0"),
+        (["agent.critic_penalty=-1"], "agent.critic_penalty=-1.0 must be a finite number >= 0"),
+        (["agent.critic_penalty=inf"], "agent.critic_penalty=inf must be a finite number >= 0"),
         (["eval.actor_average=1"], "eval.actor_average=1.0 must be a number in [0, 1)"),
     ],
 )
@@ -323,6 +325,10 @@ def test_an_opt_in_left_off_does_not_change_the_training_settings() -> None:
     assert "bc_weight" not in plain.training_dict()["agent"]
     with_bc, _ = load("agent.bc_weight=2.5")
     assert with_bc.training_dict()["agent"]["bc_weight"] == 2.5
+    for key, value in (("critic_penalty", "0.5"), ("critic_layer_norm", "true")):
+        assert key not in plain.training_dict()["agent"]
+        opted_in, _ = load(f"agent.{key}={value}")
+        assert opted_in.training_dict()["agent"][key] in (0.5, True)
 
 
 def test_a_d4rl_id_alone_composes_its_row_of_the_paper_table() -> None:

@@ -18,7 +18,12 @@ What CBOPLoss changes:
   ``L_ES = E_(s,a)[ 1/(M-1) * sum_{i != j} cos(grad_a Q_i(s,a), grad_a Q_j(s,a)) ]``;
 - BEYOND THE PAPER, off by default: with ``bc_weight > 0``, ``loss_actor`` also
   holds ``bc_weight * E_(s,a)[-log pi(a|s)]`` at the dataset's actions, a
-  behaviour-cloning pull that keeps the actor near the data (docs/learning.md).
+  behaviour-cloning pull that keeps the actor near the data (docs/learning.md);
+- BEYOND THE PAPER, off by default: with ``critic_penalty > 0``, ``loss_qvalue``
+  also holds ``critic_penalty * E_s[sum_m (Q_m(s, a_pi) - Q_m(s, a_data))]``
+  with ``a_pi ~ pi(.|s)`` drawn without gradient: each member is pushed down at
+  the policy's actions and up at the data's (a CQL/COMBO-style gap without the
+  log-sum-exp), so Q is no longer flat in the action off the data.
 
 How the step is computed (the same numbers as SACLoss's passes plus a separate
 EDAC pass, with less work): the critic's MSE and EDAC's action gradients come
@@ -33,11 +38,12 @@ SACLoss's ``vmap`` route).
 Output keys (``reduction="mean"``): ``loss_actor``, ``loss_qvalue`` (MSE sum +
 ``eta * L_ES``), ``loss_alpha``, ``alpha``, ``entropy`` (as SACLoss), plus
 ``edac_penalty`` (``L_ES`` itself, detached), ``qvalue_mse`` (the MSE part,
-detached), ``bc_nll`` (with ``bc_weight > 0``: the BC term above, detached)
-and ``cbop`` (the estimator's diagnostics: ``weights`` ``(H+1,)``,
-``expected_horizon``, ``posterior_std``, ``value_var_share`` ``(H+1,)``,
-``valid_fraction`` ``(H+1,)``, ``target_mean``). Only ``loss_*`` keys are
-losses: summing them gives the full objective.
+detached), ``bc_nll`` (with ``bc_weight > 0``: the BC term above, detached),
+``critic_gap`` (with ``critic_penalty > 0``: the members' mean of
+``Q_m(s, a_pi) - Q_m(s, a_data)``, detached) and ``cbop`` (the estimator's
+diagnostics: ``weights`` ``(H+1,)``, ``expected_horizon``, ``posterior_std``,
+``value_var_share`` ``(H+1,)``, ``valid_fraction`` ``(H+1,)``, ``target_mean``).
+Only ``loss_*`` keys are losses: summing them gives the full objective.
 """
 
 from __future__ import annotations
@@ -81,6 +87,8 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         eta: weight of the EDAC diversity term (paper: 1; 0 disables it).
         bc_weight: BEYOND THE PAPER: weight of the actor's negative log-likelihood
             of the dataset's actions, in units of Q per nat (0, the paper: none).
+        critic_penalty: BEYOND THE PAPER: weight of each member's gap
+            ``Q_m(s, a_pi) - Q_m(s, a_data)`` in the critic's loss (0, the paper: none).
         loss_function: SACLoss's critic distance (default ``"l2"``).
         fused_q: evaluate the Q-ensemble of plain-MLP Q-networks with stacked
             ``baddbmm`` (loss and estimator); ``False`` uses ``torch.vmap``
@@ -108,6 +116,7 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         compile: bool = False,
         eta: float = 1.0,
         bc_weight: float = 0.0,
+        critic_penalty: float = 0.0,
         loss_function: str = "l2",
         fused_q: bool = True,
         estimator_kwargs: dict[str, Any] | None = None,
@@ -129,6 +138,8 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             raise ValueError(f"eta must be >= 0; got {eta}.")
         if bc_weight < 0:
             raise ValueError(f"bc_weight must be >= 0; got {bc_weight}.")
+        if not 0 <= critic_penalty < float("inf"):
+            raise ValueError(f"critic_penalty must be a finite number >= 0; got {critic_penalty}.")
         super().__init__(
             actor_network,
             qvalue_network,
@@ -139,6 +150,7 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         )
         self.eta = float(eta)
         self.bc_weight = float(bc_weight)
+        self.critic_penalty = float(critic_penalty)
         self._q_plan = None
         if fused_q and not self.deactivate_vmap:
             self._q_plan = plain_mlp_plan(
@@ -241,6 +253,11 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         pred_val, grad = self._q_and_action_gradients(tensordict, with_gradients=self.eta > 0)
         if grad is not None:
             self._extras["edac_penalty"] = gradient_diversity_penalty(grad)
+        if self.critic_penalty > 0:
+            policy_action = self._policy_action(tensordict)
+            params = self.qvalue_network_params
+            policy_q = self._member_q(tensordict, policy_action, params, detach=False)
+            self._extras["critic_gap"] = (policy_q - pred_val).sum(0)  # [*batch]
         td_error = (pred_val - target_value).abs()
         loss_qval = distance_loss(
             pred_val, target_value.expand_as(pred_val), loss_function=self.loss_function
@@ -263,6 +280,16 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         loss_actor = self._current_alpha() * log_prob - q.min(0)[0]
         loss_actor = self._reduce_loss(loss_actor, tensordict=tensordict, weights=weights)
         return loss_actor, {"log_prob": log_prob.detach()}
+
+    def _policy_action(self, tensordict: TensorDictBase) -> Tensor:
+        """``a ~ pi(.|s)`` ``[*batch, A]`` from the current actor, without gradient."""
+        obs = tensordict.select(*self.actor_network.in_keys, strict=False)
+        with (
+            torch.no_grad(),
+            set_exploration_type(ExplorationType.RANDOM),
+            self.actor_network_params.to_module(self.actor_network),
+        ):
+            return self.actor_network.get_dist(obs).sample()
 
     def _current_alpha(self) -> Tensor:
         """``exp(log_alpha)`` within the loss's bounds, detached (SACLoss's alpha)."""
@@ -300,6 +327,11 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             td_out.set("loss_qvalue", mse + self.eta * penalty)
         else:
             penalty = torch.zeros_like(mse)
+        if self.critic_penalty > 0:
+            gap = self._reduce_loss(extras["critic_gap"], tensordict=tensordict)
+            td_out.set("loss_qvalue", td_out.get("loss_qvalue") + self.critic_penalty * gap)
+            if td_out.batch_size == torch.Size([]):
+                td_out.set("critic_gap", gap.detach() / self.num_qvalue_nets)
         if td_out.batch_size == torch.Size([]):
             td_out.set("qvalue_mse", mse.detach())
             td_out.set("edac_penalty", penalty.detach())

@@ -168,7 +168,7 @@ def build_cbop_loss(
     actor = make_actor(obs_dim, action_dim, tuple(config.agent.hidden_sizes), device=device)
     qnets = make_qvalue_ensemble(
         config.agent.num_qvalue_nets, obs_dim, action_dim, tuple(critic_hidden_sizes(config)),
-        device=device, init=config.agent.q_init,
+        device=device, init=config.agent.q_init, layer_norm=config.agent.critic_layer_norm,
     )  # fmt: skip
     estimator = config.estimator
     loss = CBOPLoss(
@@ -185,6 +185,7 @@ def build_cbop_loss(
         rollout_dtype="float32" if estimator.rollout_dtype == "auto" else estimator.rollout_dtype,
         eta=config.agent.eta,
         bc_weight=config.agent.bc_weight,
+        critic_penalty=config.agent.critic_penalty,
         alpha_init=config.agent.alpha_init,
         compile=config.compile,
         estimator_kwargs={
@@ -539,7 +540,7 @@ def fitted_q_evaluation_stage(run: OfflineRun, data: TensorDictBase) -> tuple[di
         data, info.fingerprint, info.obs_dim, info.action_dim, critic_hidden_sizes(config),
         config.agent.num_qvalue_nets, config.agent.gamma, config.fqe,
         config.seed, config.progress, run.log, q_init=config.agent.q_init,
-        cuda_graph=uses_cuda_graph(config, run.device),
+        layer_norm=config.agent.critic_layer_norm, cuda_graph=uses_cuda_graph(config, run.device),
     )  # fmt: skip
 
 
