@@ -253,6 +253,8 @@ class AgentConfig:
     # Beyond the paper (opt-in): weight of each member's Q(s, a_pi) - Q(s, a_data) in its loss.
     critic_penalty: float = 0.0
     critic_layer_norm: bool = False  # beyond the paper (opt-in): LayerNorm in the Q-networks
+    # Beyond the paper (opt-in): beta of each Q-member's fixed random prior, Q_m = f_m + beta * p_m.
+    critic_prior_scale: float = 0.0
 
 
 @dataclass
@@ -426,6 +428,7 @@ LATER_OPT_INS: tuple[tuple[str, str, Any], ...] = (
     ("agent", "bc_weight", 0.0),
     ("agent", "critic_penalty", 0.0),
     ("agent", "critic_layer_norm", False),
+    ("agent", "critic_prior_scale", 0.0),
 )
 
 _SECTIONS: dict[str, type] = {
@@ -733,6 +736,16 @@ def validate(config: RunConfig) -> list[str]:
         problems.append(
             f"agent.critic_penalty={critic_penalty!r} must be a finite number >= 0 (0: the "
             "paper's critic; e.g. agent.critic_penalty=0.5)"
+        )
+    critic_prior_scale = config.agent.critic_prior_scale
+    if (
+        isinstance(critic_prior_scale, bool)
+        or not isinstance(critic_prior_scale, (int, float))
+        or not 0 <= critic_prior_scale < math.inf
+    ):
+        problems.append(
+            f"agent.critic_prior_scale={critic_prior_scale!r} must be a finite number >= 0 (0: "
+            "the paper's critics, no prior networks; e.g. agent.critic_prior_scale=1.0)"
         )
     if not isinstance(config.agent.critic_layer_norm, bool):
         problems.append(

@@ -6,7 +6,9 @@ actor is a ``ProbabilisticActor`` over a tanh-squashed Gaussian
 ``ValueOperator`` reading ``observation`` and ``action`` and writing
 ``state_action_value``. The Q-ensemble is a list of M such networks, which
 ``SACLoss`` stacks into one ``[M, ...]`` parameter TensorDict and runs with
-``vmap`` (one batched matmul per layer).
+``vmap`` (one batched matmul per layer). With randomised priors
+(``prior_scale > 0``, beyond the paper) each member's fixed prior network rides
+in that TensorDict as buffers, which no optimizer or target update changes.
 """
 
 from __future__ import annotations
@@ -192,6 +194,97 @@ def authors_q_init(net: nn.Module) -> None:
     layers[-1].bias.uniform_(-AUTHORS_LAST_LAYER_SCALE, AUTHORS_LAST_LAYER_SCALE)
 
 
+class RandomizedPriorQ(nn.Module):
+    """``trainable(x) + prior_scale * prior(x)`` on ``x = cat(inputs, -1)``: a Q-network with a
+    randomised prior function (Osband et al. 2018, "Randomized Prior Functions for Deep RL").
+
+    ``trainable`` is trained as usual; ``prior`` is a network of the same architecture
+    whose weights are BUFFERS, not parameters: no optimizer sees them, they get no
+    gradient, and a Polyak target update copies them unchanged. Each member of an
+    ensemble gets its own prior, so off the data the members inherit their priors'
+    disagreement, which CBOP's LCB (it penalises the members' spread) reads.
+
+    The state dict holds ``trainable.*`` (parameters) and ``prior.*`` (buffers).
+    """
+
+    def __init__(self, trainable: nn.Module, prior: nn.Module, prior_scale: float) -> None:
+        super().__init__()
+        self.trainable = trainable
+        self.prior = _frozen_as_buffers(prior)
+        self.prior_scale = float(prior_scale)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        x = torch.cat(inputs, dim=-1) if len(inputs) > 1 else inputs[0]
+        return self.trainable(x) + self.prior_scale * self.prior(x)
+
+    def extra_repr(self) -> str:
+        return f"prior_scale={self.prior_scale}"
+
+
+def _frozen_as_buffers(module: nn.Module) -> nn.Module:
+    """``module`` with every parameter turned into a buffer of the same name (in place)."""
+    for child in module.modules():
+        for name, param in list(child.named_parameters(recurse=False)):
+            delattr(child, name)
+            child.register_buffer(name, param.detach().requires_grad_(False))
+    return module
+
+
+def _q_mlp(
+    obs_dim: int,
+    action_dim: int,
+    hidden_sizes: Sequence[int],
+    device: torch.device | str | None,
+    init: str,
+    layer_norm: bool,
+) -> MLP:
+    """The Q-network's MLP ``[..., obs_dim + action_dim] -> [..., 1]`` (see :func:`make_qvalue`)."""
+    norm_kwargs = {}
+    if layer_norm:
+        # TorchRL's MLP (0.14) appends, after each hidden layer, [dropout,] norm and then
+        # the activation: Linear -> LayerNorm -> ReLU, the order wanted here.
+        norm_kwargs = {
+            "norm_class": nn.LayerNorm,
+            "norm_kwargs": [{"normalized_shape": width} for width in hidden_sizes],
+        }
+    if init not in ("torch", "authors"):
+        raise ValueError(f"init={init!r}: use 'torch' or 'authors'")
+    net = MLP(
+        in_features=obs_dim + action_dim,
+        out_features=1,
+        num_cells=list(hidden_sizes),
+        activation_class=nn.ReLU,
+        device=device,
+        **norm_kwargs,
+    )
+    if init == "authors":
+        authors_q_init(net)
+    return net
+
+
+def _prior_mlp(
+    obs_dim: int,
+    action_dim: int,
+    hidden_sizes: Sequence[int],
+    device: torch.device | str | None,
+    init: str,
+    layer_norm: bool,
+    generator: torch.Generator | None,
+) -> MLP:
+    """A prior network: :func:`_q_mlp` initialised from a seed drawn from ``generator``.
+
+    One draw from ``generator`` (the global CPU generator if None) seeds the CPU
+    generator while the MLP is built on the CPU (inside ``fork_rng``, so the global
+    stream is restored afterwards: with a ``generator`` it is left untouched); the
+    MLP is then moved to ``device``. The same seed gives the same prior on any device.
+    """
+    seed = int(torch.randint(2**62, (), generator=generator))
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        net = _q_mlp(obs_dim, action_dim, hidden_sizes, "cpu", init, layer_norm)
+    return net.to(device)
+
+
 def make_qvalue(
     obs_dim: int,
     action_dim: int,
@@ -199,6 +292,8 @@ def make_qvalue(
     device: torch.device | str | None = None,
     init: str = "torch",
     layer_norm: bool = False,
+    prior_scale: float = 0.0,
+    prior_generator: torch.Generator | None = None,
 ) -> ValueOperator:
     """One Q-network ``(observation, action) -> state_action_value [..., 1]``.
 
@@ -215,27 +310,27 @@ def make_qvalue(
     members' disagreement there (what CBOP's and EDAC's uncertainty reads) can
     differ from the plain MLPs'. A LayerNorm draws no random numbers, so the
     Linear layers get the same initial weights as with ``layer_norm=False``.
+
+    ``prior_scale``: beta of a randomised prior function, an option beyond the
+    paper (``0``, the default, builds the paper's network exactly as above: the
+    ``ValueOperator``'s module is the MLP itself). ``> 0`` makes the module a
+    :class:`RandomizedPriorQ`, ``Q(s, a) = f(s, a) + prior_scale * p(s, a)``:
+    ``f`` (``module.trainable``) is the MLP above, drawn first from the global
+    generator (the same weights as with ``prior_scale=0``); ``p`` (``module.prior``)
+    has the same architecture, ``layer_norm`` and ``init``, is drawn from
+    ``prior_generator`` (one seed, see :func:`_prior_mlp`; the global generator
+    after ``f`` if None) and is held in buffers: never trained, never changed by
+    target updates. Such a network is not a plain MLP, so the fused ensemble path
+    (:func:`~cbop_torchrl.modules.fused_mlp.plain_mlp_plan`) leaves it to ``vmap``.
     """
-    norm_kwargs = {}
-    if layer_norm:
-        # TorchRL's MLP (0.14) appends, after each hidden layer, [dropout,] norm and then
-        # the activation: Linear -> LayerNorm -> ReLU, the order wanted here.
-        norm_kwargs = {
-            "norm_class": nn.LayerNorm,
-            "norm_kwargs": [{"normalized_shape": width} for width in hidden_sizes],
-        }
-    net = MLP(
-        in_features=obs_dim + action_dim,
-        out_features=1,
-        num_cells=list(hidden_sizes),
-        activation_class=nn.ReLU,
-        device=device,
-        **norm_kwargs,
-    )
-    if init == "authors":
-        authors_q_init(net)
-    elif init != "torch":
-        raise ValueError(f"init={init!r}: use 'torch' or 'authors'")
+    if not 0 <= prior_scale < float("inf"):
+        raise ValueError(f"prior_scale must be a finite number >= 0; got {prior_scale}.")
+    net = _q_mlp(obs_dim, action_dim, hidden_sizes, device, init, layer_norm)
+    if prior_scale > 0:
+        prior = _prior_mlp(
+            obs_dim, action_dim, hidden_sizes, device, init, layer_norm, prior_generator
+        )
+        net = RandomizedPriorQ(net, prior, prior_scale)
     return ValueOperator(net, in_keys=["observation", "action"])
 
 
@@ -247,6 +342,8 @@ def make_qvalue_ensemble(
     device: torch.device | str | None = None,
     init: str = "torch",
     layer_norm: bool = False,
+    prior_scale: float = 0.0,
+    prior_seed: int | None = None,
 ) -> list[ValueOperator]:
     """``num_members`` independently initialised Q-networks (``init`` as :func:`make_qvalue`).
 
@@ -258,8 +355,22 @@ def make_qvalue_ensemble(
     The bounded features tame the members' extrapolation off the data, and so
     change their disagreement there. The fused ensemble path
     (:mod:`cbop_torchrl.modules.fused_mlp`) runs these networks too.
+
+    ``prior_scale``: beyond the paper (0, the default: the paper's critics):
+    every member gets its own fixed random prior network, ``Q_m = f_m + prior_scale
+    * p_m`` (:func:`make_qvalue`). The priors come from one ``torch.Generator``
+    seeded with ``prior_seed`` (``torch.initial_seed()`` if None), one draw per
+    member, so the members' priors differ, the same seed gives the same priors, and
+    the global generator is not touched: the trainable parts, and every draw after
+    the ensemble, are those of ``prior_scale=0``. The fused path does not run these
+    networks (``vmap`` does).
     """
+    generator = None
+    if prior_scale > 0:
+        seed = torch.initial_seed() if prior_seed is None else int(prior_seed)
+        generator = torch.Generator().manual_seed(seed)
+    options = {"layer_norm": layer_norm, "prior_scale": prior_scale, "prior_generator": generator}
     return [
-        make_qvalue(obs_dim, action_dim, hidden_sizes, device, init, layer_norm=layer_norm)
+        make_qvalue(obs_dim, action_dim, hidden_sizes, device, init, **options)
         for _ in range(num_members)
     ]

@@ -169,6 +169,7 @@ def build_cbop_loss(
     qnets = make_qvalue_ensemble(
         config.agent.num_qvalue_nets, obs_dim, action_dim, tuple(critic_hidden_sizes(config)),
         device=device, init=config.agent.q_init, layer_norm=config.agent.critic_layer_norm,
+        prior_scale=config.agent.critic_prior_scale, prior_seed=config.seed,
     )  # fmt: skip
     estimator = config.estimator
     loss = CBOPLoss(
@@ -540,7 +541,8 @@ def fitted_q_evaluation_stage(run: OfflineRun, data: TensorDictBase) -> tuple[di
         data, info.fingerprint, info.obs_dim, info.action_dim, critic_hidden_sizes(config),
         config.agent.num_qvalue_nets, config.agent.gamma, config.fqe,
         config.seed, config.progress, run.log, q_init=config.agent.q_init,
-        layer_norm=config.agent.critic_layer_norm, cuda_graph=uses_cuda_graph(config, run.device),
+        layer_norm=config.agent.critic_layer_norm, prior_scale=config.agent.critic_prior_scale,
+        cuda_graph=uses_cuda_graph(config, run.device),
     )  # fmt: skip
 
 

@@ -451,6 +451,7 @@ def load_or_train_fqe(
     log_fn: LogFn | None = None,
     q_init: str = "torch",
     layer_norm: bool = False,
+    prior_scale: float = 0.0,
     cuda_graph: bool = False,
 ) -> tuple[dict[str, torch.Tensor], bool]:
     """FQE of the behaviour policy for an M-member Q-ensemble.
@@ -461,6 +462,9 @@ def load_or_train_fqe(
     ``layer_norm`` gives them ``Linear -> LayerNorm -> ReLU`` hidden layers (beyond the
     paper, whose critics are plain MLPs: see ``make_qvalue``); the cache key holds it
     only when True, so the plain networks' cached results keep their keys.
+    ``prior_scale`` > 0 gives every member a fixed random prior network (beyond the
+    paper: ``Q_m = f_m + prior_scale * p_m``, see ``make_qvalue``; the priors are
+    seeded with ``seed``, as CBOP's); the cache key holds it only when > 0.
     ``cuda_graph`` captures the steps of the latter (:func:`run_supervised_stage`); the
     authors' scheme runs eagerly.
 
@@ -480,6 +484,8 @@ def load_or_train_fqe(
     }
     if layer_norm:
         key["layer_norm"] = True
+    if prior_scale > 0:
+        key["prior_scale"] = float(prior_scale)
     work_dir = _stage_dir("fqe", key)
     result = work_dir / "result.pt"
     with cache_entry_lock(work_dir, "FQE stage"):
@@ -499,7 +505,7 @@ def load_or_train_fqe(
         counts = bootstrap_counts(num_members, fqe_data.shape[0]).to(data.device)
         qnets = make_qvalue_ensemble(
             num_members, obs_dim, action_dim, tuple(hidden_sizes), data.device, str(q_init),
-            layer_norm=bool(layer_norm),
+            layer_norm=bool(layer_norm), prior_scale=float(prior_scale), prior_seed=seed,
         )  # fmt: skip
         if config.converge:
             loss = FittedQEvaluationLoss(qnets, gamma=gamma, eta=config.eta)
