@@ -299,14 +299,14 @@ def test_a_cuda_checkpoint_resumes_on_the_cpu_and_back(tmp_path: Path) -> None:
     assert os.environ.get("CUDA_VISIBLE_DEVICES") != ""  # this process still sees the GPU
 
 
-def _cuda_loss(models, rollout_dtype: str = "float32"):
+def _cuda_loss(models, rollout_dtype: str = "float32", critic_penalty: float = 0.0):
     from torchrl.objectives import SoftUpdate
 
     actor, qnets, dynamics, batch = models["cuda"]
     loss = CBOPLoss(
         copy.deepcopy(actor), copy.deepcopy(qnets), dynamics,
         action_spec=action_spec(batch["action"].shape[-1], CUDA), horizon=SIZE.horizon,
-        rollout_dtype=rollout_dtype,
+        rollout_dtype=rollout_dtype, critic_penalty=critic_penalty,
     ).to(CUDA)  # fmt: skip
     optimizer = torch.optim.Adam(loss.parameters(), lr=1e-3, fused=True, capturable=True)
     return loss, GradientStep(loss, optimizer, SoftUpdate(loss, tau=0.005))
@@ -321,12 +321,18 @@ def _batches(models, steps: int) -> list:
 
 
 @pytest.mark.filterwarnings("ignore:No target network updater")
-@pytest.mark.parametrize("rollout_dtype", ["float32", "bfloat16"])
-def test_the_captured_cbop_step_equals_the_eager_step(models, rollout_dtype: str) -> None:
+@pytest.mark.parametrize(
+    ("rollout_dtype", "critic_penalty"), [("float32", 0.0), ("bfloat16", 0.0), ("float32", 1.0)]
+)
+def test_the_captured_cbop_step_equals_the_eager_step(
+    models, rollout_dtype: str, critic_penalty: float
+) -> None:
+    """The captured step equals the eager one; with the critic penalty (beyond the paper) too,
+    whose policy-action draw is one more random draw inside the graph."""
     steps = 10
     batches = _batches(models, steps)
-    eager_loss, eager = _cuda_loss(models, rollout_dtype)
-    graph_loss, graph_step = _cuda_loss(models, rollout_dtype)
+    eager_loss, eager = _cuda_loss(models, rollout_dtype, critic_penalty)
+    graph_loss, graph_step = _cuda_loss(models, rollout_dtype, critic_penalty)
     captured = CapturedStep(graph_step, warmup_steps=3)
     torch.manual_seed(11)
     eager_out = [eager(batch).clone() for batch in batches]
