@@ -604,6 +604,11 @@ def _get(config: RunConfig, dotted: str) -> Any:
     return getattr(getattr(config, section), name)
 
 
+def _finite_non_negative(value: Any) -> bool:
+    """A number (not a bool) in ``[0, inf)``; NaN is not."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < math.inf
+
+
 def validate(config: RunConfig) -> list[str]:
     """Semantic checks of a filled config; returns the problems (empty when valid)."""
     problems = []
@@ -728,21 +733,13 @@ def validate(config: RunConfig) -> list[str]:
             "e.g. agent.bc_weight=2.5)"
         )
     critic_penalty = config.agent.critic_penalty
-    if (
-        isinstance(critic_penalty, bool)
-        or not isinstance(critic_penalty, (int, float))
-        or not 0 <= critic_penalty < math.inf
-    ):
+    if not _finite_non_negative(critic_penalty):
         problems.append(
             f"agent.critic_penalty={critic_penalty!r} must be a finite number >= 0 (0: the "
             "paper's critic; e.g. agent.critic_penalty=0.5)"
         )
     critic_prior_scale = config.agent.critic_prior_scale
-    if (
-        isinstance(critic_prior_scale, bool)
-        or not isinstance(critic_prior_scale, (int, float))
-        or not 0 <= critic_prior_scale < math.inf
-    ):
+    if not _finite_non_negative(critic_prior_scale):
         problems.append(
             f"agent.critic_prior_scale={critic_prior_scale!r} must be a finite number >= 0 (0: "
             "the paper's critics, no prior networks; e.g. agent.critic_prior_scale=1.0)"
@@ -753,7 +750,7 @@ def validate(config: RunConfig) -> list[str]:
             "(false: the paper's plain MLP critics)"
         )
     eta = config.agent.eta
-    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not 0 <= eta < math.inf:
+    if not _finite_non_negative(eta):
         problems.append(
             f"agent.eta={eta!r} must be a number >= 0 (EDAC's gradient-diversity weight; the "
             "paper's is agent.eta=1.0, 0 turns it off)"

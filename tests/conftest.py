@@ -46,6 +46,16 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
+def one_torch_thread():
+    """Tiny networks: one torch thread avoids thread-pool overhead on a busy machine
+    (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def torchrl_root(tmp_path: Path) -> Path:
     """A private stand-in for ``~/.cache/torchrl`` (pass as ``torchrl_root=``)."""
     root = tmp_path / "torchrl_cache"

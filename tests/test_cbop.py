@@ -360,6 +360,17 @@ def test_bc_weight_adds_the_actors_nll_of_the_data_actions():
         tiny_cbop_loss(bc_weight=-1.0)
 
 
+def train_one_loss(loss, params, key: str, batch: TensorDict, steps: int) -> None:
+    """``steps`` Adam steps (lr 1e-2, seed 0) of ``params`` on ``loss(batch)[key]`` alone."""
+    optimizer = torch.optim.Adam(params.values(True, True), lr=1e-2)
+    torch.manual_seed(0)
+    for _ in range(steps):
+        out = loss(batch)
+        optimizer.zero_grad()
+        out[key].backward()
+        optimizer.step()
+
+
 def test_bc_weight_keeps_the_actor_near_the_data_actions():
     """Trained on the summed loss, the BC term raises the data actions' likelihood."""
     batch = make_batch(shape=(64,))
@@ -367,13 +378,7 @@ def test_bc_weight_keeps_the_actor_near_the_data_actions():
     log_likelihood = {}
     for weight in (0.0, 50.0):
         loss = tiny_cbop_loss(bc_weight=weight)
-        optimizer = torch.optim.Adam(loss.actor_network_params.values(True, True), lr=1e-2)
-        torch.manual_seed(0)
-        for _ in range(30):
-            out = loss(batch)
-            optimizer.zero_grad()
-            out["loss_actor"].backward()
-            optimizer.step()
+        train_one_loss(loss, loss.actor_network_params, "loss_actor", batch, steps=30)
         with torch.no_grad():
             loss.bc_weight = 1.0
             log_likelihood[weight] = -float(loss.behaviour_nll(batch).mean())
@@ -414,13 +419,7 @@ def test_critic_penalty_makes_q_fall_at_the_policys_actions():
     gaps = {}
     for weight in (0.0, 5.0):
         loss = tiny_cbop_loss(critic_penalty=weight)
-        optimizer = torch.optim.Adam(loss.qvalue_network_params.values(True, True), lr=1e-2)
-        torch.manual_seed(0)
-        for _ in range(40):
-            out = loss(batch)
-            optimizer.zero_grad()
-            out["loss_qvalue"].backward()
-            optimizer.step()
+        train_one_loss(loss, loss.qvalue_network_params, "loss_qvalue", batch, steps=40)
         measure = tiny_cbop_loss(critic_penalty=1.0)
         measure.load_state_dict(loss.state_dict())
         torch.manual_seed(2)

@@ -213,8 +213,11 @@ class _KeySeen(Exception):
     pass
 
 
-def _fqe_key(monkeypatch: pytest.MonkeyPatch, **kwargs) -> dict:
-    """The cache key ``load_or_train_fqe`` builds, caught before it touches the cache."""
+def fqe_cache_key(monkeypatch: pytest.MonkeyPatch, **kwargs) -> dict:
+    """The cache key ``load_or_train_fqe`` builds, caught before it touches the cache.
+
+    Shared by the tests of every option that enters the key (tests/test_prior_members.py).
+    """
     seen = {}
 
     def stage_dir(stage: str, key: dict):
@@ -225,9 +228,8 @@ def _fqe_key(monkeypatch: pytest.MonkeyPatch, **kwargs) -> dict:
     config = FQEConfig(steps=10, batch_size=8, lr=1e-3, checkpoint_interval=10)
     with pytest.raises(_KeySeen):
         pretrain.load_or_train_fqe(
-            None, "fingerprint", OBS, ACT, [16, 16], 3, 0.99, config, 7, q_init="authors",
-            **kwargs,
-        )  # fmt: skip
+            None, "fingerprint", OBS, ACT, [16, 16], 3, 0.99, config, 7, **kwargs
+        )
     return seen["fqe"]
 
 
@@ -241,7 +243,8 @@ def test_fqe_cache_key_changes_only_with_layer_norm(monkeypatch: pytest.MonkeyPa
         "seed": 7,
         "init": "authors",
     }
-    default = _fqe_key(monkeypatch)
+    default = fqe_cache_key(monkeypatch, q_init="authors")
     assert default == before and list(default) == list(before)  # the same dict, the same hash
-    assert _fqe_key(monkeypatch, layer_norm=False) == before
-    assert _fqe_key(monkeypatch, layer_norm=True) == {**before, "layer_norm": True}
+    assert fqe_cache_key(monkeypatch, q_init="authors", layer_norm=False) == before
+    with_norm = fqe_cache_key(monkeypatch, q_init="authors", layer_norm=True)
+    assert with_norm == {**before, "layer_norm": True}

@@ -29,13 +29,7 @@ from cbop_torchrl.trainers.pretrain import (
 OBS, ACT = 4, 2
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny networks: one thread avoids thread-pool overhead on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def transitions(n: int, terminated: bool = False, seed: int = 0) -> TensorDict:

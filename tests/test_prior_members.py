@@ -16,6 +16,7 @@ import torch
 from tensordict import TensorDict
 from test_cbop import ACT, GAMMA, OBS, CounterDynamics, make_batch
 from test_config import load
+from test_critic_layer_norm import fqe_cache_key
 from torch import nn
 from torchrl.modules import MLP
 from torchrl.objectives import SoftUpdate
@@ -32,7 +33,6 @@ from cbop_torchrl.modules.actor_critic import (
 from cbop_torchrl.modules.fused_mlp import plain_mlp_plan
 from cbop_torchrl.objectives import CBOPLoss
 from cbop_torchrl.objectives.pretrain import ROW_KEY, FittedQEvaluationLoss, bootstrap_counts
-from cbop_torchrl.trainers import pretrain
 from cbop_torchrl.trainers.offline import make_optimizer
 from cbop_torchrl.trainers.pretrain import _sampler, fqe_target_update, run_supervised_stage
 from cbop_torchrl.trainers.update import GradientStep
@@ -40,15 +40,10 @@ from cbop_torchrl.trainers.update import GradientStep
 HIDDEN = (16, 12)
 KEYS = ("observation", "action", "state_action_value")
 
-pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:No target network updater"),
+    pytest.mark.usefixtures("one_torch_thread"),
+]
 
 
 def by_hand(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -295,34 +290,13 @@ def test_fqe_trains_with_priors_and_its_state_loads_into_cbop(tmp_path: Path) ->
     torch.testing.assert_close(cbop_q, fqe_q)
 
 
-class _KeySeen(Exception):
-    pass
-
-
-def fqe_key(monkeypatch: pytest.MonkeyPatch, **kwargs) -> dict:
-    """The cache key ``load_or_train_fqe`` builds, caught before it touches the cache."""
-    seen = {}
-
-    def stage_dir(stage: str, key: dict):
-        seen[stage] = key
-        raise _KeySeen
-
-    monkeypatch.setattr(pretrain, "_stage_dir", stage_dir)
-    config = FQEConfig(steps=10, batch_size=8, lr=1e-3, checkpoint_interval=10)
-    with pytest.raises(_KeySeen):
-        pretrain.load_or_train_fqe(
-            None, "fingerprint", OBS, ACT, [16, 16], 3, 0.99, config, 7, **kwargs
-        )
-    return seen["fqe"]
-
-
 def test_fqe_cache_key_holds_the_prior_scale_only_when_on(monkeypatch) -> None:
-    default = fqe_key(monkeypatch)
+    default = fqe_cache_key(monkeypatch)
     assert "prior_scale" not in default
-    assert fqe_key(monkeypatch, prior_scale=0.0) == default
-    assert fqe_key(monkeypatch, prior_scale=1.5) == {**default, "prior_scale": 1.5}
-    assert fqe_key(monkeypatch, prior_scale=1) == {**default, "prior_scale": 1.0}
-    with_ln = fqe_key(monkeypatch, layer_norm=True, prior_scale=2.0)
+    assert fqe_cache_key(monkeypatch, prior_scale=0.0) == default
+    assert fqe_cache_key(monkeypatch, prior_scale=1.5) == {**default, "prior_scale": 1.5}
+    assert fqe_cache_key(monkeypatch, prior_scale=1) == {**default, "prior_scale": 1.0}
+    with_ln = fqe_cache_key(monkeypatch, layer_norm=True, prior_scale=2.0)
     assert with_ln == {**default, "layer_norm": True, "prior_scale": 2.0}
 
 
