@@ -644,7 +644,6 @@ def validate(config: RunConfig) -> list[str]:
         "fqe.holdout",
         "agent.num_qvalue_nets",
         "agent.actor_lr",
-        "agent.critic_lr",
         "agent.alpha_lr",
         "agent.alpha_init",
         "eval.episodes",
@@ -731,6 +730,12 @@ def validate(config: RunConfig) -> list[str]:
         problems.append(
             f"agent.bc_weight={bc_weight!r} must be a number >= 0 (0: the paper's actor; "
             "e.g. agent.bc_weight=2.5)"
+        )
+    critic_lr = config.agent.critic_lr
+    if critic_lr is not None and not _finite_non_negative(critic_lr):
+        problems.append(
+            f"agent.critic_lr={critic_lr!r} must be a finite number >= 0 (null: the paper's "
+            "3e-4; 0 freezes the critics at their FQE values, a control run)"
         )
     critic_penalty = config.agent.critic_penalty
     if not _finite_non_negative(critic_penalty):

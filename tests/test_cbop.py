@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ from cbop_torchrl.objectives.cbop import (
     gaussian_posterior,
     pooled_quantile,
 )
+from cbop_torchrl.trainers.offline import make_optimizer
+from cbop_torchrl.trainers.update import GradientStep
 
 OBS, ACT, GAMMA = 4, 2, 0.9
 
@@ -426,6 +429,22 @@ def test_critic_penalty_makes_q_fall_at_the_policys_actions():
         gaps[weight] = float(measure(batch)["critic_gap"])
     assert gaps[5.0] < gaps[0.0] - 0.1, gaps
     assert gaps[5.0] < 0, gaps
+
+
+def test_critic_lr_zero_freezes_the_critics_while_the_actor_and_alpha_learn():
+    """``agent.critic_lr=0``, the frozen-critic control: the run's optimizer and step."""
+    loss = tiny_cbop_loss()
+    agent = SimpleNamespace(actor_lr=1e-2, critic_lr=0.0, alpha_lr=1e-2)
+    step = GradientStep(loss, make_optimizer(loss, SimpleNamespace(agent=agent)))
+    critics = loss.qvalue_network_params.clone()
+    actor = loss.actor_network_params.clone()
+    log_alpha = loss.log_alpha.detach().clone()
+    for seed in range(3):
+        out = step(make_batch(shape=(8,), seed=seed))
+        assert out["loss_qvalue"] > 0  # the critics' loss is computed, its step is zero
+    assert (loss.qvalue_network_params == critics).all()
+    assert not (loss.actor_network_params == actor).all()
+    assert not torch.equal(loss.log_alpha.detach(), log_alpha)
 
 
 def test_stock_sac_loss_swap_gives_cbop_loss_targets():

@@ -131,6 +131,7 @@ def test_cpu_preset_takes_psi_from_the_dataset() -> None:
         (["estimator.quantile=1.5"], "must be in (0, 1)"),
         (["eval.episodes=0"], "eval.episodes=0 must be a positive number"),
         (["agent.bc_weight=-1"], "agent.bc_weight=-1.0 must be a number >= 0"),
+        (["agent.critic_lr=-1e-4"], "agent.critic_lr=-0.0001 must be a finite number >= 0"),
         (["agent.critic_penalty=-1"], "agent.critic_penalty=-1.0 must be a finite number >= 0"),
         (["agent.critic_penalty=inf"], "agent.critic_penalty=inf must be a finite number >= 0"),
         (["eval.actor_average=1"], "eval.actor_average=1.0 must be a number in [0, 1)"),
@@ -345,3 +346,8 @@ def test_a_d4rl_id_alone_composes_its_row_of_the_paper_table() -> None:
     assert cfg.dynamics.num_members == 30 and cfg.dynamics.num_elites == 20
     hopper = compose_config(["env=hopper-medium-v2", "estimator.psi=0.7"])
     assert hopper.estimator.psi == 0.7 and hopper.agent.num_qvalue_nets == 50  # overrides win
+
+
+def test_critic_lr_zero_is_accepted_as_the_frozen_critic_control() -> None:
+    config, _ = load("agent.critic_lr=0")
+    assert config.agent.critic_lr == 0.0 and config.agent.actor_lr == 3e-4

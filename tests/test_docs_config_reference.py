@@ -62,3 +62,19 @@ def test_a_key_missing_from_the_reference_is_caught():
     rows = rows_by_section(text)["config.yaml"]
     assert "estimator.psi" not in rows
     assert "estimator.psi" in config_reference.schema_keys(cli.CONFIG_SCHEMAS["config"])
+
+
+def test_a_wrapped_comment_continues_its_key_and_an_indented_one_opens_the_next(tmp_path):
+    yaml = tmp_path / "c.yaml"
+    yaml.write_text(
+        "agent:\n"
+        "  width: 3   # the first line of a long\n"
+        "             # description, wrapped\n"
+        "  # said above depth\n"
+        "  depth: 2\n"
+        "  plain: 1\n"
+    )
+    comments = config_reference.yaml_comments(yaml)
+    assert comments["agent.width"] == "the first line of a long description, wrapped"
+    assert comments["agent.depth"] == "said above depth"
+    assert "agent.plain" not in comments

@@ -39,21 +39,30 @@ KEY_LINE = re.compile(
 
 
 def yaml_comments(path: Path) -> dict[str, str]:
-    """Dotted key -> the comment on its line (or the comment lines right above it)."""
+    """Dotted key -> the comment on its line (or the comment lines right above it).
+
+    A comment line indented deeper than the next key continues the comment of the key before
+    it (a wrapped description); one at the next key's own indent is that key's comment above.
+    """
     comments: dict[str, str] = {}
     stack: list[tuple[int, str]] = []
-    above: list[str] = []
+    pending: list[tuple[int, str]] = []  # (column of '#', text) since the last key line
+    last_dotted = ""
     for line in path.read_text().splitlines():
         stripped = line.strip()
         if stripped.startswith("#"):
             if not stripped.startswith("# @package"):
-                above.append(stripped.lstrip("#").strip())
+                pending.append((len(line) - len(line.lstrip()), stripped.lstrip("#").strip()))
             continue
         match = KEY_LINE.match(line)
         if not match or stripped.startswith("-"):
-            above = []
+            pending = []
             continue
         indent = len(match["indent"])
+        wrapped = [text for column, text in pending if column > indent]
+        if wrapped and last_dotted in comments:
+            comments[last_dotted] = " ".join([comments[last_dotted], *wrapped])
+        above = [text for column, text in pending if column <= indent]
         while stack and stack[-1][0] >= indent:
             stack.pop()
         stack.append((indent, match["key"]))
@@ -61,7 +70,8 @@ def yaml_comments(path: Path) -> dict[str, str]:
         comment = match["comment"] or (" ".join(above) if indent > 0 else "")
         if comment:
             comments[dotted] = comment
-        above = []
+        last_dotted = dotted
+        pending = []
     return comments
 
 
