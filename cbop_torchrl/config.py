@@ -185,10 +185,13 @@ class DynamicsConfig:
     weight_decay: tuple[float, ...] = field(default=(2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4))
     logvar_bound_coef: float = 0.01
     seed: int = 0
+    separate_reward: bool = False
 
     def __post_init__(self) -> None:
         self.weight_decay = tuple(float(d) for d in self.weight_decay)
         problems = []
+        if not isinstance(self.separate_reward, bool):
+            problems.append(f"separate_reward={self.separate_reward!r} must be true or false")
         if not 1 <= self.num_elites <= self.num_members:
             problems.append(
                 f"num_elites={self.num_elites} must be between 1 and num_members={self.num_members}"
@@ -230,6 +233,10 @@ class DynamicsConfig:
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
         values["weight_decay"] = list(self.weight_decay)
+        # Added after models were cached and runs hashed from this dict: named only when on,
+        # so those cache entries and checkpoints still match.
+        if not self.separate_reward:
+            values.pop("separate_reward")
         return values
 
 

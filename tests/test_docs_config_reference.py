@@ -73,8 +73,11 @@ def test_a_wrapped_comment_continues_its_key_and_an_indented_one_opens_the_next(
         "  # said above depth\n"
         "  depth: 2\n"
         "  plain: 1\n"
+        "  last: 0    # the file's last key,\n"
+        "             # wrapped too\n"
     )
     comments = config_reference.yaml_comments(yaml)
     assert comments["agent.width"] == "the first line of a long description, wrapped"
     assert comments["agent.depth"] == "said above depth"
     assert "agent.plain" not in comments
+    assert comments["agent.last"] == "the file's last key, wrapped too"

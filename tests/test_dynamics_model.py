@@ -159,3 +159,53 @@ def test_logvar_stays_within_soft_bounds():
     inputs = torch.randn(3, 50, OBS + ACT) * 100  # extreme inputs push the raw log-variance
     _, logvar = model.ensemble(inputs, model.elite_indices)
     assert (logvar <= 0.5 + 1e-4).all() and (logvar >= -10 - 1e-4).all()
+
+
+def test_separate_reward_network_owns_the_reward_column_alone():
+    torch.manual_seed(0)
+    ensemble = GaussianEnsemble(OBS, ACT, num_members=3, hidden_sizes=(16,), separate_reward=True)
+    assert ensemble.net.layers[-1].out_features == 2 * OBS
+    assert ensemble.reward_net.layers[-1].out_features == 2
+    inputs = torch.randn(3, 8, OBS + ACT)
+    with torch.no_grad():
+        mean, logvar = ensemble(inputs)
+        assert mean.shape == logvar.shape == (3, 8, OBS + 1)
+        ensemble.reward_net.layers[-1].bias.add_(1.0)  # moves the reward's mean and variance
+        mean_r, logvar_r = ensemble(inputs)
+        ensemble.net.layers[-1].bias.add_(1.0)  # moves the state delta's
+        mean_s, logvar_s = ensemble(inputs)
+    assert torch.equal(mean_r[..., :OBS], mean[..., :OBS])
+    assert torch.equal(logvar_r[..., :OBS], logvar[..., :OBS])
+    assert not torch.equal(mean_r[..., OBS:], mean[..., OBS:])
+    assert not torch.equal(logvar_r[..., OBS:], logvar[..., OBS:])
+    assert torch.equal(mean_s[..., OBS:], mean_r[..., OBS:])
+    assert not torch.equal(mean_s[..., :OBS], mean_r[..., :OBS])
+
+
+@pytest.mark.parametrize("separate_reward", [False, True])
+def test_param_groups_hold_every_parameter_once_with_its_layers_decay(separate_reward):
+    ensemble = GaussianEnsemble(
+        OBS, ACT, num_members=2, hidden_sizes=(8, 8), separate_reward=separate_reward
+    )
+    groups = ensemble.param_groups([1.0, 2.0, 3.0])
+    grouped = [id(p) for group in groups for p in group["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in ensemble.parameters())
+    nets = [ensemble.net] + ([ensemble.reward_net] if separate_reward else [])
+    for index, decay in enumerate([1.0, 2.0, 3.0]):
+        assert {id(p) for p in groups[index]["params"]} == {
+            id(net.layers[index].weight) for net in nets
+        }
+        assert groups[index]["weight_decay"] == decay
+    assert groups[-1]["weight_decay"] == 0.0
+
+
+def test_separate_reward_model_saves_and_loads(tmp_path):
+    torch.manual_seed(0)
+    ensemble = GaussianEnsemble(OBS, ACT, num_members=3, hidden_sizes=(16,), separate_reward=True)
+    model = DynamicsModel(ensemble, "hopper", elites=[2, 0])
+    loaded = load_dynamics(save_dynamics(model, tmp_path / "dyn.pt"))
+    assert loaded.ensemble.separate_reward and loaded.ensemble.reward_net is not None
+    a = model(batch(2, 5), mode="mean")
+    b = loaded(batch(2, 5), mode="mean")
+    assert torch.equal(a["next", "reward"], b["next", "reward"])
+    assert torch.equal(a["next", "observation"], b["next", "observation"])

@@ -5,6 +5,8 @@
 action)`` to the mean and log-variance of the standardized target
 ``[next_obs - obs, reward]``. The log-variance is kept between learnable soft
 bounds (``max`` init 0.5, ``min`` init -10, one pair per member and output).
+With ``separate_reward`` the reward has a network of its own in each member
+(the authors' code; the paper's MBPO-style model predicts both with one).
 
 :class:`DynamicsModel` wraps it as a TensorDict module for model rollouts:
 it reads ``observation``/``action`` and writes ``("next", "observation")``,
@@ -49,6 +51,9 @@ class GaussianEnsemble(nn.Module):
         num_members: ``E``.
         hidden_sizes: hidden layer widths (paper: four layers of 200).
         activation: hidden activation name (``silu`` or ``relu``, see ``ensemble.py``).
+        separate_reward: give the reward its own ensemble of the same shape (``reward_net``,
+            outputs ``[mean, raw logvar]`` of the reward) and ``net`` the state delta only.
+            The outputs are the same either way: ``[next_obs - obs, reward]``.
     """
 
     def __init__(
@@ -58,6 +63,7 @@ class GaussianEnsemble(nn.Module):
         num_members: int = 30,
         hidden_sizes: Sequence[int] = (200, 200, 200, 200),
         activation: str = "silu",
+        separate_reward: bool = False,
     ) -> None:
         super().__init__()
         self.obs_dim = obs_dim
@@ -65,9 +71,16 @@ class GaussianEnsemble(nn.Module):
         self.num_members = num_members
         self.hidden_sizes = tuple(int(h) for h in hidden_sizes)
         self.activation = activation
+        self.separate_reward = bool(separate_reward)
         in_dim, out_dim = obs_dim + action_dim, obs_dim + 1
         self.target_dim = out_dim
-        self.net = EnsembleMLP(num_members, in_dim, 2 * out_dim, self.hidden_sizes, activation)
+        net_out = obs_dim if self.separate_reward else out_dim
+        self.net = EnsembleMLP(num_members, in_dim, 2 * net_out, self.hidden_sizes, activation)
+        self.reward_net = (
+            EnsembleMLP(num_members, in_dim, 2, self.hidden_sizes, activation)
+            if self.separate_reward
+            else None
+        )
         self.max_logvar = nn.Parameter(torch.full((num_members, 1, out_dim), MAX_LOGVAR_INIT))
         self.min_logvar = nn.Parameter(torch.full((num_members, 1, out_dim), MIN_LOGVAR_INIT))
         self.register_buffer("input_mean", torch.zeros(in_dim))
@@ -116,6 +129,10 @@ class GaussianEnsemble(nn.Module):
         """
         out = self.net(inputs, members, per_member=per_member).float()
         mean, raw_logvar = out.chunk(2, dim=-1)
+        if self.reward_net is not None:
+            reward = self.reward_net(inputs, members, per_member=per_member).float()
+            mean = torch.cat([mean, reward[..., :1]], dim=-1)
+            raw_logvar = torch.cat([raw_logvar, reward[..., 1:]], dim=-1)
         max_logvar, min_logvar = self.max_logvar, self.min_logvar
         if members is not None:
             max_logvar, min_logvar = max_logvar[members], min_logvar[members]
@@ -157,7 +174,8 @@ class GaussianEnsemble(nn.Module):
         Adam's ``weight_decay`` adds ``decay * W`` to the gradient, which is the
         gradient of MBPO's ``decay / 2 * ||W||^2`` loss term, without computing
         that term every step. Biases and log-variance bounds are not decayed.
-        ``weight_decay`` has one entry per layer (hidden layers, then output).
+        ``weight_decay`` has one entry per layer (hidden layers, then output); with
+        ``separate_reward`` the reward network's layer ``l`` gets the same decay.
         """
         layers = self.net.layers
         if len(weight_decay) != len(layers):
@@ -165,11 +183,13 @@ class GaussianEnsemble(nn.Module):
                 f"weight_decay has {len(weight_decay)} entries but the network has "
                 f"{len(layers)} layers (hidden layers + output layer); give one per layer"
             )
+        nets = [self.net] if self.reward_net is None else [self.net, self.reward_net]
         groups = [
-            {"params": [layer.weight], "weight_decay": float(decay)}
-            for decay, layer in zip(weight_decay, layers, strict=True)
+            {"params": [net.layers[index].weight for net in nets], "weight_decay": float(decay)}
+            for index, decay in enumerate(weight_decay)
         ]
-        others = [layer.bias for layer in layers] + [self.max_logvar, self.min_logvar]
+        others = [layer.bias for net in nets for layer in net.layers]
+        others += [self.max_logvar, self.min_logvar]
         groups.append({"params": others, "weight_decay": 0.0})
         return groups
 
@@ -181,6 +201,7 @@ class GaussianEnsemble(nn.Module):
             "num_members": self.num_members,
             "hidden_sizes": list(self.hidden_sizes),
             "activation": self.activation,
+            "separate_reward": self.separate_reward,
         }
 
 

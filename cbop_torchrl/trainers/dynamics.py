@@ -106,6 +106,7 @@ def _build_ensemble(config: DynamicsConfig, obs_dim: int, action_dim: int) -> Ga
         num_members=config.num_members,
         hidden_sizes=(config.hidden_size,) * config.num_layers,
         activation=config.activation,
+        separate_reward=config.separate_reward,
     )
 
 

@@ -72,6 +72,9 @@ def yaml_comments(path: Path) -> dict[str, str]:
             comments[dotted] = comment
         last_dotted = dotted
         pending = []
+    wrapped = [text for column, text in pending if column > 0]  # the file's last key's
+    if wrapped and last_dotted in comments:
+        comments[last_dotted] = " ".join([comments[last_dotted], *wrapped])
     return comments
 
 
