@@ -1,0 +1,190 @@
+"""The results bar on CPU, checked from the benchmark's committed summaries.
+
+    python benchmarks/bar.py                       # the CPU preset's CBOP, both measures
+    python benchmarks/bar.py --cbop cbop-m10       # another CBOP row (a --label's variant)
+    python benchmarks/bar.py --measure starts      # one measure
+
+The bar (docs/learning.md, "Against the bar"): on the three D4RL-level sets, three seeds each,
+the baselines trained for CBOP's total gradient steps (BC + FQE + CBOP; benchmarks/learning.py
+gives them that budget), CBOP's final score is at least every baseline's on every set and at
+least the best baseline's + 5 on two sets; on every seed its final is at least 0.8 of its own
+best and Q is below the true return at the end (``analysis.conservatism.overestimation`` < 0,
+Q - MC at 100 dataset states). Finals are the rows of ``<results>/<set>/rows.json``
+(``python benchmarks/learning.py --rows``): the mean over seeds of each run's mean of its last
+3 evaluations, on the reset measure (10 episodes from ``env.reset()``) or the start-state
+measure (one episode from each of 100 fixed dataset states). Per-seed checks read the
+summaries made on the file ``rows.json`` names. The demo command's own condition (it ends
+above its BC start) is the README's, not checked here.
+
+Prints one table per measure and a verdict; exits 0 whether or not the bar holds (1 when no
+``rows.json`` is found).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETS = ("hopper-medium-replay-gen", "walker2d-medium-replay-gen", "halfcheetah-medium-replay-gen")
+BASELINES = ("bc", "td3bc", "iql", "cql")
+SEEDS = 3
+MARGIN = 5.0  # above the best baseline, on MARGIN_SETS of the sets
+MARGIN_SETS = 2
+KEEP = 0.8  # final >= KEEP * best, every seed
+
+
+@dataclass
+class Check:
+    """One condition of the bar on one set (or over the sets): whether it holds, and why."""
+
+    where: str
+    what: str
+    holds: bool
+    detail: str
+
+
+def load_rows(results: Path, dataset: str) -> dict | None:
+    path = results / dataset / "rows.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def find_row(rows: dict, variant: str, measure: str) -> dict | None:
+    for row in rows["rows"]:
+        if row["variant"] == variant and row["measure"] == measure:
+            return row
+    return None
+
+
+def seed_summaries(results: Path, dataset: str, variant: str, sha256: str | None) -> list[dict]:
+    """The variant's per-seed summaries made on the file of sha256 (every one when None)."""
+    summaries = []
+    for path in sorted((results / dataset / variant).glob("seed*.json")):
+        summary = json.loads(path.read_text())
+        recorded = summary.get("dataset_provenance", {}).get("sha256")
+        if sha256 is None or recorded in (None, sha256):
+            summaries.append(summary)
+    return summaries
+
+
+def final_and_best(summary: dict, measure: str) -> tuple[float, float]:
+    """A run's final (mean of its last 3 evaluations) and best single evaluation."""
+    if measure == "reset":
+        return summary["final_normalized_score"], summary["best_normalized_score"]
+    starts = summary["start_states"]
+    return starts["final_normalized_score"], max(score for _, score in starts["curve"])
+
+
+def check_set(results: Path, dataset: str, cbop: str, measure: str) -> tuple[list[Check], float]:
+    """The set's checks and CBOP's lead over its best baseline (-inf when a row is missing)."""
+    rows = load_rows(results, dataset)
+    if rows is None:
+        return [Check(dataset, "rows", False, "no rows.json")], float("-inf")
+    checks = []
+    cbop_row = find_row(rows, cbop, measure)
+    baseline_rows = {name: find_row(rows, name, measure) for name in BASELINES}
+    for name, row in {cbop: cbop_row, **baseline_rows}.items():
+        seeds = len(row["seeds"]) if row else 0
+        checks.append(
+            Check(dataset, f"{name}: {SEEDS} seeds", seeds >= SEEDS, f"{seeds} on this measure")
+        )
+    present = {name: row["final"] for name, row in baseline_rows.items() if row}
+    if cbop_row is None or not present:
+        return checks, float("-inf")
+    best_name = max(present, key=present.get)
+    lead = cbop_row["final"] - present[best_name]
+    checks.append(
+        Check(
+            dataset,
+            "at least every baseline",
+            lead >= 0,
+            f"{cbop} {cbop_row['final']:.1f}, best baseline {best_name} "
+            f"{present[best_name]:.1f} (lead {lead:+.1f})",
+        )
+    )
+    summaries = seed_summaries(results, dataset, cbop, rows.get("sha256"))
+    ratios, gaps = [], []
+    for summary in summaries:
+        final, best = final_and_best(summary, measure)
+        ratios.append(final / best if best > 0 else float("nan"))
+        gaps.append(summary.get("analysis", {}).get("conservatism", {}).get("overestimation"))
+    checks.append(
+        Check(
+            dataset,
+            f"final >= {KEEP} x best, every seed",
+            bool(ratios) and all(ratio >= KEEP for ratio in ratios),
+            ", ".join(f"{ratio:.2f}" for ratio in ratios) or "no summaries",
+        )
+    )
+    checks.append(
+        Check(
+            dataset,
+            "Q - MC < 0 at the end, every seed",
+            bool(gaps) and all(gap is not None and gap < 0 for gap in gaps),
+            ", ".join("n/a" if gap is None else f"{gap:+.1f}" for gap in gaps) or "no summaries",
+        )
+    )
+    return checks, lead
+
+
+def check_bar(results: Path, cbop: str, measure: str) -> list[Check]:
+    checks, leads = [], []
+    for dataset in SETS:
+        set_checks, lead = check_set(results, dataset, cbop, measure)
+        checks += set_checks
+        leads.append(lead)
+    ahead = sum(lead >= MARGIN for lead in leads)
+    checks.append(
+        Check(
+            "all sets",
+            f"best baseline + {MARGIN:g} on {MARGIN_SETS} sets",
+            ahead >= MARGIN_SETS,
+            f"on {ahead} (leads: {', '.join(_signed(lead) for lead in leads)})",
+        )
+    )
+    return checks
+
+
+def _signed(value: float) -> str:
+    return "n/a" if value == float("-inf") else f"{value:+.1f}"
+
+
+def render(checks: list[Check], cbop: str, measure: str) -> str:
+    lines = [
+        f"## {cbop}, {measure} measure",
+        "",
+        "| set | condition | holds | numbers |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {c.where} | {c.what} | {'yes' if c.holds else '**no**'} | {c.detail} |" for c in checks
+    ]
+    failed = [c for c in checks if not c.holds]
+    verdict = "holds" if not failed else f"does not hold ({len(failed)} of {len(checks)} fail)"
+    return "\n".join([*lines, "", f"The bar {verdict}.", ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cbop", default="cbop", help="the CBOP row (variant) to check")
+    parser.add_argument("--measure", choices=("reset", "starts", "both"), default="both")
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+    if not any((args.results / dataset / "rows.json").is_file() for dataset in SETS):
+        print(
+            f"bar: no rows.json under {args.results} for {', '.join(SETS)}; make them with "
+            "python benchmarks/learning.py --rows",
+            file=sys.stderr,
+        )
+        return 1
+    measures = ("reset", "starts") if args.measure == "both" else (args.measure,)
+    for measure in measures:
+        print(render(check_bar(args.results, args.cbop, measure), args.cbop, measure))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

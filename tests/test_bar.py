@@ -1,0 +1,76 @@
+"""benchmarks/bar.py: the results bar read from rows.json and the per-seed summaries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import bar
+
+SHA = "a" * 64
+
+
+def write_set(results: Path, dataset: str, finals: dict[str, float], **cbop_seed) -> None:
+    """rows.json with one reset row per variant (3 seeds) and CBOP's three seed summaries."""
+    rows = [
+        {"variant": name, "measure": "reset", "seeds": [0, 1, 2], "final": final}
+        for name, final in finals.items()
+    ]
+    (results / dataset).mkdir(parents=True)
+    (results / dataset / "rows.json").write_text(json.dumps({"sha256": SHA, "rows": rows}))
+    (results / dataset / "cbop").mkdir()
+    for seed in range(3):
+        summary = {
+            "dataset_provenance": {"sha256": SHA},
+            "final_normalized_score": finals["cbop"],
+            "best_normalized_score": cbop_seed.get("best", finals["cbop"]),
+            "analysis": {"conservatism": {"overestimation": cbop_seed.get("gap", -10.0)}},
+        }
+        (results / dataset / "cbop" / f"seed{seed}.json").write_text(json.dumps(summary))
+
+
+def baselines(best: float) -> dict[str, float]:
+    return {"bc": best - 3, "td3bc": best - 2, "iql": best - 1, "cql": best}
+
+
+def verdict(results: Path) -> tuple[list[bar.Check], str]:
+    checks = bar.check_bar(results, "cbop", "reset")
+    return checks, bar.render(checks, "cbop", "reset").strip().splitlines()[-1]
+
+
+def test_the_bar_holds_when_cbop_leads_on_two_sets_and_ties_the_third(tmp_path):
+    write_set(tmp_path, bar.SETS[0], {"cbop": 30.0, **baselines(24.0)})
+    write_set(tmp_path, bar.SETS[1], {"cbop": 20.0, **baselines(15.0)})
+    write_set(tmp_path, bar.SETS[2], {"cbop": 10.0, **baselines(10.0)})
+    checks, line = verdict(tmp_path)
+    assert line == "The bar holds.", [c for c in checks if not c.holds]
+
+
+def test_each_condition_can_fail(tmp_path):
+    write_set(tmp_path, bar.SETS[0], {"cbop": 30.0, **baselines(24.0)}, gap=+3.0)
+    write_set(tmp_path, bar.SETS[1], {"cbop": 20.0, **baselines(16.0)}, best=40.0)
+    write_set(tmp_path, bar.SETS[2], {"cbop": 9.0, **baselines(10.0)})
+    checks, line = verdict(tmp_path)
+    failed = {(c.where, c.what) for c in checks if not c.holds}
+    assert failed == {
+        (bar.SETS[0], "Q - MC < 0 at the end, every seed"),
+        (bar.SETS[1], "final >= 0.8 x best, every seed"),
+        (bar.SETS[2], "at least every baseline"),
+        ("all sets", "best baseline + 5 on 2 sets"),  # leads +6, +4, -1
+    }
+    assert line == "The bar does not hold (4 of 25 fail)."
+
+
+def test_a_summary_of_another_file_and_a_missing_row_are_reported(tmp_path):
+    write_set(tmp_path, bar.SETS[0], {"cbop": 30.0, **baselines(24.0)})
+    stale = tmp_path / bar.SETS[0] / "cbop" / "seed0.json"
+    summary = json.loads(stale.read_text())
+    summary.update(dataset_provenance={"sha256": "b" * 64}, best_normalized_score=99.0)
+    stale.write_text(json.dumps(summary))  # made on another file: not read
+    write_set(tmp_path, bar.SETS[1], {"cbop": 20.0, "bc": 1.0, "td3bc": 1.0, "iql": 1.0})
+    checks, _ = verdict(tmp_path)
+    by_name = {(c.where, c.what): c for c in checks}
+    assert by_name[(bar.SETS[0], "final >= 0.8 x best, every seed")].detail == "1.00, 1.00"
+    assert not by_name[(bar.SETS[1], "cql: 3 seeds")].holds
+    assert by_name[(bar.SETS[2], "rows")].detail == "no rows.json"
+    assert bar.main(["--results", str(tmp_path / "none")]) == 1
