@@ -8,6 +8,7 @@ the same transitions and behaviour-policy score for every set the results use.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -68,3 +69,33 @@ def test_render_replaces_only_the_named_blocks() -> None:
     new = results_tables.render(text, {"headline": "| x |\n"})
     assert new.startswith("a\n") and new.endswith("<!-- end: headline -->\nb\n")
     assert "old" not in new and "\n| x |\n" in new
+
+
+def test_the_rows_table_puts_both_measures_of_a_row_side_by_side(tmp_path: Path) -> None:
+    def row(variant: str, measure: str, final: float, sha: str) -> dict:
+        return {
+            "variant": variant,
+            "measure": measure,
+            "seeds": [0, 1, 2],
+            "dataset_sha256": sha,
+            "final": final,
+            "final_ci95": [final - 1, final + 1],
+            "last10": final - 2,
+            "last10_ci95": [final - 3, final - 1],
+        }
+
+    rows = [
+        row("cbop-x", "reset", 20.0, "a" * 12),
+        row("cbop-x", "starts", 12.0, "a" * 12),
+        row("cql", "reset", 18.0, "a" * 12),
+        row("cbop-old", "reset", 3.0, "b" * 12),
+    ]
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "rows.json").write_text(json.dumps({"dataset": "set", "rows": rows}))
+    table = results_tables.rows_markdown(tmp_path)
+    lines = table.splitlines()
+    assert lines[0] == "**set** (file sha256 aaaaaaaaaaaa)"
+    assert lines[4].startswith("| cql | 0, 1, 2 | 18.0 [17.0, 19.0] | 16.0 [15.0, 17.0] |  |")
+    cbop = "| cbop-x | 0, 1, 2 | 20.0 [19.0, 21.0] | 18.0 [17.0, 19.0] | 12.0 [11.0, 13.0] |"
+    assert cbop in table
+    assert "| cbop-old (file bbbbbbbbbbbb) |" in table

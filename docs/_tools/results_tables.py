@@ -17,11 +17,15 @@ fails when one differs. Blocks:
   (:func:`~cbop_torchrl.evaluation.report.headline_markdown`).
 - ``datasets``: the sets the results were measured on, from the generator's provenance that
   each summary stores (transitions, episodes, behaviour policy, file).
+- ``rows``: every row (algorithm or configuration) of every set on its current file, on both
+  measures (reset and start states), with the seeds and 95% intervals of
+  ``benchmarks/results/<dataset>/rows.json`` (``python benchmarks/learning.py --rows``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -69,11 +73,59 @@ def datasets_markdown(found: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _score(row: dict | None, key: str) -> str:
+    if row is None:
+        return ""
+    low, high = row[f"{key}_ci95"]
+    return f"{row[key]:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def rows_markdown(results: Path = RESULTS) -> str:
+    """One table per set of its ``rows.json``: each row's final and last-10 on both measures.
+
+    Rows made on an earlier file of the set (another sha256 than the current file's, or than
+    most rows' when the file is not on this machine) are named with that file.
+    """
+    baselines = ("bc", "td3bc", "iql", "cql")
+    parts = []
+    for path in sorted(results.glob("*/rows.json")):
+        rows = json.loads(path.read_text())
+        files = [str(row.get("dataset_sha256"))[:12] for row in rows["rows"]]
+        current = str(rows.get("sha256") or max(set(files), key=files.count))[:12]
+        by_name: dict[str, dict[str, dict]] = {}
+        for row, file in zip(rows["rows"], files, strict=True):
+            name = row["variant"] if file == current else f"{row['variant']} (file {file})"
+            by_name.setdefault(name, {})[row["measure"]] = row
+        order = sorted(by_name, key=lambda name: (name not in baselines, name))
+        parts += [
+            f"**{rows['dataset']}** (file sha256 {current})",
+            "",
+            "| row | seeds | reset final | reset last 10 | start-state final | "
+            "start-state last 10 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name in order:
+            measures = by_name[name]
+            seeds = sorted({seed for row in measures.values() for seed in row["seeds"]})
+            reset, starts = measures.get("reset"), measures.get("starts")
+            parts.append(
+                f"| {name} | {', '.join(map(str, seeds))} | {_score(reset, 'final')} | "
+                f"{_score(reset, 'last10')} | {_score(starts, 'final')} | "
+                f"{_score(starts, 'last10')} |"
+            )
+        parts.append("")
+    return "\n".join(parts)
+
+
 def blocks(found: list[dict] | None = None) -> dict[str, str]:
     from cbop_torchrl.evaluation.report import headline_markdown
 
     found = summaries() if found is None else found
-    return {"headline": headline_markdown(found), "datasets": datasets_markdown(found)}
+    return {
+        "headline": headline_markdown(found),
+        "datasets": datasets_markdown(found),
+        "rows": rows_markdown(),
+    }
 
 
 def render(text: str, generated: dict[str, str]) -> str:
