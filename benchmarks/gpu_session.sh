@@ -17,7 +17,8 @@
 # Settings (environment): BUDGET_MIN (9: minutes per call, start-up included), BUNDLE
 # (.bundle), STATE (/tmp/cbop-gpu-session), PYTHON (python3), OUT (./gpu-out), STEPS
 # (the paper's 1000000 CBOP gradient steps), PRESET (paper), SKIP ("": any of install tests
-# bench slices), EVAL_INTERVAL (10000), START_STATES ("": learning.py's default; the screens:
+# bench slices), DATASET (hopper-medium-replay-gen; another set's file from $DATA_DIR,
+# default .gpu-data), EVAL_INTERVAL (10000), START_STATES ("": learning.py's default; the screens:
 # 0), LABEL ("": the runs' label, e.g. screen) and
 # OVERRIDES ("": extra Hydra overrides of the run). SCREEN=1 sets the last four for a short
 # look at the paper's sizes (docs/gpu.md, "A paper-size screen"): 10,000 CBOP steps after
@@ -52,7 +53,9 @@ fi
 # episodes per evaluation, benchmarks/learning.py's default) would double their cost.
 START_STATES=${START_STATES:-$([ "${SCREEN:-0}" != 0 ] && echo 0)}
 variant=cbop-$PRESET${LABEL:+-$LABEL}
-DATASET=hopper-medium-replay-gen
+DATASET=${DATASET:-hopper-medium-replay-gen}
+# Another set's file travels beside the tree, ignored by git (docs/gpu.md): $DATA_DIR/$DATASET.hdf5
+DATA_DIR=${DATA_DIR:-.gpu-data}
 export CBOP_TORCHRL_CACHE=${CBOP_TORCHRL_CACHE:-$STATE/cache}
 export WANDB_MODE=offline PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$STATE" "$CBOP_TORCHRL_CACHE/generated"
@@ -103,11 +106,16 @@ fi
 #    need up to 90 s past it to stop a stage without a budget check (KILL_GRACE_S + SIGINT).
 if ! skipped slices; then
     data="$CBOP_TORCHRL_CACHE/generated/$DATASET.hdf5"
-    if [ ! -f "$data" ]; then
+    if [ ! -f "$data" ] && [ -f "$DATA_DIR/$DATASET.hdf5" ]; then
+        cp "$DATA_DIR/$DATASET.hdf5" "$data"
+        [ -f "$DATA_DIR/$DATASET.provenance.json" ] && cp "$DATA_DIR/$DATASET.provenance.json" "${data%.hdf5}.provenance.json"
+    elif [ ! -f "$data" ] && [ "$DATASET" = hopper-medium-replay-gen ]; then
         # The bundled demo file is this dataset (same generator settings, data_key
         # 695feec0a915, 99,789 transitions): no SAC run needed on this machine.
         cp cbop_torchrl/assets/hopper-demo-medium-replay-gen.hdf5 "$data"
         cp cbop_torchrl/assets/hopper-demo-medium-replay-gen.provenance.json "${data%.hdf5}.provenance.json"
+    elif [ ! -f "$data" ]; then
+        say "no file for $DATASET: copy it and its provenance from the cache's generated/ to $DATA_DIR/ (docs/gpu.md)"; exit 2
     fi
     slice_min=$(echo "$(minutes_left)" | awk '{printf "%.2f", $1 - 2.0}')
     if awk "BEGIN {exit !($slice_min >= 1)}"; then
