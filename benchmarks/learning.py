@@ -568,13 +568,14 @@ def add_score_measures(summary: dict, run_dir: Path) -> None:
 
 
 def write_rows(results: Path, dataset: str) -> Path | None:
-    """``<results>/<dataset>/rows.json``: every row's score and interval on the current file.
+    """``<results>/<dataset>/rows.json``: every row's score and interval, by dataset file.
 
     Rows (:func:`~cbop_torchrl.evaluation.analysis.row_intervals`) are made from the
-    summaries of ``<results>/<dataset>/<variant>/seed*.json`` made on the dataset's current
-    version (its provenance's sha256; all of them when there is no provenance). Not a
-    summary (no ``summary_format``), so the report does not read it as one. None: no
-    summaries.
+    summaries of ``<results>/<dataset>/<variant>/seed*.json``; summaries made on different
+    versions of the dataset are different rows (each row's ``dataset_sha256``), so the rows
+    of an earlier file stay readable beside the current file's. ``sha256`` names the current
+    file (its provenance; None when the file is not on this machine). Not a summary (no
+    ``summary_format``), so the report does not read it as one. None: no summaries.
     """
     from cbop_torchrl.evaluation.analysis import row_intervals
 
@@ -582,7 +583,7 @@ def write_rows(results: Path, dataset: str) -> Path | None:
     summaries = []
     for path in sorted((results / dataset).glob("*/seed*.json")):
         summary = json.loads(path.read_text())
-        if "variant" in summary and "seed" in summary and not other_dataset(summary, provenance):
+        if "variant" in summary and "seed" in summary:
             summaries.append(summary)
     if not summaries:
         return None

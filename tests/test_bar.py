@@ -13,7 +13,13 @@ SHA = "a" * 64
 def write_set(results: Path, dataset: str, finals: dict[str, float], **cbop_seed) -> None:
     """rows.json with one reset row per variant (3 seeds) and CBOP's three seed summaries."""
     rows = [
-        {"variant": name, "measure": "reset", "seeds": [0, 1, 2], "final": final}
+        {
+            "variant": name,
+            "measure": "reset",
+            "seeds": [0, 1, 2],
+            "final": final,
+            "dataset_sha256": SHA[:12],
+        }
         for name, final in finals.items()
     ]
     (results / dataset).mkdir(parents=True)
@@ -67,10 +73,16 @@ def test_a_summary_of_another_file_and_a_missing_row_are_reported(tmp_path):
     summary = json.loads(stale.read_text())
     summary.update(dataset_provenance={"sha256": "b" * 64}, best_normalized_score=99.0)
     stale.write_text(json.dumps(summary))  # made on another file: not read
+    rows_path = tmp_path / bar.SETS[0] / "rows.json"
+    rows = json.loads(rows_path.read_text())
+    old_cbop = {**rows["rows"][0], "final": 99.0, "dataset_sha256": "b" * 12}
+    rows["rows"].insert(0, old_cbop)  # a row of an earlier file: not the one checked
+    rows_path.write_text(json.dumps(rows))
     write_set(tmp_path, bar.SETS[1], {"cbop": 20.0, "bc": 1.0, "td3bc": 1.0, "iql": 1.0})
     checks, _ = verdict(tmp_path)
     by_name = {(c.where, c.what): c for c in checks}
     assert by_name[(bar.SETS[0], "final >= 0.8 x best, every seed")].detail == "1.00, 1.00"
+    assert by_name[(bar.SETS[0], "at least every baseline")].detail.startswith("cbop 30.0,")
     assert not by_name[(bar.SETS[1], "cql: 3 seeds")].holds
     assert by_name[(bar.SETS[2], "rows")].detail == "no rows.json"
     assert bar.main(["--results", str(tmp_path / "none")]) == 1

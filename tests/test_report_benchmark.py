@@ -233,3 +233,22 @@ def test_a_summary_or_run_made_with_other_cbop_settings_no_longer_counts(
     differences = driver.run_settings_differences(run_dir, expected)
     assert differences and differences[0].startswith("critic_hidden_sizes: [7, 7]")
     assert plan_lines(capsys, driver, *args)[-1][0] == "restart"  # after the "stale" line
+
+
+def test_rows_keep_an_earlier_files_runs_apart_from_the_current_files(
+    tmp_path: Path, isolated_cache: Path
+) -> None:
+    driver = load_driver()
+    write_provenance(isolated_cache, sha256="b" * 64)
+    results = tmp_path / "results"
+    curve = [[step * 1000, float(step)] for step in range(12)]
+    for sha, variant, seed in (("a", "bc", 0), ("b", "bc", 1), ("b", "cql", 0)):
+        path = results / "hopper-medium-replay-gen" / variant / f"seed{seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        summary = {"dataset": "hopper-medium-replay-gen", "variant": variant, "seed": seed}
+        summary.update(curve=curve, dataset_provenance={"sha256": sha * 64})
+        path.write_text(json.dumps(summary))
+    rows = json.loads(driver.write_rows(results, "hopper-medium-replay-gen").read_text())
+    assert rows["sha256"] == "b" * 64
+    found = {(row["variant"], row["dataset_sha256"], tuple(row["seeds"])) for row in rows["rows"]}
+    assert found == {("bc", "a" * 12, (0,)), ("bc", "b" * 12, (1,)), ("cql", "b" * 12, (0,))}
