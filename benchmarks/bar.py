@@ -13,9 +13,8 @@ Q - MC at 100 dataset states). Finals are the rows of ``<results>/<set>/rows.jso
 (``python benchmarks/learning.py --rows``): the mean over seeds of each run's mean of its last
 3 evaluations, on the reset measure (10 episodes from ``env.reset()``) or the start-state
 measure (one episode from each of 100 fixed dataset states), on the set's current file (the
-one ``rows.json`` names, else the one most of its rows were made on); per-seed checks read
-the summaries made on that file. The demo command's own condition (it ends
-above its BC start) is the README's, not checked here.
+one ``rows.json`` names); per-seed checks read the summaries made on that file. The demo
+command's own condition (it ends above its BC start) is the README's, not checked here.
 
 Prints one table per measure and a verdict; exits 0 whether or not the bar holds (1 when no
 ``rows.json`` is found).
@@ -54,10 +53,8 @@ def load_rows(results: Path, dataset: str) -> dict | None:
 
 
 def current_file(rows: dict) -> str:
-    """The first 12 characters of the set's current file's sha256: the one ``rows.json``
-    names, or (when the file was not on the machine that wrote it) the one most rows have."""
-    files = [str(row.get("dataset_sha256")) for row in rows["rows"]]
-    return str(rows.get("sha256") or max(set(files), key=files.count))[:12]
+    """The set's current file as rows name it (``dataset_sha256``: 12 characters)."""
+    return str(rows["sha256"])[:12]
 
 
 def find_row(rows: dict, variant: str, measure: str) -> dict | None:

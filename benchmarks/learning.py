@@ -574,8 +574,9 @@ def write_rows(results: Path, dataset: str) -> Path | None:
     summaries of ``<results>/<dataset>/<variant>/seed*.json``; summaries made on different
     versions of the dataset are different rows (each row's ``dataset_sha256``), so the rows
     of an earlier file stay readable beside the current file's. ``sha256`` names the current
-    file (its provenance; None when the file is not on this machine). Not a summary (no
-    ``summary_format``), so the report does not read it as one. None: no summaries.
+    file: its provenance's, or, when the file is not on this machine, the one most summaries
+    were made on. Not a summary (no ``summary_format``), so the report does not read it as
+    one. None: no summaries.
     """
     from cbop_torchrl.evaluation.analysis import row_intervals
 
@@ -587,11 +588,12 @@ def write_rows(results: Path, dataset: str) -> Path | None:
             summaries.append(summary)
     if not summaries:
         return None
+    files = [(s.get("dataset_provenance") or {}).get("sha256") for s in summaries]
     path = results / dataset / ROWS_NAME
     rows = {
         "format": ROWS_FORMAT,
         "dataset": dataset,
-        "sha256": provenance.get("sha256"),
+        "sha256": provenance.get("sha256") or max(set(files), key=files.count),
         "how": "python benchmarks/learning.py --rows --datasets " + dataset,
         "rule": "two rows of one measure differ when |final_a - final_b| > 1.96 * "
         "sqrt(final_se_a^2 + final_se_b^2) (the same for last10 with last10_se); with 3 seeds "

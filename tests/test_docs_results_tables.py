@@ -91,7 +91,8 @@ def test_the_rows_table_puts_both_measures_of_a_row_side_by_side(tmp_path: Path)
         row("cbop-old", "reset", 3.0, "b" * 12),
     ]
     (tmp_path / "set").mkdir()
-    (tmp_path / "set" / "rows.json").write_text(json.dumps({"dataset": "set", "rows": rows}))
+    rows_json = {"dataset": "set", "sha256": "a" * 64, "rows": rows}
+    (tmp_path / "set" / "rows.json").write_text(json.dumps(rows_json))
     table = results_tables.rows_markdown(tmp_path)
     lines = table.splitlines()
     assert lines[0] == "**set** (file sha256 aaaaaaaaaaaa)"

@@ -48,6 +48,12 @@ def yaml_comments(path: Path) -> dict[str, str]:
     stack: list[tuple[int, str]] = []
     pending: list[tuple[int, str]] = []  # (column of '#', text) since the last key line
     last_dotted = ""
+
+    def continue_last_key(deeper_than: int) -> None:
+        wrapped = [text for column, text in pending if column > deeper_than]
+        if wrapped and last_dotted in comments:
+            comments[last_dotted] = " ".join([comments[last_dotted], *wrapped])
+
     for line in path.read_text().splitlines():
         stripped = line.strip()
         if stripped.startswith("#"):
@@ -59,9 +65,7 @@ def yaml_comments(path: Path) -> dict[str, str]:
             pending = []
             continue
         indent = len(match["indent"])
-        wrapped = [text for column, text in pending if column > indent]
-        if wrapped and last_dotted in comments:
-            comments[last_dotted] = " ".join([comments[last_dotted], *wrapped])
+        continue_last_key(indent)
         above = [text for column, text in pending if column <= indent]
         while stack and stack[-1][0] >= indent:
             stack.pop()
@@ -72,9 +76,7 @@ def yaml_comments(path: Path) -> dict[str, str]:
             comments[dotted] = comment
         last_dotted = dotted
         pending = []
-    wrapped = [text for column, text in pending if column > 0]  # the file's last key's
-    if wrapped and last_dotted in comments:
-        comments[last_dotted] = " ".join([comments[last_dotted], *wrapped])
+    continue_last_key(0)  # the file's last key
     return comments
 
 

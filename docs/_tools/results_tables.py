@@ -83,17 +83,17 @@ def _score(row: dict | None, key: str) -> str:
 def rows_markdown(results: Path = RESULTS) -> str:
     """One table per set of its ``rows.json``: each row's final and last-10 on both measures.
 
-    Rows made on an earlier file of the set (another sha256 than the current file's, or than
-    most rows' when the file is not on this machine) are named with that file.
+    Rows made on an earlier file of the set (another sha256 than the current file's, the one
+    ``rows.json`` names) are named with that file.
     """
     baselines = ("bc", "td3bc", "iql", "cql")
     parts = []
     for path in sorted(results.glob("*/rows.json")):
         rows = json.loads(path.read_text())
-        files = [str(row.get("dataset_sha256"))[:12] for row in rows["rows"]]
-        current = str(rows.get("sha256") or max(set(files), key=files.count))[:12]
+        current = str(rows["sha256"])[:12]
         by_name: dict[str, dict[str, dict]] = {}
-        for row, file in zip(rows["rows"], files, strict=True):
+        for row in rows["rows"]:
+            file = row["dataset_sha256"]
             name = row["variant"] if file == current else f"{row['variant']} (file {file})"
             by_name.setdefault(name, {})[row["measure"]] = row
         order = sorted(by_name, key=lambda name: (name not in baselines, name))
