@@ -28,9 +28,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from cbop_torchrl.evaluation.report import BASELINES
+
 ROOT = Path(__file__).resolve().parents[1]
 SETS = ("hopper-medium-replay-gen", "walker2d-medium-replay-gen", "halfcheetah-medium-replay-gen")
-BASELINES = ("bc", "td3bc", "iql", "cql")
 SEEDS = 3
 MARGIN = 5.0  # above the best baseline, on MARGIN_SETS of the sets
 MARGIN_SETS = 2

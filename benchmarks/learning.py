@@ -81,7 +81,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from cbop_torchrl.evaluation.report import summarize_run
+from cbop_torchrl.evaluation.report import CURRENT, summarize_run
 from cbop_torchrl.trainers.rundir import MARKER_NAME
 from cbop_torchrl.trainers.slicing import (
     DEADLINE_ENV,
@@ -120,7 +120,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "cql": ("baseline.py", ["algo=cql"]),
 }
 """Benchmark variant -> (entry script, its overrides)."""
-DEFAULT_ALGOS = ["cbop", "bc", "td3bc", "iql", "cql"]
+DEFAULT_ALGOS = list(CURRENT)
 START_STATES = 100
 """Dataset states of every run's start-state evaluation (``eval.start_states``; the same
 fixed rows for every run on a dataset, cbop_torchrl/envs/starts.py)."""

@@ -196,6 +196,15 @@ def test_bad_algo_setting_is_a_clear_error(
     assert "algo.expectile=1.5 must be in (0, 1)" in done.stderr
 
 
+def test_the_reports_name_every_baseline_and_its_config() -> None:
+    # The reports and benchmark tools read the names from the torch-free report module.
+    from cbop_torchrl.evaluation.report import BASELINES
+
+    assert BASELINES == ALGOS
+    configs = ROOT / "cbop_torchrl" / "configs" / "algo"
+    assert sorted(path.stem for path in configs.glob("*.yaml")) == sorted(ALGOS)
+
+
 def test_algo_config_validation() -> None:
     with pytest.raises(BaselineConfigError, match="choose one of bc, td3bc, iql, cql"):
         AlgoConfig.from_dict({"name": "sac"})

@@ -81,7 +81,10 @@ ALGO_ORDER = (
     "iql",
     "cql",
 )
-CURRENT = ("cbop", "bc", "td3bc", "iql", "cql")
+BASELINES = ("bc", "td3bc", "iql", "cql")
+"""The baseline algorithms (``cbop_torchrl.baselines.ALGOS``, named here too because the
+reports and benchmark tools read this light module without importing torch)."""
+CURRENT = ("cbop", *BASELINES)
 """The variants of the headline table and curves: CBOP as the preset makes it and the
 baselines; a labelled variant (``cbop-c2x256``, ``cbop-psi5``, ...) is an earlier
 configuration or an experiment and appears in the full tables and ``curves_all_*`` only."""
@@ -426,7 +429,7 @@ def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
     return atomic_write(path, write)
 
 
-def _file_versions(provenances: Sequence[dict[str, Any]]) -> str:
+def file_versions(provenances: Sequence[dict[str, Any]]) -> str:
     """The sha256 of the dataset file the runs read, and whether they read one version.
 
     Files written by the generator with the same settings (one ``data_key``) hold the same
@@ -458,7 +461,7 @@ def dataset_markdown(summaries: Sequence[dict[str, Any]]) -> str:
             f"| {dataset} | {p.get('transitions')} | {p.get('episodes')} | "
             f"{_fmt(p.get('episode_normalized_score_mean'))} | "
             f"{_fmt(p.get('policy_normalized_score'))} | `{p.get('command')}` | "
-            f"{_file_versions(found)} |"
+            f"{file_versions(found)} |"
         )
     if not lines:
         return ""

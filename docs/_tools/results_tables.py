@@ -49,7 +49,7 @@ def summaries() -> list[dict]:
 
 def datasets_markdown(found: list[dict]) -> str:
     """The sets of the headline (the current variants' runs): size, behaviour policy, file."""
-    from cbop_torchrl.evaluation.report import CURRENT, _file_versions
+    from cbop_torchrl.evaluation.report import CURRENT, file_versions
 
     lines = [
         "| dataset | transitions | episodes | the data's mean episode score | behaviour policy "
@@ -68,7 +68,7 @@ def datasets_markdown(found: list[dict]) -> str:
         lines.append(
             f"| {dataset} | {int(p['transitions']):,} | {int(p['episodes']):,} | "
             f"{float(p['episode_normalized_score_mean']):.1f} | "
-            f"{float(p['policy_normalized_score']):.1f} | {_file_versions(provenances)} |"
+            f"{float(p['policy_normalized_score']):.1f} | {file_versions(provenances)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -86,7 +86,8 @@ def rows_markdown(results: Path = RESULTS) -> str:
     Rows made on an earlier file of the set (another sha256 than the current file's, the one
     ``rows.json`` names) are named with that file.
     """
-    baselines = ("bc", "td3bc", "iql", "cql")
+    from cbop_torchrl.evaluation.report import BASELINES
+
     parts = []
     for path in sorted(results.glob("*/rows.json")):
         rows = json.loads(path.read_text())
@@ -96,7 +97,7 @@ def rows_markdown(results: Path = RESULTS) -> str:
             file = row["dataset_sha256"]
             name = row["variant"] if file == current else f"{row['variant']} (file {file})"
             by_name.setdefault(name, {})[row["measure"]] = row
-        order = sorted(by_name, key=lambda name: (name not in baselines, name))
+        order = sorted(by_name, key=lambda name: (name not in BASELINES, name))
         parts += [
             f"**{rows['dataset']}** (file sha256 {current})",
             "",
