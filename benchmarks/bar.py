@@ -2,6 +2,7 @@
 
     python benchmarks/bar.py                       # the CPU preset's CBOP, both measures
     python benchmarks/bar.py --cbop cbop-m10       # another CBOP row (a --label's variant)
+    python benchmarks/bar.py --cbop cbop hopper-medium-replay-gen=cbop-starts  # one set's own row
     python benchmarks/bar.py --measure starts      # one measure
 
 The bar (docs/learning.md, "Against the bar"): on the three D4RL-level sets, three seeds each,
@@ -137,10 +138,36 @@ def check_set(results: Path, dataset: str, cbop: str, measure: str) -> tuple[lis
     return checks, lead
 
 
-def check_bar(results: Path, cbop: str, measure: str) -> list[Check]:
+def cbop_rows(items: list[str]) -> dict[str, str]:
+    """Each set's CBOP row from ``--cbop``: ``ROW`` for every set, ``SET=ROW`` for one set.
+
+    Raises ``ValueError`` (the message names what is wrong) for an unknown set or a second
+    ``ROW`` for every set.
+    """
+    every = [item for item in items if "=" not in item]
+    if len(every) > 1:
+        raise ValueError(
+            f"--cbop names {len(every)} rows for every set ({', '.join(every)}); give one"
+        )
+    rows = dict.fromkeys(SETS, every[0] if every else "cbop")
+    for item in items:
+        if "=" in item:
+            dataset, row = item.split("=", 1)
+            if dataset not in SETS or not row:
+                raise ValueError(
+                    f"--cbop {item}: expected SET=ROW with SET one of {', '.join(SETS)} "
+                    f"and ROW a CBOP row (a variant such as cbop-starts)"
+                )
+            rows[dataset] = row
+    return rows
+
+
+def check_bar(results: Path, cbop: str | dict[str, str], measure: str) -> list[Check]:
+    """Every condition of the bar; ``cbop`` is the CBOP row on every set, or one per set."""
+    per_set = cbop if isinstance(cbop, dict) else dict.fromkeys(SETS, cbop)
     checks, leads = [], []
     for dataset in SETS:
-        set_checks, lead = check_set(results, dataset, cbop, measure)
+        set_checks, lead = check_set(results, dataset, per_set[dataset], measure)
         checks += set_checks
         leads.append(lead)
     ahead = sum(lead >= MARGIN for lead in leads)
@@ -159,7 +186,10 @@ def _signed(value: float) -> str:
     return "n/a" if value == float("-inf") else f"{value:+.1f}"
 
 
-def render(checks: list[Check], cbop: str, measure: str) -> str:
+def render(checks: list[Check], cbop: str | dict[str, str], measure: str) -> str:
+    if isinstance(cbop, dict):
+        names = set(cbop.values())
+        cbop = names.pop() if len(names) == 1 else ", ".join(f"{d}={r}" for d, r in cbop.items())
     lines = [
         f"## {cbop}, {measure} measure",
         "",
@@ -176,10 +206,20 @@ def render(checks: list[Check], cbop: str, measure: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cbop", default="cbop", help="the CBOP row (variant) to check")
+    parser.add_argument(
+        "--cbop",
+        nargs="+",
+        default=["cbop"],
+        metavar="ROW|SET=ROW",
+        help="the CBOP row (variant) to check on every set, and SET=ROW for a set's own row",
+    )
     parser.add_argument("--measure", choices=("reset", "starts", "both"), default="both")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
+    try:
+        cbop = cbop_rows(args.cbop)
+    except ValueError as error:
+        parser.exit(2, f"bar: {error}\n")
     if not any((args.results / dataset / "rows.json").is_file() for dataset in SETS):
         print(
             f"bar: no rows.json under {args.results} for {', '.join(SETS)}; make them with "
@@ -189,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     measures = ("reset", "starts") if args.measure == "both" else (args.measure,)
     for measure in measures:
-        print(render(check_bar(args.results, args.cbop, measure), args.cbop, measure))
+        print(render(check_bar(args.results, cbop, measure), cbop, measure))
     return 0
 
 

@@ -86,3 +86,34 @@ def test_a_summary_of_another_file_and_a_missing_row_are_reported(tmp_path):
     assert not by_name[(bar.SETS[1], "cql: 3 seeds")].holds
     assert by_name[(bar.SETS[2], "rows")].detail == "no rows.json"
     assert bar.main(["--results", str(tmp_path / "none")]) == 1
+
+
+def test_one_set_can_name_its_own_cbop_row(tmp_path, capsys):
+    for dataset in bar.SETS:
+        write_set(tmp_path, dataset, {"cbop": 20.0, **baselines(10.0)})
+    hopper = tmp_path / bar.SETS[0]
+    rows = json.loads((hopper / "rows.json").read_text())
+    rows["rows"] = [
+        {**row, "variant": "cbop-starts"} if row["variant"] == "cbop" else row
+        for row in rows["rows"]
+    ]
+    (hopper / "rows.json").write_text(json.dumps(rows))
+    (hopper / "cbop").rename(hopper / "cbop-starts")
+    assert bar.main(["--results", str(tmp_path), "--measure", "reset"]) == 0
+    assert "The bar does not hold" in capsys.readouterr().out  # hopper has no "cbop" row
+    own = f"{bar.SETS[0]}=cbop-starts"
+    assert bar.main(["--results", str(tmp_path), "--measure", "reset", "--cbop", "cbop", own]) == 0
+    out = capsys.readouterr().out
+    assert "The bar holds." in out and "cbop-starts 20.0" in out
+
+
+def test_a_bad_cbop_row_is_a_clear_error(tmp_path, capsys):
+    write_set(tmp_path, bar.SETS[0], {"cbop": 20.0, **baselines(10.0)})
+    for argv in (["--cbop", "hopper=cbop"], ["--cbop", "cbop", "cbop-m10"]):
+        try:
+            bar.main(["--results", str(tmp_path), *argv])
+        except SystemExit as exit:
+            assert exit.code == 2
+        else:
+            raise AssertionError(f"{argv} was accepted")
+        assert "--cbop" in capsys.readouterr().err
