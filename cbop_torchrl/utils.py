@@ -16,7 +16,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -577,11 +577,39 @@ def _record_output(path: Path, program: str) -> None:
     if owned.get(path.name) == program:
         return
     owned[path.name] = program
+    _write_manifest(directory, owned)
+
+
+def _write_manifest(directory: Path, owned: dict[str, str]) -> None:
     manifest = {"format": _MANIFEST_FORMAT, "files": dict(sorted(owned.items()))}
     atomic_write(
         directory / OUTPUTS_MANIFEST,
         lambda tmp: tmp.write_text(json.dumps(manifest, indent=1) + "\n"),
     )
+
+
+def remove_stale_outputs(
+    directory: str | Path, program: str, keep: Iterable[str | Path]
+) -> list[Path]:
+    """Removes the files ``program`` wrote in ``directory`` (its :data:`OUTPUTS_MANIFEST`) that
+    are not in ``keep``, and returns them: what a program no longer writes (a figure of a
+    variant that was renamed) does not linger beside what it wrote this time. Files other
+    programs wrote, or nobody recorded, are left alone.
+    """
+    directory = Path(directory)
+    kept = {Path(path).name for path in keep}
+    owned = _read_manifest(directory)
+    stale = [name for name, by in owned.items() if by == program and name not in kept]
+    removed = []
+    for name in stale:
+        path = directory / name
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+            removed.append(path)
+        del owned[name]
+    if stale:
+        _write_manifest(directory, owned)
+    return removed
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> Path:

@@ -51,6 +51,7 @@ from cbop_torchrl.utils import (
     check_owned_output,
     override_word,
     owned_outputs,
+    remove_stale_outputs,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -511,6 +512,26 @@ def test_a_program_replaces_only_files_it_wrote(tmp_path: Path) -> None:
     check_owned_output(earlier, "cbop-select-psi", lambda path: path.read_text() == "[]\n")
     with pytest.raises(ForeignFileError, match="earlier.json"):
         check_owned_output(earlier, "cbop-select-psi", lambda path: 1 / 0)
+
+
+def test_only_a_programs_own_files_it_no_longer_writes_are_removed(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "user.png").write_text("mine\n")
+    with owned_outputs(out, "cbop-report"):
+        for name in ("results.md", "rh_cbop.png", "rh_cbop (file a).png"):
+            atomic_write(out / name, lambda tmp: tmp.write_text("report\n"))
+    with owned_outputs(out, "cbop-select-psi"):
+        atomic_write(out / "psi.json", lambda tmp: tmp.write_text("[]\n"))
+    removed = remove_stale_outputs(out, "cbop-report", [out / "results.md", out / "rh_cbop.png"])
+    assert removed == [out / "rh_cbop (file a).png"]
+    assert sorted(p.name for p in out.iterdir() if p.name != OUTPUTS_MANIFEST) == [
+        "psi.json", "results.md", "rh_cbop.png", "user.png",
+    ]  # fmt: skip
+    manifest = json.loads((out / OUTPUTS_MANIFEST).read_text())["files"]
+    assert manifest == {"psi.json": "cbop-select-psi", "results.md": "cbop-report",
+                        "rh_cbop.png": "cbop-report"}  # fmt: skip
+    assert remove_stale_outputs(out, "cbop-report", [out / "results.md", out / "rh_cbop.png"]) == []
 
 
 # ---------------------------------------------------------------- C, D, F: a trained run

@@ -27,6 +27,7 @@ from cbop_torchrl.evaluation.report import (
     SUMMARY_FORMAT,
     ReportError,
     conservatism_rows,
+    current_files,
     dataset_markdown,
     final_window_score,
     goal_check,
@@ -366,6 +367,25 @@ def test_headline_table_shows_current_variants_per_dataset_with_seeds_and_behavi
     assert "| *behaviour policy (medium)* | 34.7 |  |" in table
     assert "1,234 transitions" in table
     assert headline_markdown(list(reversed(summaries))) == table  # one text for one set of runs
+
+
+def test_runs_on_an_earlier_file_of_a_set_are_a_row_of_their_own(tmp_path: Path) -> None:
+    def made_on(summary: dict, sha: str, finished: str, transitions: int) -> dict:
+        provenance = {"sha256": sha * 64, "transitions": transitions, "episodes": 1}
+        return summary | {"dataset_provenance": provenance, "finished_utc": finished}
+
+    old = [made_on(_summary("cbop", s, 4.0, "w"), "a", "2026-11-26T10:00:00", 100) for s in (0, 1)]
+    new = made_on(_summary("cbop", 0, 20.0, "w"), "b", "2026-11-27T10:00:00", 200)
+    for index, summary in enumerate([*old, new]):
+        (tmp_path / f"seed{index}.json").write_text(json.dumps(summary))
+    found = load_summaries([tmp_path])
+    assert current_files(found) == {"w": "b" * 12}
+    assert sorted(s["variant"] for s in found) == ["cbop", *["cbop (file aaaaaaaaaaaa)"] * 2]
+    table = headline_markdown(found)
+    assert "| CBOP (10 steps) | **20.0**, 1 seed |" in table and "4.0" not in table
+    assert "200 transitions" in table
+    rows = {row["variant"]: row for row in score_rows(found)}
+    assert rows["cbop (file aaaaaaaaaaaa)"]["seeds"] == "0 1"
 
 
 def test_every_series_gets_its_own_colour() -> None:

@@ -39,7 +39,12 @@ from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs import filter_env_warnings
 from cbop_torchrl.evaluation.report import ReportError, load_summaries, write_report
 from cbop_torchrl.trainers.checkpoint import CheckpointError
-from cbop_torchrl.utils import ForeignFileError, check_owned_output, owned_outputs
+from cbop_torchrl.utils import (
+    ForeignFileError,
+    check_owned_output,
+    owned_outputs,
+    remove_stale_outputs,
+)
 
 OLD_OPTIONS = {
     "--out": "out",
@@ -104,6 +109,7 @@ def run(cfg: DictConfig) -> None:
             prefix = os.path.relpath(cfg.out).rstrip("/") + "/"
         with owned_outputs(cfg.out, PROGRAM):  # every file it writes (figures too), checked
             report = write_report(summaries, cfg.out, figure_prefix=prefix)
+        remove_stale_outputs(cfg.out, PROGRAM, report["files"])
     except (ReportError, ConfigError, DatasetError, CheckpointError) as error:
         refuse(error)
     print(Path(cfg.out, "results.md").read_text(), end="")

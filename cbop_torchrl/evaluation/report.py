@@ -35,8 +35,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -346,6 +347,49 @@ def load_summaries(paths: Iterable[str | Path], analysis: bool = True) -> list[d
             f"no finished runs or summaries under {', '.join(map(str, paths))}: a run counts "
             "once it has written results.json; a summary is a benchmarks/results/**/seed*.json"
         )
+    return name_earlier_files(summaries)
+
+
+def _file_of(summary: dict[str, Any]) -> str | None:
+    sha = (summary.get("dataset_provenance") or {}).get("sha256")
+    return str(sha)[:12] if sha else None
+
+
+def current_files(summaries: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """``dataset -> the first 12 characters of its current file's sha256``.
+
+    A set's current file is the one its most recently finished summary was made on
+    (``finished_utc``, which the benchmark driver records), else the one most of its summaries
+    were made on; sets whose summaries name no file are left out.
+    """
+    by_dataset: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for summary in summaries:
+        if _file_of(summary):
+            by_dataset[summary["dataset"]].append(summary)
+    current = {}
+    for dataset, found in by_dataset.items():
+        dated = [s for s in found if s.get("finished_utc")]
+        if dated:
+            current[dataset] = _file_of(max(dated, key=lambda s: str(s["finished_utc"])))
+        else:
+            counts = Counter(_file_of(s) for s in found)
+            current[dataset] = max(sorted(counts), key=counts.__getitem__)
+    return current
+
+
+def name_earlier_files(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The summaries, those made on an earlier file of their set renamed ``VARIANT (file SHA)``.
+
+    Scores made on two versions of a set's data are not one row: a rerun on a new file then
+    starts a row of its own, and the earlier file's runs stay visible beside it (the
+    headline's current variants are the current file's only). Renames in place and returns
+    the list.
+    """
+    current = current_files(summaries)
+    for summary in summaries:
+        file = _file_of(summary)
+        if file and file != current.get(summary["dataset"]):
+            summary["variant"] = f"{summary['variant']} (file {file})"
     return summaries
 
 
@@ -519,7 +563,11 @@ def headline_markdown(summaries: Sequence[dict[str, Any]]) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     behaviour, sizes = [], []
     for dataset in datasets:
-        found = [s.get("dataset_provenance") or {} for s in summaries if s["dataset"] == dataset]
+        found = [
+            s.get("dataset_provenance") or {}
+            for s in summaries
+            if s["dataset"] == dataset and s["variant"] in variants
+        ]
         p = next((p for p in found if p), {})
         score = p.get("policy_normalized_score")
         behaviour.append("" if score is None else f"{float(score):.1f}")
@@ -792,6 +840,11 @@ def _band(ax: Any, steps: list, mean: list, std: list, color: Any = None) -> Non
     ax.fill_between(steps, low, high, alpha=0.15, color=color, linewidth=0)
 
 
+def _file_name_part(variant: str) -> str:
+    """``variant`` in a file name: ``cbop (file 724cd4675714)`` -> ``cbop-file-724cd4675714``."""
+    return re.sub(r"[^\w.-]+", "-", variant).strip("-")
+
+
 def variant_colours(variants: Iterable[str]) -> dict[str, Any]:
     """One distinct colour per variant, the same in every figure of a report.
 
@@ -933,7 +986,7 @@ def plot_rh_histograms(summaries: Sequence[dict[str, Any]], out_dir: Path) -> li
             f"{sample['posterior_mean']:.1f} ± {sample['posterior_std']:.1f})",
             fontsize=8,
         )
-        written.append(_save_figure(fig, out_dir / f"rh_{dataset}_{variant}.png"))
+        written.append(_save_figure(fig, out_dir / f"rh_{dataset}_{_file_name_part(variant)}.png"))
     return written
 
 
@@ -965,7 +1018,8 @@ def plot_share_histograms(summaries: Sequence[dict[str, Any]], out_dir: Path) ->
             f"{variant}, seed {run['seed']}",
             fontsize=8,
         )
-        written.append(_save_figure(fig, out_dir / f"share_{dataset}_{variant}.png"))
+        name = f"share_{dataset}_{_file_name_part(variant)}.png"
+        written.append(_save_figure(fig, out_dir / name))
     return written
 
 
@@ -1081,11 +1135,14 @@ __all__ = [
     "SUMMARY_FORMAT",
     "ReportError",
     "conservatism_rows",
+    "current_files",
+    "file_versions",
     "goal_check",
     "group_runs",
     "headline_markdown",
     "load_summaries",
     "markdown_table",
+    "name_earlier_files",
     "read_scalar_curves",
     "rliable_aggregates",
     "score_rows",
