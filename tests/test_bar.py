@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks import bar
 
 SHA = "a" * 64
@@ -110,10 +112,7 @@ def test_one_set_can_name_its_own_cbop_row(tmp_path, capsys):
 def test_a_bad_cbop_row_is_a_clear_error(tmp_path, capsys):
     write_set(tmp_path, bar.SETS[0], {"cbop": 20.0, **baselines(10.0)})
     for argv in (["--cbop", "hopper=cbop"], ["--cbop", "cbop", "cbop-m10"]):
-        try:
+        with pytest.raises(SystemExit) as exit:
             bar.main(["--results", str(tmp_path), *argv])
-        except SystemExit as exit:
-            assert exit.code == 2
-        else:
-            raise AssertionError(f"{argv} was accepted")
+        assert exit.value.code == 2, argv
         assert "--cbop" in capsys.readouterr().err
