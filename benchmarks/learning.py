@@ -574,11 +574,13 @@ def write_rows(results: Path, dataset: str) -> Path | None:
     summaries of ``<results>/<dataset>/<variant>/seed*.json``; summaries made on different
     versions of the dataset are different rows (each row's ``dataset_sha256``), so the rows
     of an earlier file stay readable beside the current file's. ``sha256`` names the current
-    file: its provenance's, or, when the file is not on this machine, the one most summaries
-    were made on. Not a summary (no ``summary_format``), so the report does not read it as
-    one. None: no summaries.
+    file: its provenance's, or, when the file is not on this machine, the report's choice
+    (:func:`~cbop_torchrl.evaluation.report.current_files`: the file of the most recently
+    finished summary), so rows.json and the report name one file. Not a summary (no
+    ``summary_format``), so the report does not read it as one. None: no summaries.
     """
     from cbop_torchrl.evaluation.analysis import row_intervals
+    from cbop_torchrl.evaluation.report import current_files
 
     provenance = dataset_provenance(dataset)
     summaries = []
@@ -588,12 +590,17 @@ def write_rows(results: Path, dataset: str) -> Path | None:
             summaries.append(summary)
     if not summaries:
         return None
-    files = [(s.get("dataset_provenance") or {}).get("sha256") for s in summaries]
+    sha256 = provenance.get("sha256")
+    if not sha256:
+        # current_files names a file by its first 12 characters; rows.json keeps the whole.
+        current = current_files([{**s, "dataset": dataset} for s in summaries]).get(dataset)
+        files = {(s.get("dataset_provenance") or {}).get("sha256") for s in summaries}
+        sha256 = next((f for f in sorted(files, key=str) if f and f[:12] == current), None)
     path = results / dataset / ROWS_NAME
     rows = {
         "format": ROWS_FORMAT,
         "dataset": dataset,
-        "sha256": provenance.get("sha256") or max(set(files), key=files.count),
+        "sha256": sha256,
         "how": "python benchmarks/learning.py --rows --datasets " + dataset,
         "rule": "two rows of one measure differ when |final_a - final_b| > 1.96 * "
         "sqrt(final_se_a^2 + final_se_b^2) (the same for last10 with last10_se); with 3 seeds "

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from cbop_torchrl.evaluation import report
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -252,3 +254,28 @@ def test_rows_keep_an_earlier_files_runs_apart_from_the_current_files(
     assert rows["sha256"] == "b" * 64
     found = {(row["variant"], row["dataset_sha256"], tuple(row["seeds"])) for row in rows["rows"]}
     assert found == {("bc", "a" * 12, (0,)), ("bc", "b" * 12, (1,)), ("cql", "b" * 12, (0,))}
+
+
+def test_rows_name_the_reports_current_file_when_the_data_is_not_here(
+    tmp_path: Path, isolated_cache: Path
+) -> None:
+    """Without the file on this machine, rows.json names the file the report calls current
+    (the most recently finished summary's), not the one most summaries were made on."""
+    driver = load_driver()
+    results = tmp_path / "results"
+    curve = [[step * 1000, float(step)] for step in range(12)]
+    runs = (
+        ("a", "bc", 0, "2026-11-01"),
+        ("a", "bc", 1, "2026-11-02"),
+        ("b", "cql", 0, "2026-11-03"),
+    )
+    for sha, variant, seed, finished in runs:
+        path = results / "hopper-medium-replay-gen" / variant / f"seed{seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        summary = {"dataset": "hopper-medium-replay-gen", "variant": variant, "seed": seed}
+        summary.update(curve=curve, dataset_provenance={"sha256": sha * 64}, finished_utc=finished)
+        path.write_text(json.dumps(summary))
+    rows = json.loads(driver.write_rows(results, "hopper-medium-replay-gen").read_text())
+    assert rows["sha256"] == "b" * 64
+    summaries = [json.loads(p.read_text()) for p in results.glob("*/*/seed*.json")]
+    assert report.current_files(summaries) == {"hopper-medium-replay-gen": "b" * 12}
