@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from cbop_torchrl.evaluation.report import BASELINES
+from cbop_torchrl.evaluation.summaries import BASELINES
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = ("hopper-medium-replay-gen", "walker2d-medium-replay-gen", "halfcheetah-medium-replay-gen")

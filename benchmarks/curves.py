@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cbop_torchrl.evaluation.report import read_scalar_curves
+from cbop_torchrl.evaluation.summaries import read_scalar_curves
 
 DEFAULT_KEYS = [
     "eval/normalized_score",

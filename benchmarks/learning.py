@@ -81,7 +81,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from cbop_torchrl.evaluation.report import CURRENT, summarize_run
+from cbop_torchrl.evaluation.summaries import CURRENT, summarize_run
 from cbop_torchrl.trainers.rundir import MARKER_NAME
 from cbop_torchrl.trainers.slicing import (
     DEADLINE_ENV,
@@ -575,12 +575,12 @@ def write_rows(results: Path, dataset: str) -> Path | None:
     versions of the dataset are different rows (each row's ``dataset_sha256``), so the rows
     of an earlier file stay readable beside the current file's. ``sha256`` names the current
     file: its provenance's, or, when the file is not on this machine, the report's choice
-    (:func:`~cbop_torchrl.evaluation.report.current_files`: the file of the most recently
+    (:func:`~cbop_torchrl.evaluation.summaries.current_files`: the file of the most recently
     finished summary), so rows.json and the report name one file. Not a summary (no
     ``summary_format``), so the report does not read it as one. None: no summaries.
     """
     from cbop_torchrl.evaluation.analysis import row_intervals
-    from cbop_torchrl.evaluation.report import current_files
+    from cbop_torchrl.evaluation.summaries import current_files
 
     provenance = dataset_provenance(dataset)
     summaries = []

@@ -198,7 +198,7 @@ def test_bad_algo_setting_is_a_clear_error(
 
 def test_the_reports_name_every_baseline_and_its_config() -> None:
     # The reports and benchmark tools read the names from the torch-free report module.
-    from cbop_torchrl.evaluation.report import BASELINES
+    from cbop_torchrl.evaluation.summaries import BASELINES
 
     assert BASELINES == ALGOS
     configs = ROOT / "cbop_torchrl" / "configs" / "algo"

@@ -21,7 +21,7 @@ from d4rl_files import debug_cbop_command as cli
 from d4rl_files import pipeline_workspace
 from inprocess import run_program, train_cbop
 
-from cbop_torchrl.evaluation.report import summarize_run
+from cbop_torchrl.evaluation.summaries import summarize_run
 from cbop_torchrl.trainers.checkpoint import (
     CheckpointError,
     check_resumable,

@@ -25,7 +25,7 @@ from cbop_torchrl.config import load_config
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.envs import EVALUATION_FORMAT, TaskError, resolve_task
 from cbop_torchrl.evaluation.analysis import load_run_config
-from cbop_torchrl.evaluation.report import ReportError, load_summaries, summarize_run
+from cbop_torchrl.evaluation.summaries import ReportError, load_summaries, summarize_run
 from cbop_torchrl.registry import get_family
 from cbop_torchrl.trainers import memory
 from cbop_torchrl.trainers.checkpoint import CheckpointError, load_policy, seal

@@ -23,24 +23,26 @@ import torch
 from d4rl_files import write_d4rl_hdf5
 
 from cbop_torchrl.evaluation.analysis import rollout_from_observations, value_var_share_histograms
+from cbop_torchrl.evaluation.figures import variant_colours
 from cbop_torchrl.evaluation.report import (
-    SUMMARY_FORMAT,
-    ReportError,
     conservatism_rows,
-    current_files,
     dataset_markdown,
-    final_window_score,
     goal_check,
     headline_markdown,
-    load_summaries,
     markdown_table,
-    read_scalar_curves,
     rliable_aggregates,
     score_rows,
-    summarize_run,
-    variant_colours,
-    variant_name,
     write_report,
+)
+from cbop_torchrl.evaluation.summaries import (
+    SUMMARY_FORMAT,
+    ReportError,
+    current_files,
+    final_window_score,
+    load_summaries,
+    read_scalar_curves,
+    summarize_run,
+    variant_name,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cbop_torchrl.evaluation import report
+from cbop_torchrl.evaluation import summaries as summary_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -278,4 +278,4 @@ def test_rows_name_the_reports_current_file_when_the_data_is_not_here(
     rows = json.loads(driver.write_rows(results, "hopper-medium-replay-gen").read_text())
     assert rows["sha256"] == "b" * 64
     summaries = [json.loads(p.read_text()) for p in results.glob("*/*/seed*.json")]
-    assert report.current_files(summaries) == {"hopper-medium-replay-gen": "b" * 12}
+    assert summary_files.current_files(summaries) == {"hopper-medium-replay-gen": "b" * 12}

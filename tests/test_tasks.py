@@ -321,7 +321,7 @@ def test_evaluate_and_collect_task_overrides() -> None:
 
 
 def test_the_report_refuses_a_run_without_normalized_score(cbop_run: Path) -> None:
-    from cbop_torchrl.evaluation.report import ReportError, summarize_run
+    from cbop_torchrl.evaluation.summaries import ReportError, summarize_run
 
     with pytest.raises(ReportError, match="no normalized score .*task.ref_min_score"):
         summarize_run(cbop_run, analysis=False)

@@ -37,7 +37,8 @@ from cbop_torchrl.cli import (
 from cbop_torchrl.config import ConfigError
 from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs import filter_env_warnings
-from cbop_torchrl.evaluation.report import ReportError, load_summaries, write_report
+from cbop_torchrl.evaluation.report import write_report
+from cbop_torchrl.evaluation.summaries import ReportError, load_summaries
 from cbop_torchrl.trainers.checkpoint import CheckpointError
 from cbop_torchrl.utils import (
     ForeignFileError,

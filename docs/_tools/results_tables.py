@@ -1,7 +1,8 @@
 """The results figures that appear on several pages, generated from one source.
 
 The source is the benchmark's summaries (``benchmarks/results/<dataset>/<variant>/seed*.json``)
-read with the report's functions (:mod:`cbop_torchrl.evaluation.report`), the same ones that
+read with the report's functions (:mod:`cbop_torchrl.evaluation.summaries` and
+:mod:`cbop_torchrl.evaluation.report`), the same ones that
 write ``benchmarks/results/report/``. A page holds a generated block between
 
     <!-- generated: NAME (python docs/_tools/results_tables.py --write) -->
@@ -42,14 +43,15 @@ BLOCK = re.compile(
 
 
 def summaries() -> list[dict]:
-    from cbop_torchrl.evaluation.report import load_summaries
+    from cbop_torchrl.evaluation.summaries import load_summaries
 
     return load_summaries([RESULTS], analysis=False)
 
 
 def datasets_markdown(found: list[dict]) -> str:
     """The sets of the headline (the current variants' runs): size, behaviour policy, file."""
-    from cbop_torchrl.evaluation.report import CURRENT, file_versions
+    from cbop_torchrl.evaluation.report import file_versions
+    from cbop_torchrl.evaluation.summaries import CURRENT
 
     lines = [
         "| dataset | transitions | episodes | the data's mean episode score | behaviour policy "
@@ -86,7 +88,7 @@ def rows_markdown(results: Path = RESULTS) -> str:
     Rows made on an earlier file of the set (another sha256 than the current file's, the one
     ``rows.json`` names) are named with that file.
     """
-    from cbop_torchrl.evaluation.report import BASELINES
+    from cbop_torchrl.evaluation.summaries import BASELINES
 
     parts = []
     for path in sorted(results.glob("*/rows.json")):
