@@ -89,6 +89,8 @@ def test_the_rows_table_puts_both_measures_of_a_row_side_by_side(tmp_path: Path)
         row("cbop-x", "starts", 12.0, "a" * 12),
         row("cql", "reset", 18.0, "a" * 12),
         row("cbop-old", "reset", 3.0, "b" * 12),
+        row("bc", "reset", 6.0, "b" * 12),
+        row("bc", "reset", 7.0, "a" * 12),
     ]
     (tmp_path / "set").mkdir()
     rows_json = {"dataset": "set", "sha256": "a" * 64, "rows": rows}
@@ -96,7 +98,17 @@ def test_the_rows_table_puts_both_measures_of_a_row_side_by_side(tmp_path: Path)
     table = results_tables.rows_markdown(tmp_path)
     lines = table.splitlines()
     assert lines[0] == "**set** (file sha256 aaaaaaaaaaaa)"
-    assert lines[4].startswith("| cql | 0, 1, 2 | 18.0 [17.0, 19.0] | 16.0 [15.0, 17.0] |  |")
+    assert lines[5].startswith("| cql | 0, 1, 2 | 18.0 [17.0, 19.0] | 16.0 [15.0, 17.0] |  |")
     cbop = "| cbop-x | 0, 1, 2 | 20.0 [19.0, 21.0] | 18.0 [17.0, 19.0] | 12.0 [11.0, 13.0] |"
     assert cbop in table
     assert "| cbop-old (file bbbbbbbbbbbb) |" in table
+    # The current file's rows first (baselines in their order, then CBOP's), then the earlier
+    # file's.
+    names = [line.split(" | ")[0][2:] for line in lines[4:] if line.startswith("| ")]
+    assert names == [
+        "bc",
+        "cql",
+        "cbop-x",
+        "bc (file bbbbbbbbbbbb)",
+        "cbop-old (file bbbbbbbbbbbb)",
+    ]

@@ -86,9 +86,15 @@ def rows_markdown(results: Path = RESULTS) -> str:
     """One table per set of its ``rows.json``: each row's final and last-10 on both measures.
 
     Rows made on an earlier file of the set (another sha256 than the current file's, the one
-    ``rows.json`` names) are named with that file.
+    ``rows.json`` names) are named with that file and come after the current file's rows;
+    within each, the baselines first (in :data:`BASELINES` order), then CBOP's rows by name.
     """
     from cbop_torchrl.evaluation.summaries import BASELINES
+
+    def row_order(name: str) -> tuple[bool, int, str]:
+        variant = name.split(" (file ")[0]
+        rank = BASELINES.index(variant) if variant in BASELINES else len(BASELINES)
+        return (variant != name, rank, name)
 
     parts = []
     for path in sorted(results.glob("*/rows.json")):
@@ -99,7 +105,7 @@ def rows_markdown(results: Path = RESULTS) -> str:
             file = row["dataset_sha256"]
             name = row["variant"] if file == current else f"{row['variant']} (file {file})"
             by_name.setdefault(name, {})[row["measure"]] = row
-        order = sorted(by_name, key=lambda name: (name not in BASELINES, name))
+        order = sorted(by_name, key=row_order)
         parts += [
             f"**{rows['dataset']}** (file sha256 {current})",
             "",
