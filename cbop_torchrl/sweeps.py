@@ -6,12 +6,14 @@ under ``hydra.sweep.dir`` (``<dataset>/<preset>/<overrides>``, see
 ``config.json``, ``policy.pt`` and ``checkpoint.pt``; a run still training
 (or preempted) has ``config.json`` and ``checkpoint.pt`` only. Runs are
 found by these files, so hand-made layouts (a directory of ``hydra.run.dir``
-runs) work as well.
+runs, or of symbolic links to runs kept elsewhere) work as well.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,26 @@ def _check_dir(sweep_dir: Path) -> None:
             f"sweep directory {str(sweep_dir)!r} does not exist or is not a directory; give the "
             "hydra.sweep.dir of a multirun (e.g. sweep_dir=multirun or sweep_dir=sweeps/paper_grid)"
         )
+
+
+def find_files(root: str | Path, pattern: str) -> list[Path]:
+    """The files under ``root`` whose name matches ``pattern`` (``"*.json"``), sorted.
+
+    Unlike ``Path.rglob`` before Python 3.13, symbolic links to folders are followed, so a
+    folder of links to runs kept elsewhere is searched like the runs themselves; each real
+    folder is searched once (a link back up the tree does not loop). Paths are given as found
+    under ``root`` (through the links).
+    """
+    found, seen = [], set()
+    for folder, subfolders, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            subfolders.clear()  # reached again through a link: searched already
+            continue
+        seen.add(real)
+        subfolders.sort()
+        found += [Path(folder) / name for name in fnmatch.filter(files, pattern)]
+    return sorted(found)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -63,7 +85,7 @@ def collect_results(sweep_dir: str | Path) -> list[dict[str, Any]]:
     sweep_dir = Path(sweep_dir)
     _check_dir(sweep_dir)
     results = []
-    for path in sorted(sweep_dir.rglob(RESULTS_NAME)):
+    for path in find_files(sweep_dir, RESULTS_NAME):
         record = _read_json(path)
         record["run_dir"] = str(path.parent.resolve())
         overrides = read_overrides(path.parent)
@@ -95,7 +117,7 @@ def find_runs(sweep_dir: str | Path) -> list[Path]:
     sweep_dir = Path(sweep_dir)
     _check_dir(sweep_dir)
     runs = []
-    for config in sorted(sweep_dir.rglob(CONFIG_NAME)):
+    for config in find_files(sweep_dir, CONFIG_NAME):
         if any((config.parent / name).is_file() for name in POLICY_FILES):
             runs.append(config.parent)
     return runs

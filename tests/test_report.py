@@ -272,6 +272,20 @@ def test_load_summaries_errors(tmp_path: Path) -> None:
         load_summaries([tmp_path])
 
 
+def test_summaries_behind_a_link_are_read_once(tmp_path: Path) -> None:
+    """A results folder gathered by symbolic links is read through them, and a summary
+    reached both directly and through a link counts once."""
+    kept = tmp_path / "kept" / "d" / "cbop"
+    kept.mkdir(parents=True)
+    (kept / "seed0.json").write_text(json.dumps(_summary("cbop", 0, 20.0)))
+    (tmp_path / "view").mkdir()
+    (tmp_path / "view" / "d").symlink_to(kept.parent, target_is_directory=True)
+    (found,) = load_summaries([tmp_path / "view"])
+    assert found["final_normalized_score"] == 20.0
+    (tmp_path / "kept" / "again").symlink_to(kept, target_is_directory=True)
+    assert len(load_summaries([tmp_path / "kept"])) == 1
+
+
 def test_goal_check_compares_cbop_with_baselines_behaviour_and_its_best() -> None:
     summaries = [_summary("cbop", 0, 50.0), _summary("bc", 0, 45.0), _summary("iql", 0, 44.0)]
     (line,) = goal_check(score_rows(summaries), {"d": 38.0})

@@ -251,3 +251,21 @@ def test_collect_results_errors(tmp_path: Path) -> None:
     broken.write_text("{not json")
     with pytest.raises(SweepError, match="cannot read"):
         collect_results(tmp_path)
+
+
+def test_a_folder_of_links_to_runs_is_searched_like_the_runs(tmp_path: Path) -> None:
+    """Runs kept elsewhere and gathered by symbolic links (say, one candidate folder per psi
+    for the offline selection) are found; a link back up the tree does not loop."""
+    for name in ("a", "b"):
+        run = tmp_path / "kept" / name
+        run.mkdir(parents=True)
+        (run / "config.json").write_text("{}")
+        (run / "policy.pt").write_bytes(b"")
+        (run / "results.json").write_text(json.dumps({"seed": name}))
+    view = tmp_path / "view"
+    view.mkdir()
+    for name in ("a", "b"):
+        (view / name).symlink_to(tmp_path / "kept" / name, target_is_directory=True)
+    (view / "a" / "up").symlink_to(view, target_is_directory=True)  # a cycle
+    assert find_runs(view) == [view / "a", view / "b"]
+    assert [record["seed"] for record in collect_results(view)] == ["a", "b"]

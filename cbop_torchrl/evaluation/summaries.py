@@ -29,6 +29,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cbop_torchrl.sweeps import find_files
+
 SUMMARY_FORMAT = "cbop-torchrl-summary/1"
 FINAL_EVALUATIONS = 3
 """A run's final score is the mean of its last this many evaluations (the final one included)."""
@@ -309,7 +311,7 @@ def load_summaries(paths: Iterable[str | Path], analysis: bool = True) -> list[d
                 f"{str(path)!r} does not exist; paths= takes run directories (holding "
                 "results.json), sweep directories or results folders such as benchmarks/results"
             )
-        files = [path] if path.is_file() else sorted(path.rglob("*.json"))
+        files = [path] if path.is_file() else find_files(path, "*.json")
         for file in files:
             if file.name == "results.json":
                 run_dirs.append(file.parent)
