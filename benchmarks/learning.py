@@ -34,7 +34,9 @@ rebuild the tables and figures with ``python scripts/report.py paths=benchmarks/
 A summary no longer counts, and its run starts over, when it was made on another version
 of the dataset, for another budget, or (CBOP) with other settings than the variant's
 composed config (critic and actor widths, M, K, H, batch, psi): after a preset change the
-old rows read "stale" and the run directories made with them are moved aside. Keep such
+old rows read "stale" and the run directories made with them are moved aside. A summary
+made on another version of the dataset is kept as ``<variant>-file-<sha12>/seed<k>.json``
+(the report names its row ``VARIANT (file SHA)``). Keep such
 rows under a label that asks for their settings (the 2x256 preset as
 ``--label c2x256 "agent.critic_hidden_sizes=[256,256]"``).
 
@@ -467,6 +469,21 @@ def stale_reason(
     return None
 
 
+def keep_earlier_file_summary(summary_path: Path, summary: dict) -> Path:
+    """Moves a summary made on an earlier file of its set beside the current file's rows.
+
+    ``<set>/<variant>/seed<k>.json`` becomes ``<set>/<variant>-file-<sha12>/seed<k>.json``, so
+    the rerun on the current file does not overwrite it: the report and ``rows.json`` still
+    show the earlier file's row (named ``VARIANT (file SHA)`` by its recorded file), with all
+    its seeds. Returns the new path.
+    """
+    sha = str((summary.get("dataset_provenance") or {}).get("sha256") or "unknown")[:12]
+    kept = summary_path.parent.with_name(f"{summary_path.parent.name}-file-{sha}")
+    kept.mkdir(parents=True, exist_ok=True)
+    summary_path.replace(kept / summary_path.name)
+    return kept / summary_path.name
+
+
 def run_steps(run_dir: Path) -> int | None:
     """The gradient steps an existing run directory was started with (None: no run there)."""
     path = run_dir / "config.json"
@@ -647,6 +664,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[bench] done     {dataset} {name} seed {seed}: {summary_path}")
                 continue
             print(f"[bench] stale    {summary_path}: {why}")
+            if other_dataset(stored, provenance) and not args.dry_run:
+                kept = keep_earlier_file_summary(summary_path, stored)
+                print(f"[bench] keeping  it as {kept} (a row of the earlier file)", flush=True)
             if (
                 other_dataset(stored, provenance)
                 and run_dir.exists()

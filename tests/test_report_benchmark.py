@@ -76,6 +76,34 @@ def test_plan_order_skip_and_stale(
     assert driver.main(["--dry-run", *args]) == 0
     printed = capsys.readouterr().out
     assert "stale" in printed and printed.count("start ") == 6
+    assert (results / "hopper-medium-replay-gen" / "bc" / "seed0.json").is_file()  # dry run
+
+
+def test_an_earlier_files_summary_is_kept_beside_the_rerun(
+    tmp_path: Path, isolated_cache: Path
+) -> None:
+    """The rerun on a new file does not overwrite the earlier file's summary: it moves to
+    ``<variant>-file-<sha12>/`` and rows.json keeps that row with all its seeds."""
+    driver = load_driver()
+    write_provenance(isolated_cache, sha256="b" * 64)
+    results = tmp_path / "results"
+    curve = [[step * 1000, float(step)] for step in range(12)]
+    for seed in (0, 1):
+        path = results / "hopper-medium-replay-gen" / "bc" / f"seed{seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        summary = {"dataset": "hopper-medium-replay-gen", "variant": "bc", "seed": seed}
+        summary.update(curve=curve, dataset_provenance={"sha256": "a" * 64})
+        path.write_text(json.dumps(summary))
+    path = results / "hopper-medium-replay-gen" / "bc" / "seed0.json"
+    kept = driver.keep_earlier_file_summary(path, json.loads(path.read_text()))
+    assert kept == results / "hopper-medium-replay-gen" / f"bc-file-{'a' * 12}" / "seed0.json"
+    assert not path.exists() and json.loads(kept.read_text())["seed"] == 0
+    # The rerun's summary on the current file takes the old path.
+    rerun = {"dataset": "hopper-medium-replay-gen", "variant": "bc", "seed": 0, "curve": curve}
+    path.write_text(json.dumps({**rerun, "dataset_provenance": {"sha256": "b" * 64}}))
+    rows = json.loads(driver.write_rows(results, "hopper-medium-replay-gen").read_text())
+    found = {(row["variant"], row["dataset_sha256"], tuple(row["seeds"])) for row in rows["rows"]}
+    assert found == {("bc", "a" * 12, (0, 1)), ("bc", "b" * 12, (0,))}
 
 
 def test_a_run_made_on_the_current_file_is_kept_beside_a_stale_summary(tmp_path: Path) -> None:
