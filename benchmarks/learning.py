@@ -667,14 +667,10 @@ def main(argv: list[str] | None = None) -> int:
             if other_dataset(stored, provenance) and not args.dry_run:
                 kept = keep_earlier_file_summary(summary_path, stored)
                 print(f"[bench] keeping  it as {kept} (a row of the earlier file)", flush=True)
-            if (
-                other_dataset(stored, provenance)
-                and run_dir.exists()
-                and not run_on_current_file(run_dir, provenance)
-                and not args.dry_run
-            ):
-                # Another dataset: start that run over (another budget extends or restarts it).
-                run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
+                if run_dir.exists() and not run_on_current_file(run_dir, provenance):
+                    # Another dataset: start that run over (another budget extends or
+                    # restarts it).
+                    run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{int(time.time())}"))
         differences = run_settings_differences(run_dir, expected)
         if differences and not args.dry_run:
             # Made with other settings (e.g. an older preset): it cannot be resumed; start over.
