@@ -6,27 +6,29 @@
 # Each call does what is left, in this order, and writes its logs and results under $OUT
 # (default ./gpu-out): install from the offline bundle (.bundle, see docs/gpu.md; skipped
 # when the package already imports), the CUDA tests, `scripts/bench.py --device cuda`, then
-# slices of the paper preset on hopper-medium-replay-gen, seed 0, until the call's budget is
-# spent. Run the same command again to go on: the steps already done are skipped (their
-# markers are in $STATE) and the run continues from its last checkpoint. Nothing here needs
-# the internet. The run's directory and caches live in $STATE, so they survive between calls
-# only on the same machine (a cluster node's disk, or a lent GPU machine still held).
-# SCREEN=2 is the same screen with the CBOP step captured as one CUDA graph (cuda_graph=true)
+# slices of the paper preset, one run per set and seed (default hopper-medium-replay-gen,
+# seed 0), all at once, until the call's budget is spent. Run the same command again to go
+# on: the steps already done are skipped (their markers are in $STATE) and each run continues
+# from its last checkpoint. Nothing here needs the internet. The runs' directories and caches
+# live in $STATE, so they survive between calls only on the same machine (a cluster node's
+# disk, or a lent GPU machine still held).
+# SCREEN=2 is the screen below with the CBOP step captured as one CUDA graph (cuda_graph=true)
 # and 50,000 CBOP steps; SCREEN=1 keeps the eager step (cuda_graph=false) for comparison.
 #
 # Settings (environment): BUDGET_MIN (9: minutes per call, start-up included), BUNDLE
 # (.bundle), STATE (/tmp/cbop-gpu-session), PYTHON (python3), OUT (./gpu-out), STEPS
-# (the paper's 1000000 CBOP gradient steps), PRESET (paper), SKIP ("": any of install tests
-# bench slices), DATASET (hopper-medium-replay-gen; another set's file from $DATA_DIR,
-# default .gpu-data), EVAL_INTERVAL (10000), START_STATES ("": learning.py's default; the screens:
-# 0), LABEL ("": the runs' label, e.g. screen) and
-# OVERRIDES ("": extra Hydra overrides of the run). SCREEN=1 sets the last four for a short
-# look at the paper's sizes (docs/gpu.md, "A paper-size screen"): 10,000 CBOP steps after
-# 10,000 BC and 20,000 FQE steps, the dynamics capped at 60 epochs, evaluation and the
-# diagnostics (Q - MC at 100 dataset states) every 1,000 steps. At most 8 files come back
-# from a lent machine: session.log, cuda_tests.log, bench_cuda.json, bench_cuda.log,
-# slices.log, slices.json, run_logs.tgz (the run's scalar logs: every curve) and the
-# finished run's summary cbop-paper[-LABEL]-seed0.json.
+# (the paper's 1000000 CBOP gradient steps), STEPS_PER_EPOCH (1000), PRESET (paper), SKIP
+# ("": any of install tests bench slices), DATASETS (hopper-medium-replay-gen, or DATASET's
+# value; other sets' files from $DATA_DIR, default .gpu-data), SEEDS (0; "0 1 2" for three
+# runs per set), RUN_THREADS (torch threads per run; default: the cores shared out),
+# EVAL_INTERVAL (10000), START_STATES ("": learning.py's default; the screens: 0), LABEL ("":
+# the runs' label, e.g. screen) and OVERRIDES ("": extra Hydra overrides of the runs).
+# SCREEN=1 sets the last four for a short look at the paper's sizes (docs/gpu.md, "A
+# paper-size screen"): 10,000 CBOP steps after 10,000 BC and 20,000 FQE steps, the dynamics
+# capped at 60 epochs, evaluation and the diagnostics (Q - MC at 100 dataset states) every
+# 1,000 steps. At most 8 files come back from a lent machine; these are at most 5:
+# gpu_session.log, cuda_tests.log, bench_cuda.json, bench_cuda.log and runs.tgz (per run,
+# <set>/seed<k>/ with its scalar logs, slice history, output and, once finished, summary).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -53,8 +55,10 @@ fi
 # episodes per evaluation, benchmarks/learning.py's default) would double their cost.
 START_STATES=${START_STATES:-$([ "${SCREEN:-0}" != 0 ] && echo 0)}
 variant=cbop-$PRESET${LABEL:+-$LABEL}
-DATASET=${DATASET:-hopper-medium-replay-gen}
-# Another set's file travels beside the tree, ignored by git (docs/gpu.md): $DATA_DIR/$DATASET.hdf5
+DATASETS=${DATASETS:-${DATASET:-hopper-medium-replay-gen}}
+SEEDS=${SEEDS:-0}
+STEPS_PER_EPOCH=${STEPS_PER_EPOCH:-1000}
+# Another set's file travels beside the tree, ignored by git (docs/gpu.md): $DATA_DIR/<set>.hdf5
 DATA_DIR=${DATA_DIR:-.gpu-data}
 export CBOP_TORCHRL_CACHE=${CBOP_TORCHRL_CACHE:-$STATE/cache}
 export WANDB_MODE=offline PYTHONUNBUFFERED=1
@@ -62,10 +66,27 @@ mkdir -p "$OUT" "$STATE" "$CBOP_TORCHRL_CACHE/generated"
 
 minutes_left() { echo "$BUDGET_MIN $START $(date +%s)" | awk '{printf "%.2f", $1 - ($3 - $2) / 60}'; }
 skipped() { [[ " $SKIP " == *" $1 "* ]]; }
-say() { echo "[gpu-session $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/session.log"; }
+# The set's file in the cache: copied from $DATA_DIR, or the bundled demo file for hopper.
+prepare_data() {
+    local data="$CBOP_TORCHRL_CACHE/generated/$1.hdf5"
+    if [ -f "$data" ]; then return 0; fi
+    if [ -f "$DATA_DIR/$1.hdf5" ]; then
+        cp "$DATA_DIR/$1.hdf5" "$data"
+        [ -f "$DATA_DIR/$1.provenance.json" ] && cp "$DATA_DIR/$1.provenance.json" "${data%.hdf5}.provenance.json"
+    elif [ "$1" = hopper-medium-replay-gen ]; then
+        # The bundled demo file is this dataset (same generator settings, data_key
+        # 695feec0a915, 99,789 transitions): no SAC run needed on this machine.
+        cp cbop_torchrl/assets/hopper-demo-medium-replay-gen.hdf5 "$data"
+        cp cbop_torchrl/assets/hopper-demo-medium-replay-gen.provenance.json "${data%.hdf5}.provenance.json"
+    else
+        say "no file for $1: copy it and its provenance from the cache's generated/ to $DATA_DIR/ (docs/gpu.md)"
+        return 1
+    fi
+}
+say() { echo "[gpu-session $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/gpu_session.log"; }
 
 say "start: budget ${BUDGET_MIN} min, state $STATE, python $($PYTHON -c 'import sys; print(sys.version.split()[0])')"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$OUT/session.log" 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$OUT/gpu_session.log" 2>&1
 
 # 1. Install (offline): the bundle's packages, then this checkout without its requirements
 #    (the bundle for this machine leaves out what it already has; see docs/gpu.md).
@@ -75,11 +96,11 @@ if ! skipped install && ! $PYTHON -c "import cbop_torchrl, torchrl, tensordict, 
     fi
     say "installing from $BUNDLE"
     { $PYTHON -m pip install --no-index --find-links "$BUNDLE" -r "$BUNDLE/requirements.txt" &&
-      $PYTHON -m pip install --no-index --find-links "$BUNDLE" --no-deps -e . ; } >>"$OUT/session.log" 2>&1 \
-        || { say "install failed: see session.log"; tail -20 "$OUT/session.log"; exit 1; }
-    $PYTHON -m pip list 2>/dev/null | grep -i -E "^(torch|torchrl|tensordict|gymnasium|mujoco|hydra-core|numpy) " >>"$OUT/session.log"
+      $PYTHON -m pip install --no-index --find-links "$BUNDLE" --no-deps -e . ; } >>"$OUT/gpu_session.log" 2>&1 \
+        || { say "install failed: see gpu_session.log"; tail -20 "$OUT/gpu_session.log"; exit 1; }
+    $PYTHON -m pip list 2>/dev/null | grep -i -E "^(torch|torchrl|tensordict|gymnasium|mujoco|hydra-core|numpy) " >>"$OUT/gpu_session.log"
 fi
-$PYTHON -c "import torch, cbop_torchrl; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')" | tee -a "$OUT/session.log"
+$PYTHON -c "import torch, cbop_torchrl; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')" | tee -a "$OUT/gpu_session.log"
 
 # 2. The CUDA tests (and the device-placement and host-sync tests, which run on CUDA too).
 if ! skipped tests && [ ! -f "$STATE/tests.done" ]; then
@@ -87,7 +108,7 @@ if ! skipped tests && [ ! -f "$STATE/tests.done" ]; then
     $PYTHON -m pytest -q -n 0 -p no:cacheprovider -rs tests/test_cuda.py \
         tests/test_device_placement.py tests/test_host_syncs.py >"$OUT/cuda_tests.log" 2>&1
     status=$?
-    tail -3 "$OUT/cuda_tests.log" | tee -a "$OUT/session.log"
+    tail -3 "$OUT/cuda_tests.log" | tee -a "$OUT/gpu_session.log"
     [ $status -eq 0 ] && touch "$STATE/tests.done" || say "CUDA tests failed (exit $status): cuda_tests.log"
 fi
 
@@ -99,44 +120,71 @@ if ! skipped bench && [ ! -f "$STATE/bench.done" ]; then
     else
         say "bench failed: bench_cuda.log"
     fi
-    grep -A8 "^== paper" "$OUT/bench_cuda.log" | tee -a "$OUT/session.log"
+    grep -A8 "^== paper" "$OUT/bench_cuda.log" | tee -a "$OUT/gpu_session.log"
 fi
 
-# 4. Slices of the paper preset. learning.py stops at a checkpoint before its budget and may
-#    need up to 90 s past it to stop a stage without a budget check (KILL_GRACE_S + SIGINT).
+# 4. Slices of the preset: one run per (set, seed) of $DATASETS x $SEEDS, all at once on the
+#    one GPU (the eager step is bound by the host's launches and the evaluations run on the
+#    CPU, so runs side by side use GPU time one run leaves idle), each with RUN_THREADS torch
+#    threads (default: the cores shared out). learning.py stops at a checkpoint before its
+#    budget and may need up to 90 s past it to stop a stage without a budget check
+#    (KILL_GRACE_S + SIGINT).
 if ! skipped slices; then
-    data="$CBOP_TORCHRL_CACHE/generated/$DATASET.hdf5"
-    if [ ! -f "$data" ] && [ -f "$DATA_DIR/$DATASET.hdf5" ]; then
-        cp "$DATA_DIR/$DATASET.hdf5" "$data"
-        [ -f "$DATA_DIR/$DATASET.provenance.json" ] && cp "$DATA_DIR/$DATASET.provenance.json" "${data%.hdf5}.provenance.json"
-    elif [ ! -f "$data" ] && [ "$DATASET" = hopper-medium-replay-gen ]; then
-        # The bundled demo file is this dataset (same generator settings, data_key
-        # 695feec0a915, 99,789 transitions): no SAC run needed on this machine.
-        cp cbop_torchrl/assets/hopper-demo-medium-replay-gen.hdf5 "$data"
-        cp cbop_torchrl/assets/hopper-demo-medium-replay-gen.provenance.json "${data%.hdf5}.provenance.json"
-    elif [ ! -f "$data" ]; then
-        say "no file for $DATASET: copy it and its provenance from the cache's generated/ to $DATA_DIR/ (docs/gpu.md)"; exit 2
-    fi
+    for set in $DATASETS; do prepare_data "$set" || exit 2; done
+    read -r -a seeds <<<"$SEEDS"
+    read -r -a sets <<<"$DATASETS"
+    runs=$(( ${#sets[@]} * ${#seeds[@]} ))
+    threads=${RUN_THREADS:-$(( $(nproc) / runs > 0 ? $(nproc) / runs : 1 ))}
+    mkdir -p "$STATE/logs"
     slice_min=$(echo "$(minutes_left)" | awk '{printf "%.2f", $1 - 2.0}')
     if awk "BEGIN {exit !($slice_min >= 1)}"; then
-        say "slice of the $PRESET preset: --max-minutes $slice_min"
-        # shellcheck disable=SC2086  # OVERRIDES: one Hydra override per word
-        $PYTHON benchmarks/learning.py --preset "$PRESET" --datasets $DATASET --algos cbop --seeds 0 \
-            --epochs $((STEPS / 1000)) --steps-per-epoch 1000 --eval-interval "$EVAL_INTERVAL" \
-            ${LABEL:+--label "$LABEL"} ${START_STATES:+--start-states "$START_STATES"} \
-            --results "$STATE/results" --max-minutes "$slice_min" \
-            $OVERRIDES >>"$OUT/slices.log" 2>&1
-        tail -4 "$OUT/slices.log" | tee -a "$OUT/session.log"
+        say "slices of the $PRESET preset: $runs run(s) at once ($DATASETS x seeds $SEEDS, $threads thread(s) each), --max-minutes $slice_min"
+        pids=()
+        for set in "${sets[@]}"; do
+            for seed in "${seeds[@]}"; do
+                # shellcheck disable=SC2086  # OVERRIDES: one Hydra override per word
+                $PYTHON benchmarks/learning.py --preset "$PRESET" --datasets "$set" --algos cbop \
+                    --seeds "$seed" --threads "$threads" \
+                    --epochs $((STEPS / STEPS_PER_EPOCH)) --steps-per-epoch "$STEPS_PER_EPOCH" \
+                    --eval-interval "$EVAL_INTERVAL" \
+                    ${LABEL:+--label "$LABEL"} ${START_STATES:+--start-states "$START_STATES"} \
+                    --results "$STATE/results" --max-minutes "$slice_min" \
+                    $OVERRIDES >>"$STATE/logs/$set-seed$seed.log" 2>&1 &
+                pids+=($!)
+            done
+        done
+        failed=0
+        for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
+        for set in "${sets[@]}"; do
+            for seed in "${seeds[@]}"; do
+                say "$set seed $seed: $(grep -E '^\[bench\] (finished|slice ended|FAILED|the --max-minutes|done )' \
+                    "$STATE/logs/$set-seed$seed.log" | tail -1)"
+            done
+        done
+        [ "$failed" -eq 0 ] || say "$failed run(s) exited with an error: their logs are in runs.tgz"
     else
-        say "no time left for a slice in this call ($(minutes_left) min); run the command again"
+        say "no time left for a slice in this call ($(minutes_left) min); run the same command again"
     fi
-    run_dir=$(ls -d "$CBOP_TORCHRL_CACHE"/benchmark_runs/$DATASET/*/$PRESET/$variant/seed0 2>/dev/null | head -1)
-    if [ -n "$run_dir" ]; then
-        [ -f "$run_dir/slices.json" ] && cp "$run_dir/slices.json" "$OUT/slices.json"
-        # every scalar curve (CSV), without checkpoints: read with benchmarks/curves.py
-        [ -d "$run_dir/logs" ] && tar czf "$OUT/run_logs.tgz" -C "$run_dir" logs
-    fi
-    summary="$STATE/results/$DATASET/$variant/seed0.json"
-    [ -f "$summary" ] && cp "$summary" "$OUT/$variant-seed0.json" && say "the run finished: $variant-seed0.json"
+    # Everything a run made but its checkpoints, in one archive (a lent machine returns at
+    # most 8 files): <set>/seed<k>/ with logs/ (every scalar curve, for benchmarks/curves.py),
+    # slices.json (the slice history), run.log (learning.py's output) and, once the run has
+    # finished, summary.json.
+    pack="$STATE/pack"
+    rm -rf "$pack"
+    for set in "${sets[@]}"; do
+        for seed in "${seeds[@]}"; do
+            dest="$pack/$set/seed$seed"
+            mkdir -p "$dest"
+            [ -f "$STATE/logs/$set-seed$seed.log" ] && cp "$STATE/logs/$set-seed$seed.log" "$dest/run.log"
+            run_dir=$(ls -d "$CBOP_TORCHRL_CACHE"/benchmark_runs/"$set"/*/"$PRESET"/"$variant"/seed"$seed" 2>/dev/null | head -1)
+            if [ -n "$run_dir" ]; then
+                [ -f "$run_dir/slices.json" ] && cp "$run_dir/slices.json" "$dest/"
+                [ -d "$run_dir/logs" ] && cp -r "$run_dir/logs" "$dest/logs"
+            fi
+            summary="$STATE/results/$set/$variant/seed$seed.json"
+            [ -f "$summary" ] && cp "$summary" "$dest/summary.json" && say "$set seed $seed finished: summary.json"
+        done
+    done
+    tar czf "$OUT/runs.tgz" -C "$pack" .
 fi
 say "done in $(( $(date +%s) - START )) s; run the same command again to continue"

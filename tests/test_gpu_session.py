@@ -1,0 +1,92 @@
+"""benchmarks/gpu_session.sh's slices: one run per (set, seed), all at once, in one archive.
+
+The script is what a lent GPU machine runs (docs/gpu.md); here its slices step runs on the
+CPU with the debug preset, two seeds side by side, on a tiny file in D4RL's format. What
+comes back must fit the lent machine's limits (at most 8 files, plain names, at most two
+folders down) and hold every run's curves, slice history, output and summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from d4rl_files import write_d4rl_hdf5
+
+ROOT = Path(__file__).resolve().parents[1]
+DATASET = "hopper-medium-replay-gen"
+RETURNED_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def run_session(tmp_path: Path, cache: Path, **settings: str) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "CBOP_TORCHRL_CACHE": str(cache),
+        "STATE": str(tmp_path / "state"),
+        "OUT": str(tmp_path / "out"),
+        "SKIP": "install tests bench",
+        "PRESET": "debug",
+        "STEPS": "20",
+        "STEPS_PER_EPOCH": "10",
+        "EVAL_INTERVAL": "10",
+        "START_STATES": "0",
+        "RUN_THREADS": "1",
+        "OVERRIDES": "estimator.rollout_dtype=float32",
+        **settings,
+    }
+    return subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_session.sh")],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_two_seeds_run_side_by_side_and_come_back_in_one_archive(
+    tmp_path: Path, isolated_cache: Path
+) -> None:
+    write_d4rl_hdf5(
+        isolated_cache / "generated" / f"{DATASET}.hdf5",
+        episode_lengths=(150,) * 8,
+        terminal_episodes=(0, 3),
+    )
+    done = run_session(tmp_path, isolated_cache, SEEDS="0 1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (tmp_path / "out" / "gpu_session.log").read_text()
+    assert "2 run(s) at once" in log
+    for seed in (0, 1):
+        assert f"{DATASET} seed {seed}: [bench] finished" in log, log
+
+    out = tmp_path / "out"
+    returned = [path for path in out.rglob("*") if path.is_file()]
+    assert len(returned) <= 8
+    assert all(RETURNED_NAME.match(path.name) for path in returned)
+    assert all(len(path.relative_to(out).parts) <= 3 for path in returned)
+
+    unpacked = tmp_path / "unpacked"
+    with tarfile.open(out / "runs.tgz") as archive:
+        archive.extractall(unpacked, filter="data")
+    for seed in (0, 1):
+        run = unpacked / DATASET / f"seed{seed}"
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["seed"] == seed and summary["gradient_steps"] == 20
+        assert "finished" in (run / "run.log").read_text()
+        assert [s["outcome"] for s in json.loads((run / "slices.json").read_text())] == ["finished"]
+        scores = next(run.glob("logs/*/scalars/eval/normalized_score.csv")).read_text()
+        assert scores.splitlines()[-1].startswith("20,")
+        assert not list(run.rglob("checkpoint.pt"))
+
+
+def test_a_set_without_its_file_stops_with_exit_code_2_and_says_where_to_put_it(
+    tmp_path: Path, isolated_cache: Path
+) -> None:
+    done = run_session(
+        tmp_path, isolated_cache, DATASETS="walker2d-medium-replay-gen", DATA_DIR=str(tmp_path)
+    )
+    assert done.returncode == 2
+    assert "no file for walker2d-medium-replay-gen" in done.stdout
+    assert "docs/gpu.md" in done.stdout
