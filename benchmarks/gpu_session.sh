@@ -89,18 +89,24 @@ say "start: budget ${BUDGET_MIN} min, state $STATE, python $($PYTHON -c 'import 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$OUT/gpu_session.log" 2>&1
 
 # 1. Install (offline): the bundle's packages, then this checkout without its requirements
-#    (the bundle for this machine leaves out what it already has; see docs/gpu.md).
-if ! skipped install && ! $PYTHON -c "import cbop_torchrl, torchrl, tensordict, gymnasium, mujoco, hydra" 2>/dev/null; then
+#    (the bundle for this machine leaves out what it already has and MuJoCo's viewer, so it
+#    goes in as it is, without pip's resolver, when bundle.json names a --without; docs/gpu.md).
+if ! skipped install && ! $PYTHON -c "import cbop_torchrl, torchrl, tensordict, gymnasium.envs.mujoco, hydra" 2>/dev/null; then
     if [ ! -f "$BUNDLE/requirements.txt" ]; then
         say "no bundle at $BUNDLE (build it where pip reaches an index: docs/gpu.md)"; exit 2
     fi
     say "installing from $BUNDLE"
-    { $PYTHON -m pip install --no-index --find-links "$BUNDLE" -r "$BUNDLE/requirements.txt" &&
+    if $PYTHON -c "import json, sys; sys.exit(not json.load(open('$BUNDLE/bundle.json')).get('without'))" 2>/dev/null; then
+        bundled=(--no-deps "$BUNDLE"/*.whl)
+    else
+        bundled=(--find-links "$BUNDLE" -r "$BUNDLE/requirements.txt")
+    fi
+    { $PYTHON -m pip install --no-index "${bundled[@]}" &&
       $PYTHON -m pip install --no-index --find-links "$BUNDLE" --no-deps -e . ; } >>"$OUT/gpu_session.log" 2>&1 \
         || { say "install failed: see gpu_session.log"; tail -20 "$OUT/gpu_session.log"; exit 1; }
     $PYTHON -m pip list 2>/dev/null | grep -i -E "^(torch|torchrl|tensordict|gymnasium|mujoco|hydra-core|numpy) " >>"$OUT/gpu_session.log"
 fi
-$PYTHON -c "import torch, cbop_torchrl; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')" | tee -a "$OUT/gpu_session.log"
+$PYTHON -c "import torch, cbop_torchrl, gymnasium.envs.mujoco; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')" | tee -a "$OUT/gpu_session.log"
 
 # 2. The CUDA tests (and the device-placement and host-sync tests, which run on CUDA too).
 if ! skipped tests && [ ! -f "$STATE/tests.done" ]; then

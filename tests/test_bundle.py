@@ -95,10 +95,12 @@ def test_a_no_index_install_from_the_bundle_trains_the_debug_preset(built, tmp_p
 def test_a_bundle_for_another_python_without_the_package_wheel_and_excluded_packages(
     tmp_path: Path,
 ) -> None:
-    """What benchmarks/gpu_session.sh installs from: Python 3.12, the target's torch, no wandb."""
+    """What benchmarks/gpu_session.sh installs from: Python 3.12, the target's torch, no wandb,
+    without MuJoCo's viewer and its OpenGL binding (docs/gpu.md's command)."""
     dest = tmp_path / "wheels"
     args = ["--dest", str(dest), "--python-version", "3.12", "--torch", "torch==2.11.0",
-            "--no-package-wheel", "--exclude", "numpy", "wandb"]  # fmt: skip
+            "--no-package-wheel", "--exclude", "numpy", "wandb",
+            "--without", "mujoco-studio", "pyopengl"]  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-m", "cbop_torchrl.apps.bundle", *args],
         capture_output=True, text=True, timeout=900,
@@ -120,7 +122,14 @@ def test_a_bundle_for_another_python_without_the_package_wheel_and_excluded_pack
     assert any(r.startswith("torchrl") for r in requirements)
     assert not any(r.startswith(("torch>", "torch=", "wandb", "numpy")) for r in requirements)
     assert manifest["left_out_requirements"] == ["numpy", "wandb"]
-    assert "--no-deps" in manifest["install"] and "requirements.txt" in manifest["install"]
+    # MuJoCo's viewer and what only it needs are left out; the simulator itself is kept.
+    assert any(n.startswith("mujoco_core-") for n in files)
+    viewer = ("mujoco_studio", "pyopengl", "websockets")
+    assert not any(n.lower().startswith(viewer) for n in files)
+    assert any(n.startswith("glfw-") for n in files)  # gymnasium's MuJoCo envs import it
+    assert manifest["without"] == ["mujoco-studio", "pyopengl"]
+    assert manifest["install"].startswith(f"pip install --no-index --no-deps {dest}/*.whl && ")
+    assert manifest["install"].endswith("--no-deps <checkout>")
 
 
 def _item(name: str, *requires: str) -> dict:
@@ -164,6 +173,31 @@ def test_for_this_machine_the_built_wheels_replace_their_source_archives(tmp_pat
     ]
     assert files == ["mujoco-1.0-py3-none-any.whl", "antlr4_python3_runtime-4.9.3-py3-none-any.whl"]
     assert bundle.file_name(sdist) == "antlr4-python3-runtime-4.9.3.tar.gz"  # a copy was changed
+
+
+def test_a_bundle_without_a_named_requirement_installs_as_it_is(tmp_path: Path) -> None:
+    as_it_is = bundle.install_commands(tmp_path, "cbop-torchrl", True, [], as_it_is=True)
+    assert as_it_is == f"pip install --no-index --no-deps {tmp_path}/*.whl"
+    resolved = bundle.install_commands(tmp_path, "cbop-torchrl", True, [])
+    assert resolved == f"pip install --no-index --find-links {tmp_path} cbop-torchrl"
+
+
+def test_an_unknown_name_after_without_is_refused_with_the_names_to_choose_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = {
+        "environment": {"python_version": "3.11", "platform_machine": "x86_64"},
+        "install": [_item("cbop-torchrl", "mujoco"), _item("mujoco", "glfw"), _item("glfw")],
+    }
+    monkeypatch.setattr(bundle, "resolve", lambda *args, **kwargs: report)
+    monkeypatch.setattr(bundle, "build_pure_wheels", lambda *args: [])
+    target = bundle.Target("3.12", bundle.expand_platform("manylinux_2_28_x86_64"))
+    with pytest.raises(bundle.BundleError, match="--without mujoco-viewer: no package") as error:
+        bundle._bundle_around(
+            tmp_path, tmp_path / "cbop_torchrl-0.1.0-py3-none-any.whl", target, "torch", False,
+            [], [], tmp_path, True, ["mujoco_viewer"],
+        )  # fmt: skip
+    assert "cbop-torchrl, glfw, mujoco" in str(error.value)
 
 
 def test_a_manylinux_tag_stands_for_every_older_one() -> None:

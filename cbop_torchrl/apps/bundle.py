@@ -21,9 +21,12 @@ What it does, all with pip (``docs/gpu.md``):
    binary wheels only, the folder's own wheels included), with ``--torch`` as the
    torch the target has, and keeps the packages the package needs, leaving out
    torch and what only torch needs unless ``--with-torch`` (GPU machines ship their
-   own CUDA build of torch) and the packages named with ``--exclude`` (ones the
-   target already has, e.g. numpy); for this machine itself the first resolution is
-   kept, with the wheels built in step 2 in place of their source archives;
+   own CUDA build of torch), the packages named with ``--exclude`` (ones the
+   target already has, e.g. numpy) and those named with ``--without`` (ones a
+   requirement names that the target does without, e.g. MuJoCo's viewer; the bundle
+   is then installed as it is, ``pip install --no-deps``, since pip's resolver would
+   ask for them); for this machine itself the first resolution is kept, with the
+   wheels built in step 2 in place of their source archives;
 4. downloads them (``pip download --no-deps``, pip's cache reused), writes
    ``bundle.json`` (target, files, sizes, the install command) and prints the
    size, the largest files and what was left out.
@@ -282,12 +285,14 @@ def build_bundle(
     exclude: list[str],
     source: Path,
     package_wheel: bool = True,
+    without: list[str] | None = None,
 ) -> dict:
     """Builds the bundle in ``dest`` and returns its manifest (also written to ``bundle.json``).
 
     ``package_wheel=False``: the package's own wheel is left out and its build
     requirements (setuptools, wheel) are put in instead, for a target that installs
     from its copy of the checkout (``pip install --no-index --find-links DEST <checkout>``).
+    ``without``: packages left out although a requirement names them (see ``--without``).
     """
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -297,7 +302,7 @@ def build_bundle(
         try:
             manifest = _bundle_around(
                 dest, wheel, target, torch_spec, with_torch, extras, exclude, source,
-                package_wheel,
+                package_wheel, without or [],
             )  # fmt: skip
         finally:
             if not package_wheel:
@@ -315,6 +320,7 @@ def _bundle_around(
     exclude: list[str],
     source: Path,
     package_wheel: bool,
+    without: list[str],
 ) -> dict:
     suffix = f"[{','.join(extras)}]" if extras else ""
     root = f"{PACKAGE}{suffix}"
@@ -326,7 +332,13 @@ def _bundle_around(
         report = with_built_wheels(host_report, dest)
     else:
         report = resolve(requirements, dest, target.pip_flags(), binary_only=True)
-    skip = {canonicalize_name(name) for name in exclude}
+    resolved = {canonicalize_name(i["metadata"]["name"]) for i in report["install"]}
+    if unknown := sorted({canonicalize_name(name) for name in without} - resolved):
+        raise BundleError(
+            f"--without {' '.join(unknown)}: no package of that name is among what "
+            f"{PACKAGE} needs on the target; name some of: {', '.join(sorted(resolved))}"
+        )
+    skip = {canonicalize_name(name) for name in [*exclude, *without]}
     if not with_torch:
         skip.add("torch")
     if not package_wheel:
@@ -369,21 +381,31 @@ def _bundle_around(
         "with_torch": with_torch,
         "extras": extras,
         "excluded": sorted(exclude),
+        "without": sorted(without),
         "built_from_source_archives": built,
         "files": dict(sorted(files.items())),
         "total_bytes": sum(files.values()),
         "left_out": left_out,
-        "install": install_commands(dest, root, package_wheel, missing_direct),
+        "install": install_commands(dest, root, package_wheel, missing_direct, bool(without)),
         "left_out_requirements": missing_direct,
     }
     atomic_json_dump(manifest, dest / "bundle.json")
     return manifest
 
 
-def install_commands(dest: Path, root: str, package_wheel: bool, missing: list[str]) -> str:
-    """The offline install command(s) for a bundle in ``dest``."""
+def install_commands(
+    dest: Path, root: str, package_wheel: bool, missing: list[str], as_it_is: bool = False
+) -> str:
+    """The offline install command(s) for a bundle in ``dest``.
+
+    ``as_it_is``: every wheel of the bundle without pip's resolver (``--no-deps``), for a
+    bundle that leaves out packages a requirement names (``--without``).
+    """
     links = f"pip install --no-index --find-links {shlex.quote(str(dest))}"
     what = root if package_wheel else "<checkout>"
+    if as_it_is:
+        every_wheel = f"pip install --no-index --no-deps {shlex.quote(str(dest))}/*.whl"
+        return every_wheel if package_wheel else f"{every_wheel} && {links} --no-deps {what}"
     if not missing:
         return f"{links} {what}"
     # A requirement left out (--exclude) that the target lacks would stop pip's resolver:
@@ -403,9 +425,15 @@ def describe(manifest: dict, dest: Path) -> str:
         "largest: " + ", ".join(f"{n} {human(s)} ({100 * s / total:.0f}%)" for n, s in largest),
     ]
     if manifest["left_out"]:
-        why = "--exclude" + ("" if manifest["with_torch"] else "; torch: the target's own")
+        flags = "--exclude, --without" if manifest.get("without") else "--exclude"
+        why = flags + ("" if manifest["with_torch"] else "; torch: the target's own")
         lines.append(
             f"left out, with what only they need ({why}): {', '.join(manifest['left_out'])}"
+        )
+    if manifest.get("without"):
+        lines.append(
+            f"left out though a requirement names them (--without): "
+            f"{', '.join(manifest['without'])}; the bundle installs as it is (--no-deps)"
         )
     if manifest["left_out_requirements"]:
         lines.append(
@@ -444,6 +472,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--extras", nargs="*", default=[], help="extras, e.g. minari report")
     parser.add_argument(
         "--exclude", nargs="*", default=[], help="packages the target already has (e.g. numpy)"
+    )
+    parser.add_argument(
+        "--without",
+        nargs="*",
+        default=[],
+        help="packages a requirement names that the target does without (e.g. mujoco-studio "
+        "pyopengl: MuJoCo's viewer, which simulation never imports); left out with what "
+        "only they need, and the bundle is then installed with pip --no-deps",
     )
     parser.add_argument("--source", type=Path, default=CHECKOUT, help="the checkout to package")
     parser.add_argument(
@@ -484,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = build_bundle(
             args.dest, target, args.torch, args.with_torch, args.extras, args.exclude,
-            args.source, package_wheel=not args.no_package_wheel,
+            args.source, package_wheel=not args.no_package_wheel, without=args.without,
         )  # fmt: skip
     except BundleError as error:
         return refuse(str(error))
