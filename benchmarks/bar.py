@@ -4,6 +4,7 @@
     python benchmarks/bar.py --cbop cbop-m10       # another CBOP row (a --label's variant)
     python benchmarks/bar.py --cbop cbop hopper-medium-replay-gen=cbop-starts  # one set's own row
     python benchmarks/bar.py --measure starts      # one measure
+    python benchmarks/bar.py --every-row           # every CBOP row of each set, one line each
 
 The bar (docs/learning.md, "Against the bar"): on the three D4RL-level sets, three seeds each,
 the baselines trained for CBOP's total gradient steps (BC + FQE + CBOP; benchmarks/learning.py
@@ -18,7 +19,10 @@ one ``rows.json`` names); per-seed checks read the summaries made on that file. 
 command's own condition (it ends above its BC start) is the README's, not checked here.
 
 Prints one table per measure and a verdict; exits 0 whether or not the bar holds (1 when no
-``rows.json`` is found).
+``rows.json`` is found). ``--every-row`` prints instead, per measure, one line for every CBOP
+row on each set's current file (every configuration tried there): its seeds, final and last-10
+mean, its lead over the set's best baseline, the lowest seed's final / best, the highest seed's
+Q - MC and the set's conditions it fails.
 """
 
 from __future__ import annotations
@@ -86,6 +90,18 @@ def final_and_best(summary: dict, measure: str) -> tuple[float, float]:
     return starts["final_normalized_score"], max(score for _, score in starts["curve"])
 
 
+def seed_figures(
+    results: Path, dataset: str, variant: str, file: str, measure: str
+) -> tuple[list[float], list[float | None]]:
+    """Each seed's final / best and Q - MC at the end (None where the summary has none)."""
+    ratios, gaps = [], []
+    for summary in seed_summaries(results, dataset, variant, file):
+        final, best = final_and_best(summary, measure)
+        ratios.append(final / best if best > 0 else float("nan"))
+        gaps.append(summary.get("analysis", {}).get("conservatism", {}).get("overestimation"))
+    return ratios, gaps
+
+
 def check_set(results: Path, dataset: str, cbop: str, measure: str) -> tuple[list[Check], float]:
     """The set's checks and CBOP's lead over its best baseline (-inf when a row is missing)."""
     rows = load_rows(results, dataset)
@@ -113,12 +129,7 @@ def check_set(results: Path, dataset: str, cbop: str, measure: str) -> tuple[lis
             f"{present[best_name]:.1f} (lead {lead:+.1f})",
         )
     )
-    summaries = seed_summaries(results, dataset, cbop, current_file(rows))
-    ratios, gaps = [], []
-    for summary in summaries:
-        final, best = final_and_best(summary, measure)
-        ratios.append(final / best if best > 0 else float("nan"))
-        gaps.append(summary.get("analysis", {}).get("conservatism", {}).get("overestimation"))
+    ratios, gaps = seed_figures(results, dataset, cbop, current_file(rows), measure)
     checks.append(
         Check(
             dataset,
@@ -204,6 +215,44 @@ def render(checks: list[Check], cbop: str | dict[str, str], measure: str) -> str
     return "\n".join([*lines, "", f"The bar {verdict}.", ""])
 
 
+def every_row(results: Path, measure: str) -> str:
+    """One line per CBOP row (a variant named ``cbop...``) on each set's current file."""
+    lines = [
+        f"## Every CBOP row on each set's current file, {measure} measure",
+        "",
+        "| set | row | seeds | final | last 10 | lead over the best baseline "
+        "| final / best, lowest seed | Q - MC, highest seed | conditions it fails |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for dataset in SETS:
+        rows = load_rows(results, dataset)
+        if rows is None:
+            continue
+        file = current_file(rows)
+        names = sorted(
+            {
+                row["variant"]
+                for row in rows["rows"]
+                if row["variant"].startswith("cbop")
+                and row["measure"] == measure
+                and row.get("dataset_sha256") == file
+            }
+        )
+        for name in names:
+            row = find_row(rows, name, measure)
+            checks, lead = check_set(results, dataset, name, measure)
+            ratios, gaps = seed_figures(results, dataset, name, file, measure)
+            known = [gap for gap in gaps if gap is not None]
+            fails = [c.what for c in checks if not c.holds]
+            lines.append(
+                f"| {dataset} | {name} | {', '.join(map(str, row['seeds']))} "
+                f"| {row['final']:.1f} | {row['last10']:.1f} | {_signed(lead)} "
+                f"| {f'{min(ratios):.2f}' if ratios else 'n/a'} "
+                f"| {f'{max(known):+.1f}' if known else 'n/a'} | {'; '.join(fails) or 'none'} |"
+            )
+    return "\n".join([*lines, ""])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -215,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--measure", choices=("reset", "starts", "both"), default="both")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument(
+        "--every-row",
+        action="store_true",
+        help="one line for every CBOP row of each set instead of the bar for one row",
+    )
     args = parser.parse_args(argv)
     try:
         cbop = cbop_rows(args.cbop)
@@ -229,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     measures = ("reset", "starts") if args.measure == "both" else (args.measure,)
     for measure in measures:
-        print(render(check_bar(args.results, cbop, measure), cbop, measure))
+        if args.every_row:
+            print(every_row(args.results, measure))
+        else:
+            print(render(check_bar(args.results, cbop, measure), cbop, measure))
     return 0
 
 

@@ -116,3 +116,28 @@ def test_a_bad_cbop_row_is_a_clear_error(tmp_path, capsys):
             bar.main(["--results", str(tmp_path), *argv])
         assert exit.value.code == 2, argv
         assert "--cbop" in capsys.readouterr().err
+
+
+def test_every_row_gives_one_line_per_cbop_row_with_what_it_fails(tmp_path, capsys):
+    write_set(tmp_path, bar.SETS[0], {"cbop": 30.0, **baselines(24.0)})
+    hopper = tmp_path / bar.SETS[0]
+    rows = json.loads((hopper / "rows.json").read_text())
+    cbop = next(row for row in rows["rows"] if row["variant"] == "cbop")
+    rows["rows"].append({**cbop, "variant": "cbop-m10", "final": 20.0, "seeds": [0]})
+    for row in rows["rows"]:
+        row["last10"] = row["final"] - 1
+    (hopper / "rows.json").write_text(json.dumps(rows))
+    (hopper / "cbop-m10").mkdir()
+    summary = json.loads((hopper / "cbop" / "seed0.json").read_text())
+    summary.update(final_normalized_score=20.0, best_normalized_score=40.0)
+    summary["analysis"]["conservatism"]["overestimation"] = 7.5
+    (hopper / "cbop-m10" / "seed0.json").write_text(json.dumps(summary))
+
+    assert bar.main(["--results", str(tmp_path), "--measure", "reset", "--every-row"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| hopper")]
+    assert lines == [
+        f"| {bar.SETS[0]} | cbop | 0, 1, 2 | 30.0 | 29.0 | +6.0 | 1.00 | -10.0 | none |",
+        f"| {bar.SETS[0]} | cbop-m10 | 0 | 20.0 | 19.0 | -4.0 | 0.50 | +7.5 | cbop-m10: 3 seeds; "
+        "at least every baseline; final >= 0.8 x best, every seed; "
+        "Q - MC < 0 at the end, every seed |",
+    ]

@@ -13,6 +13,7 @@ import torch
 from d4rl_files import write_d4rl_hdf5
 from inprocess import run_program
 
+from cbop_torchrl.evaluation.analysis import analyze_cbop_run
 from cbop_torchrl.registry import get_family
 from cbop_torchrl.trainers.conservatism import rollout_from_observations
 
@@ -44,6 +45,7 @@ def test_diagnostics_are_measured_at_every_evaluation(
         "preset=debug", f"env={dataset}", f"hydra.run.dir={run_dir}", "progress=false",
         "eval.diagnostics=true", "eval.interval=20", "eval.episodes=2", "eval.max_steps=50",
         "eval.mc_states=3", "estimator.rollout_dtype=float32",  # auto's timing: not tested here
+        "seed=1",  # the conservatism's states are the same for every seed (below)
     ]  # fmt: skip
     done = run_program("cbop", argv, {"CBOP_TORCHRL_CACHE": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -72,6 +74,10 @@ def test_diagnostics_are_measured_at_every_evaluation(
         assert record["entropy_part_data"] != 0.0
     # The BC actor is measured before any CBOP step changed it; training then moves it.
     assert history[0]["action_distance"] != history[-1]["action_distance"]
+    # The summary's analysis measures the final checkpoint on the same dataset states as the
+    # diagnostics (whatever the run's seed): its Q - MC is the curve's last point.
+    analysis = analyze_cbop_run(run_dir, mc_states=3)["conservatism"]
+    assert analysis["overestimation"] == pytest.approx(history[-1]["q_minus_mc_data"], abs=1e-4)
 
     capsys.readouterr()
     assert curves([str(run_dir)], monkeypatch) == 0

@@ -53,6 +53,7 @@ from cbop_torchrl.trainers.checkpoint import (
 )
 from cbop_torchrl.trainers.conservatism import (
     MC_STATES,
+    STATES_SEED,
     dataset_conservatism,
     member_q_values,
     rollout_from_observations,
@@ -137,7 +138,7 @@ def value_var_share_histograms(
 
 @torch.no_grad()
 def analyze_baseline_run(
-    run_dir: str | Path, mc_states: int = MC_STATES, seed: int = 0
+    run_dir: str | Path, mc_states: int = MC_STATES, seed: int = STATES_SEED
 ) -> dict | None:
     """Table 2 numbers for a TD3+BC/IQL/CQL run (None for BC, which has no Q-function)."""
     from cbop_torchrl.baselines import AlgoConfig, build_baseline
@@ -168,7 +169,7 @@ def analyze_cbop_run(
     run_dir: str | Path,
     num_states: int = 512,
     mc_states: int = MC_STATES,
-    seed: int = 0,
+    seed: int = STATES_SEED,
 ) -> dict[str, Any]:
     """Fig. 5 / Fig. 8 / Table 2 numbers of one CBOP run (see the module doc).
 

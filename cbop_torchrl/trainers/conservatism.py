@@ -37,6 +37,11 @@ from cbop_torchrl.registry import Task
 MC_STATES = 100
 """Dataset states the policy is rolled out from (the paper's histograms use the whole set)."""
 
+STATES_SEED = 0
+"""Draws those states (:func:`start_states`): the same for every run, whatever its seed, so the
+diagnostics' last ``q_minus_mc_data`` and the summary's ``analysis.conservatism`` are one number,
+and runs of different seeds are compared on the same states."""
+
 EntropyFn = Callable[[torch.Tensor], torch.Tensor]
 """Observations ``[N, O]`` -> a one-sample estimate of the policy's entropy ``[N]``."""
 
@@ -178,6 +183,7 @@ def start_states(data: TensorDictBase, count: int, seed: int) -> torch.Tensor:
 
 __all__ = [
     "MC_STATES",
+    "STATES_SEED",
     "dataset_conservatism",
     "member_q_values",
     "policy_entropy_fn",

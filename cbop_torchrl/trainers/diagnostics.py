@@ -56,6 +56,7 @@ from cbop_torchrl.objectives.pretrain import ensemble_q
 from cbop_torchrl.registry import Task
 from cbop_torchrl.trainers.conservatism import (
     MC_STATES,
+    STATES_SEED,
     dataset_conservatism,
     soft_critic_alpha,
     start_states,
@@ -85,7 +86,8 @@ class LearningDiagnostics(TrainerHookBase):
         num_states: size of the fixed dataset batch.
         episodes: real episodes per measurement.
         max_steps: episode cap.
-        seed: seeds the dataset batch and the environments.
+        seed: seeds the dataset batch and the environments (the conservatism's dataset
+            states are the same for every seed: ``conservatism.STATES_SEED``).
         task: the real environment with its keyword arguments; None skips the
             dataset-state conservatism.
         mc_states: dataset states of that measurement.
@@ -114,7 +116,7 @@ class LearningDiagnostics(TrainerHookBase):
         rows = torch.randperm(data.shape[0], generator=generator)[:num_states]
         self.batch = data[rows.to(data.device)].clone()
         self.task = task
-        self.mc_start = start_states(data, mc_states, seed) if task and mc_states else None
+        self.mc_start = start_states(data, mc_states, STATES_SEED) if task and mc_states else None
         self.history: list[dict[str, float]] = []
         self.trainer: Trainer | None = None
 
