@@ -115,7 +115,11 @@ if ! skipped tests && [ ! -f "$STATE/tests.done" ]; then
         tests/test_device_placement.py tests/test_host_syncs.py >"$OUT/cuda_tests.log" 2>&1
     status=$?
     tail -3 "$OUT/cuda_tests.log" | tee -a "$OUT/gpu_session.log"
-    [ $status -eq 0 ] && touch "$STATE/tests.done" || say "CUDA tests failed (exit $status): cuda_tests.log"
+    if [ $status -eq 0 ]; then
+        touch "$STATE/tests.done" && rm -f "$STATE/tests.failed"
+    else
+        touch "$STATE/tests.failed" && say "CUDA tests failed (exit $status): cuda_tests.log"
+    fi
 fi
 
 # 3. The speed benchmark at the paper's sizes.
@@ -137,6 +141,11 @@ fi
 #    (KILL_GRACE_S + SIGINT).
 if ! skipped slices; then
     for set in $DATASETS; do prepare_data "$set" || exit 2; done
+    if [ -f "$STATE/tests.failed" ] && [[ " $OVERRIDES " == *" cuda_graph=true "* ]]; then
+        # The captured step is unchecked on this machine: the runs still give their curves.
+        OVERRIDES="${OVERRIDES/cuda_graph=true/cuda_graph=false}"
+        say "the CUDA tests failed: the slices run the eager step (cuda_graph=false)"
+    fi
     read -r -a seeds <<<"$SEEDS"
     read -r -a sets <<<"$DATASETS"
     runs=$(( ${#sets[@]} * ${#seeds[@]} ))

@@ -81,6 +81,22 @@ def test_two_seeds_run_side_by_side_and_come_back_in_one_archive(
         assert not list(run.rglob("checkpoint.pt"))
 
 
+def test_after_failed_cuda_tests_the_runs_take_the_eager_step(
+    tmp_path: Path, isolated_cache: Path
+) -> None:
+    """A captured step is refused without CUDA: the run finishes only if the script drops it."""
+    write_d4rl_hdf5(isolated_cache / "generated" / f"{DATASET}.hdf5", episode_lengths=(150,) * 8)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "tests.failed").touch()  # as a failed CUDA test call leaves it
+    done = run_session(
+        tmp_path, isolated_cache, OVERRIDES="estimator.rollout_dtype=float32 cuda_graph=true"
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (tmp_path / "out" / "gpu_session.log").read_text()
+    assert "the CUDA tests failed: the slices run the eager step (cuda_graph=false)" in log
+    assert f"{DATASET} seed 0: [bench] finished" in log, log
+
+
 def test_a_set_without_its_file_stops_with_exit_code_2_and_says_where_to_put_it(
     tmp_path: Path, isolated_cache: Path
 ) -> None:
