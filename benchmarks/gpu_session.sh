@@ -140,14 +140,14 @@ fi
 #    budget and may need up to 90 s past it to stop a stage without a budget check
 #    (KILL_GRACE_S + SIGINT).
 if ! skipped slices; then
-    for set in $DATASETS; do prepare_data "$set" || exit 2; done
+    read -r -a seeds <<<"$SEEDS"
+    read -r -a sets <<<"$DATASETS"
+    for set in "${sets[@]}"; do prepare_data "$set" || exit 2; done
     if [ -f "$STATE/tests.failed" ] && [[ " $OVERRIDES " == *" cuda_graph=true "* ]]; then
         # The captured step is unchecked on this machine: the runs still give their curves.
         OVERRIDES="${OVERRIDES/cuda_graph=true/cuda_graph=false}"
         say "the CUDA tests failed: the slices run the eager step (cuda_graph=false)"
     fi
-    read -r -a seeds <<<"$SEEDS"
-    read -r -a sets <<<"$DATASETS"
     runs=$(( ${#sets[@]} * ${#seeds[@]} ))
     threads=${RUN_THREADS:-$(( $(nproc) / runs > 0 ? $(nproc) / runs : 1 ))}
     mkdir -p "$STATE/logs"

@@ -333,12 +333,13 @@ def _bundle_around(
     else:
         report = resolve(requirements, dest, target.pip_flags(), binary_only=True)
     resolved = {canonicalize_name(i["metadata"]["name"]) for i in report["install"]}
-    if unknown := sorted({canonicalize_name(name) for name in without} - resolved):
+    without_names = {canonicalize_name(name) for name in without}
+    if unknown := sorted(without_names - resolved):
         raise BundleError(
             f"--without {' '.join(unknown)}: no package of that name is among what "
             f"{PACKAGE} needs on the target; name some of: {', '.join(sorted(resolved))}"
         )
-    skip = {canonicalize_name(name) for name in [*exclude, *without]}
+    skip = {canonicalize_name(name) for name in exclude} | without_names
     if not with_torch:
         skip.add("torch")
     if not package_wheel:
