@@ -105,9 +105,12 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "cbop-quantile": ("cbop.py", ["estimator.mode=quantile"]),
     # The paper's Algorithm 2 with the authors' 5 rounds (docs/learning.md, Experiment 4).
     "cbop-fqe-rounds5": ("cbop.py", ["fqe.rounds=5"]),
-    # The top of the paper's psi grid {0.5, 2, 3, 5} (docs/learning.md, Experiments 23-27).
-    "cbop-psi5": ("cbop.py", ["estimator.psi=5"]),
+    # The paper's psi grid {0.5, 2, 3, 5} (appendix, "Hyperparameters"). A set's plain
+    # "cbop" row is the grid's row at that set's default psi (the paper's D4RL table).
+    "cbop-psi0.5": ("cbop.py", ["estimator.psi=0.5"]),
+    "cbop-psi2": ("cbop.py", ["estimator.psi=2"]),
     "cbop-psi3": ("cbop.py", ["estimator.psi=3"]),
+    "cbop-psi5": ("cbop.py", ["estimator.psi=5"]),
     # The paper's critic depth and batch at the CPU preset's other sizes (Experiments 32-33).
     "cbop-c3x256b256": (
         "cbop.py",
