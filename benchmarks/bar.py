@@ -1,6 +1,7 @@
 """The results bar on CPU, checked from the benchmark's committed summaries.
 
-    python benchmarks/bar.py                       # the CPU preset's CBOP, both measures
+    python benchmarks/bar.py                       # each set's offline choice of psi, both measures
+    python benchmarks/bar.py --cbop cbop           # the CPU preset's own row (the D4RL table's psi)
     python benchmarks/bar.py --cbop cbop-m10       # another CBOP row (a --label's variant)
     python benchmarks/bar.py --cbop cbop hopper-medium-replay-gen=cbop-starts  # one set's own row
     python benchmarks/bar.py --measure starts      # one measure
@@ -149,18 +150,33 @@ def check_set(results: Path, dataset: str, cbop: str, measure: str) -> tuple[lis
     return checks, lead
 
 
-def cbop_rows(items: list[str]) -> dict[str, str]:
+SELECTED = "selected"
+"""``--cbop`` for each set's offline choice of psi (``<set>/psi_selection.json``'s row,
+``benchmarks/psi_grid.py --select``); ``cbop`` on a set without a selection."""
+
+
+def selected_row(results: Path, dataset: str) -> str:
+    """The set's row of the psi FQE chose, or ``cbop`` where no choice has been made."""
+    path = results / dataset / "psi_selection.json"
+    return str(json.loads(path.read_text())["variant"]) if path.is_file() else "cbop"
+
+
+def cbop_rows(items: list[str], results: Path | None = None) -> dict[str, str]:
     """Each set's CBOP row from ``--cbop``: ``ROW`` for every set, ``SET=ROW`` for one set.
 
-    Raises ``ValueError`` (the message names what is wrong) for an unknown set or a second
-    ``ROW`` for every set.
+    ``selected`` (:data:`SELECTED`) names each set's offline choice of psi, read from
+    ``results``. Raises ``ValueError`` (the message names what is wrong) for an unknown set
+    or a second ``ROW`` for every set.
     """
     every = [item for item in items if "=" not in item]
     if len(every) > 1:
         raise ValueError(
             f"--cbop names {len(every)} rows for every set ({', '.join(every)}); give one"
         )
-    rows = dict.fromkeys(SETS, every[0] if every else "cbop")
+    rows = dict.fromkeys(SETS, every[0] if every else SELECTED)
+    for dataset, row in rows.items():
+        if row == SELECTED:
+            rows[dataset] = selected_row(results, dataset) if results is not None else "cbop"
     for item in items:
         if "=" in item:
             dataset, row = item.split("=", 1)
@@ -258,9 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cbop",
         nargs="+",
-        default=["cbop"],
+        default=[SELECTED],
         metavar="ROW|SET=ROW",
-        help="the CBOP row (variant) to check on every set, and SET=ROW for a set's own row",
+        help="the CBOP row (variant) to check on every set, and SET=ROW for a set's own row "
+        f"(default {SELECTED}: each set's offline choice of psi, psi_selection.json)",
     )
     parser.add_argument("--measure", choices=("reset", "starts", "both"), default="both")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
@@ -271,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        cbop = cbop_rows(args.cbop)
+        cbop = cbop_rows(args.cbop, args.results)
     except ValueError as error:
         parser.exit(2, f"bar: {error}\n")
     if not any((args.results / dataset / "rows.json").is_file() for dataset in SETS):

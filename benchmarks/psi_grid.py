@@ -1,0 +1,325 @@
+"""The paper's psi grid on the generated sets, and its offline choice by FQE.
+
+    python benchmarks/psi_grid.py                 # the grid's table, from the committed files
+    python benchmarks/psi_grid.py --select        # + FQE of every grid run whose directory is here
+    python benchmarks/psi_grid.py --select --datasets halfcheetah-medium-replay-gen
+
+The paper tunes one setting per task, the LCB coefficient psi, over {0.5, 2, 3, 5}
+(appendix, "Hyperparameters"), and shows that fitted Q evaluation (FQE) of the trained
+policies, on the dataset alone, ranks the candidates like their online scores (appendix C).
+The grid's runs are the benchmark's variants ``cbop-psi<value>`` (``benchmarks/learning.py
+--algos cbop-psi0.5 cbop-psi2 cbop-psi3 cbop-psi5``); a set's plain ``cbop`` row counts as the
+grid's row at the set's default psi (the paper's D4RL table), and so does ``cbop-starts``
+(hopper's rerun of the preset, independent of the runs that chose its sizes). Per psi the row
+is the variant with the most seeds on the set's current file (ties go to ``cbop-psi<value>``,
+then ``cbop-starts``, then ``cbop``).
+
+``--select`` fits FQE to each grid policy whose run directory (the summary's ``run_dir``) is on
+this machine (:func:`cbop_torchrl.evaluation.selection.score_runs`: the run's own FQE settings,
+scored at the dataset's initial states) and writes ``<results>/<set>/psi_selection.json``:
+
+- ``selected_psi`` and ``variant``: the candidate with the highest mean FQE score over its
+  scored seeds (offline: no episode is used);
+- ``candidates``: per psi its variant, its FQE score (mean and per seed) and its online finals
+  on both measures (mean of the last 3 evaluations; reset and start-state measures) over the
+  same seeds and over all its seeds;
+- ``spearman``: Spearman's rho between the FQE order and the online order of the candidates,
+  on each measure (the paper's table reports it on the online score).
+
+Per-seed FQE scores are kept in the file, so seeds scored on another machine (whose run
+directories are gone) still count; a seed is scored again only when its summary changed.
+
+The table (``psi_grid.json`` per set keeps what only a run directory holds: the Q-ensemble's
+spread at the policy's and at the data's actions at the end of training) gives per set and psi
+the finals on both measures, Q - MC at the end, E[h] and the spreads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python benchmarks/psi_grid.py` puts benchmarks/, not the root
+
+from benchmarks.bar import SETS, current_file, load_rows  # noqa: E402
+from cbop_torchrl.utils import atomic_json_dump  # noqa: E402
+
+GRID = (0.5, 2.0, 3.0, 5.0)
+"""The paper's psi grid (appendix, "Hyperparameters")."""
+SELECTION_NAME = "psi_selection.json"
+SELECTION_FORMAT = "cbop-torchrl-psi-selection/1"
+GRID_NAME = "psi_grid.json"
+GRID_FORMAT = "cbop-torchrl-psi-grid/1"
+SPREAD_KEYS = ("diag/q_std_pi", "diag/q_std_data")
+DEFAULT_PSI_ROWS = ("cbop-starts", "cbop")
+"""The CPU preset's own rows, which count at the set's default psi, in order of preference:
+``cbop-starts`` (hopper's rerun with the start-state measure) before ``cbop`` (on hopper, the
+runs that chose the preset's critic sizes)."""
+
+
+def grid_variant(psi: float) -> str:
+    """The benchmark variant of one grid value (``cbop-psi0.5``, ``cbop-psi2``)."""
+    return f"cbop-psi{psi:g}"
+
+
+def summaries_on(results: Path, dataset: str, variant: str, file: str) -> dict[int, dict]:
+    """The variant's summaries made on the file whose sha256 begins with ``file``, by seed."""
+    found = {}
+    for path in sorted((results / dataset / variant).glob("seed*.json")):
+        summary = json.loads(path.read_text())
+        if str(summary.get("dataset_provenance", {}).get("sha256"))[:12] == file:
+            found[int(summary["seed"])] = summary
+    return found
+
+
+def summary_psi(summary: dict) -> float | None:
+    """The psi a CBOP run trained with (its resolved settings)."""
+    psi = summary.get("diagnostics", {}).get("settings", {}).get("psi")
+    return None if psi is None else float(psi)
+
+
+def grid_rows(results: Path, dataset: str) -> dict[float, tuple[str, dict[int, dict]]]:
+    """Per grid psi: the row's variant and its summaries on the set's current file, by seed."""
+    rows = load_rows(results, dataset)
+    if rows is None:
+        return {}
+    file = current_file(rows)
+    grid = {}
+    for psi in GRID:
+        options = []
+        for preference, variant in enumerate((grid_variant(psi), *DEFAULT_PSI_ROWS)):
+            found = summaries_on(results, dataset, variant, file)
+            found = {seed: s for seed, s in found.items() if summary_psi(s) == psi}
+            if found:
+                options.append((len(found), -preference, variant, found))
+        if options:
+            _, _, variant, found = max(options, key=lambda option: option[:2])
+            grid[psi] = (variant, found)
+    return grid
+
+
+def start_final(summary: dict) -> float | None:
+    return summary.get("start_states", {}).get("final_normalized_score")
+
+
+def overestimation(summary: dict) -> float | None:
+    return summary.get("analysis", {}).get("conservatism", {}).get("overestimation")
+
+
+def mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def summary_key(summary: dict) -> str:
+    """What identifies one finished run's outcome (a rerun that changed it gets a new key)."""
+    return f"{summary.get('finished_utc')}|{summary.get('final_normalized_score')}"
+
+
+def read_json(path: Path, form: str) -> dict[str, Any]:
+    if not path.is_file():
+        return {"format": form}
+    return json.loads(path.read_text())
+
+
+def record_spreads(results: Path, dataset: str, grid: dict) -> dict[str, Any]:
+    """``psi_grid.json`` updated with the end-of-run spreads of every run directory here."""
+    from cbop_torchrl.evaluation.summaries import read_scalar_curves
+
+    path = results / dataset / GRID_NAME
+    stored = read_json(path, GRID_FORMAT)
+    runs = stored.setdefault("runs", {})
+    changed = False
+    for variant, found in grid.values():
+        for seed, summary in found.items():
+            run_dir = Path(summary.get("run_dir", ""))
+            entry_key = f"{variant}/seed{seed}"
+            if not (run_dir / "logs").is_dir():
+                continue
+            entry = runs.get(entry_key, {})
+            if entry.get("summary") == summary_key(summary):
+                continue
+            curves = read_scalar_curves(run_dir, "diag/")
+            values = {k: curves[k][-1][1] for k in SPREAD_KEYS if curves.get(k)}
+            if values:
+                runs[entry_key] = {"summary": summary_key(summary), **values}
+                changed = True
+    if changed:
+        atomic_json_dump(stored, path)
+    return stored
+
+
+def grid_table(results: Path, datasets: list[str]) -> str:
+    lines = [
+        "| set | psi | row | seeds | final (reset) | final (start states) | Q - MC at the end "
+        "| E[h] at the end | Q spread, policy / data actions |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for dataset in datasets:
+        grid = grid_rows(results, dataset)
+        stored = record_spreads(results, dataset, grid) if grid else {}
+        for psi, (variant, found) in grid.items():
+            seeds = sorted(found)
+            summaries = [found[seed] for seed in seeds]
+            gaps = [overestimation(s) for s in summaries]
+            horizons = [s.get("diagnostics", {}).get("expected_horizon_end") for s in summaries]
+            spreads = [stored.get("runs", {}).get(f"{variant}/seed{seed}", {}) for seed in seeds]
+            spread_pi = mean([s.get("diag/q_std_pi") for s in spreads])
+            spread_data = mean([s.get("diag/q_std_data") for s in spreads])
+            lines.append(
+                f"| {dataset} | {psi:g} | {variant} | {', '.join(map(str, seeds))} "
+                f"| {_show(mean([s['final_normalized_score'] for s in summaries]))} "
+                f"| {_show(mean([start_final(s) for s in summaries]))} "
+                f"| {', '.join('n/a' if g is None else f'{g:+.0f}' for g in gaps)} "
+                f"| {_show(mean(horizons), 2)} "
+                f"| {_show(spread_pi, 2)} / {_show(spread_data, 2)} |"
+            )
+    return "\n".join(lines)
+
+
+def _show(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] | None:
+    """Scores the grid's policies by FQE, writes and returns ``psi_selection.json``."""
+    import torch
+
+    from cbop_torchrl.evaluation.selection import score_runs, spearman_rho
+
+    if threads:
+        torch.set_num_threads(threads)
+    grid = grid_rows(results, dataset)
+    if len(grid) < 2:
+        print(f"[psi] {dataset}: {len(grid)} grid value(s) with runs; nothing to choose between")
+        return None
+    path = results / dataset / SELECTION_NAME
+    stored = read_json(path, SELECTION_FORMAT)
+    per_seed: dict[str, dict] = stored.get("fqe_per_run", {})
+    for psi, (variant, found) in grid.items():
+        for seed, summary in sorted(found.items()):
+            key = f"{variant}/seed{seed}"
+            if per_seed.get(key, {}).get("summary") == summary_key(summary):
+                continue
+            run_dir = Path(summary.get("run_dir", ""))
+            if not (run_dir / "config.json").is_file():
+                continue
+            print(f"[psi] {dataset} psi {psi:g} ({key}): FQE of {run_dir}", flush=True)
+            (score,) = score_runs([run_dir])
+            per_seed[key] = {
+                "summary": summary_key(summary),
+                "fqe_value": score.fqe_value,
+                "policy_step": score.policy_step,
+            }
+    candidates = []
+    for psi, (variant, found) in grid.items():
+        scored = [s for s in sorted(found) if f"{variant}/seed{s}" in per_seed]
+        if not scored:
+            continue
+        fqe = {s: per_seed[f"{variant}/seed{s}"]["fqe_value"] for s in scored}
+        candidates.append(
+            {
+                "psi": psi,
+                "variant": variant,
+                "fqe_seeds": scored,
+                "fqe_value": sum(fqe.values()) / len(fqe),
+                "fqe_per_seed": {str(s): v for s, v in fqe.items()},
+                "final": mean([found[s]["final_normalized_score"] for s in scored]),
+                "start_final": mean([start_final(found[s]) for s in scored]),
+                "all_seeds": sorted(found),
+                "final_all_seeds": mean([s["final_normalized_score"] for s in found.values()]),
+                "start_final_all_seeds": mean([start_final(s) for s in found.values()]),
+            }
+        )
+    if len(candidates) < 2:
+        print(f"[psi] {dataset}: fewer than 2 grid values have a scored run; nothing chosen")
+        return None
+    candidates.sort(key=lambda c: -c["fqe_value"])
+    fqe_values = [c["fqe_value"] for c in candidates]
+    chosen = candidates[0]
+    selection = {
+        "format": SELECTION_FORMAT,
+        "dataset": dataset,
+        "dataset_sha256": current_file(load_rows(results, dataset)),
+        "statistic": "FQE: mean over the scored seeds of E_{s0 in D}[mean_m Q_m(s0, pi(s0))]; "
+        "online: mean of each run's last 3 evaluations, over the same seeds",
+        "selected_psi": chosen["psi"],
+        "variant": chosen["variant"],
+        "candidates": candidates,
+        "spearman": {
+            "reset": spearman_rho(fqe_values, [c["final"] for c in candidates]),
+            "start_states": _rho_or_none(spearman_rho, fqe_values, candidates, "start_final"),
+        },
+        "online_best_psi": max(candidates, key=lambda c: c["final"])["psi"],
+        "fqe_per_run": per_seed,
+    }
+    atomic_json_dump(selection, path)
+    print(f"[psi] {dataset}: FQE chooses psi {chosen['psi']:g} ({chosen['variant']}); {path}")
+    return selection
+
+
+def _rho_or_none(rho, fqe_values: list[float], candidates: list[dict], key: str) -> float | None:
+    online = [c[key] for c in candidates]
+    return None if any(v is None for v in online) else rho(fqe_values, online)
+
+
+def selection_table(results: Path, datasets: list[str]) -> str:
+    lines = [
+        "| set | psi | row | FQE seeds | FQE score | final (reset) | final (start states) "
+        "| chosen |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    notes = []
+    for dataset in datasets:
+        path = results / dataset / SELECTION_NAME
+        if not path.is_file():
+            continue
+        selection = json.loads(path.read_text())
+        for c in sorted(selection["candidates"], key=lambda c: c["psi"]):
+            lines.append(
+                f"| {dataset} | {c['psi']:g} | {c['variant']} "
+                f"| {', '.join(map(str, c['fqe_seeds']))} | {c['fqe_value']:.1f} "
+                f"| {_show(c['final'])} | {_show(c['start_final'])} "
+                f"| {'**FQE**' if c['psi'] == selection['selected_psi'] else ''}"
+                f"{' online best' if c['psi'] == selection['online_best_psi'] else ''} |"
+            )
+        rho = selection["spearman"]
+        notes.append(
+            f"- {dataset}: FQE chooses psi {selection['selected_psi']:g}; the online best "
+            f"(reset final) is psi {selection['online_best_psi']:g}; Spearman's rho of the two "
+            f"orders {_show(rho['reset'], 2)} (reset), {_show(rho['start_states'], 2)} "
+            "(start states)"
+        )
+    return "\n".join([*lines, "", *notes])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--datasets", nargs="+", default=list(SETS))
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument(
+        "--select",
+        action="store_true",
+        help=f"fit FQE to the grid's runs found here, write <set>/{SELECTION_NAME}",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for FQE")
+    args = parser.parse_args(argv)
+    unknown = [d for d in args.datasets if not (args.results / d).is_dir()]
+    if unknown:
+        parser.exit(2, f"psi_grid: no results for {', '.join(unknown)} under {args.results}\n")
+    if args.select:
+        for dataset in args.datasets:
+            select(args.results, dataset, args.threads)
+    print(grid_table(args.results, args.datasets))
+    print()
+    print(selection_table(args.results, args.datasets))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""benchmarks/psi_grid.py: the psi grid's rows, the offline choice by FQE and its file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bar, psi_grid
+from cbop_torchrl.evaluation import selection
+
+SHA = "c" * 64
+DATASET = bar.SETS[2]
+
+
+def write_summary(
+    results: Path, variant: str, seed: int, psi: float, final: float, sha: str = SHA
+) -> Path:
+    """A CBOP summary with its run directory (config.json only: FQE is replaced in the tests)."""
+    run_dir = results.parent / "runs" / variant / f"seed{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({"env": DATASET, "seed": seed}))
+    summary = {
+        "seed": seed,
+        "variant": variant,
+        "finished_utc": "2026-11-27T20:00:00Z",
+        "dataset_provenance": {"sha256": sha},
+        "final_normalized_score": final,
+        "start_states": {"final_normalized_score": final - 1},
+        "diagnostics": {"settings": {"psi": psi}, "expected_horizon_end": 1.5},
+        "analysis": {"conservatism": {"overestimation": -10.0 * psi}},
+        "run_dir": str(run_dir),
+    }
+    path = results / DATASET / variant / f"seed{seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary))
+    return run_dir
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    results = tmp_path / "results"
+    (results / DATASET).mkdir(parents=True)
+    (results / DATASET / "rows.json").write_text(json.dumps({"sha256": SHA, "rows": []}))
+    for seed in range(3):
+        write_summary(results, "cbop", seed, 0.5, 2.0 + seed)  # the set's default psi
+    write_summary(results, "cbop-psi0.5", 0, 0.5, 9.0)  # fewer seeds than "cbop"
+    write_summary(results, "cbop-psi2", 0, 2.0, 12.0)
+    write_summary(results, "cbop-psi5", 0, 5.0, 8.0)
+    write_summary(results, "cbop-psi3", 0, 3.0, 50.0, sha="d" * 64)  # another file: not a row
+    write_summary(results, "cbop-starts", 0, 3.0, 40.0)  # the preset's row, but not psi 3's
+    return results
+
+
+def test_each_grid_value_takes_its_row_with_the_most_seeds_on_the_current_file(results):
+    grid = psi_grid.grid_rows(results, DATASET)
+    assert {psi: (variant, sorted(found)) for psi, (variant, found) in grid.items()} == {
+        0.5: ("cbop", [0, 1, 2]),
+        2.0: ("cbop-psi2", [0]),
+        3.0: ("cbop-starts", [0]),
+        5.0: ("cbop-psi5", [0]),
+    }
+
+
+def fake_fqe(values: dict[str, float], calls: list[Path]):
+    """score_runs that returns a fixed FQE value per variant and records the runs it scored."""
+
+    def score_runs(run_dirs, **_):
+        (run_dir,) = run_dirs
+        calls.append(Path(run_dir))
+        variant = Path(run_dir).parent.name
+        return [selection.RunScore(run_dir, DATASET, DATASET, 0, {}, values[variant], None, 20)]
+
+    return score_runs
+
+
+def test_select_writes_the_offline_choice_with_both_orders(results, monkeypatch):
+    fqe = {"cbop": 100.0, "cbop-psi2": 150.0, "cbop-psi5": 300.0, "cbop-starts": 50.0}
+    calls: list[Path] = []
+    monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, calls))
+    chosen = psi_grid.select(results, DATASET, threads=None)
+    stored = json.loads((results / DATASET / psi_grid.SELECTION_NAME).read_text())
+    assert chosen == stored
+    assert (stored["selected_psi"], stored["variant"]) == (5.0, "cbop-psi5")
+    assert stored["online_best_psi"] == 3.0  # FQE's choice disagrees: it is kept, not overridden
+    by_psi = {c["psi"]: c for c in stored["candidates"]}
+    assert by_psi[0.5]["fqe_seeds"] == [0, 1, 2] and by_psi[0.5]["final"] == pytest.approx(3.0)
+    assert by_psi[2.0]["start_final"] == pytest.approx(11.0)
+    # FQE order 5, 2, 0.5, 3 against the online order 3, 2, 5, 0.5
+    expected = selection.spearman_rho([300.0, 150.0, 100.0, 50.0], [8.0, 12.0, 3.0, 40.0])
+    assert stored["spearman"]["reset"] == pytest.approx(expected)
+    assert len(calls) == 6  # three seeds of psi 0.5 and one run of each other value
+
+    # A second call scores nothing again, even with the run directories gone.
+    for run_dir in calls:
+        (run_dir / "config.json").unlink()
+    calls.clear()
+    assert psi_grid.select(results, DATASET, threads=None) == stored
+    assert calls == []
+
+
+def test_the_bar_checks_each_sets_offline_choice_by_default(results, monkeypatch):
+    fqe = {"cbop": 100.0, "cbop-psi2": 150.0, "cbop-psi5": 300.0, "cbop-starts": 50.0}
+    monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, []))
+    psi_grid.select(results, DATASET, threads=None)
+    rows = bar.cbop_rows([bar.SELECTED], results)
+    assert rows == {bar.SETS[0]: "cbop", bar.SETS[1]: "cbop", DATASET: "cbop-psi5"}
+    assert bar.cbop_rows(["cbop"], results)[DATASET] == "cbop"
+
+
+def test_the_table_gives_every_grid_value_and_the_selection(results, monkeypatch, capsys):
+    fqe = {"cbop": 100.0, "cbop-psi2": 150.0, "cbop-psi5": 300.0, "cbop-starts": 50.0}
+    monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, []))
+    assert psi_grid.main(["--results", str(results), "--datasets", DATASET, "--select"]) == 0
+    out = capsys.readouterr().out
+    assert f"| {DATASET} | 5 | cbop-psi5 | 0 | 8.0 | 7.0 | -50 | 1.50 | n/a / n/a |" in out
+    assert f"| {DATASET} | 5 | cbop-psi5 | 0 | 300.0 | 8.0 | 7.0 | **FQE** |" in out
+    assert "FQE chooses psi 5; the online best (reset final) is psi 3" in out
+
+
+def test_an_unknown_set_is_a_clear_error(results, capsys):
+    with pytest.raises(SystemExit) as exit:
+        psi_grid.main(["--results", str(results), "--datasets", "nope-gen"])
+    assert exit.value.code == 2
+    assert "no results for nope-gen" in capsys.readouterr().err
