@@ -99,6 +99,25 @@ def test_the_step_function_equals_the_eager_update_bit_for_bit() -> None:
     assert step.health.read() == (0, -1, [])
 
 
+@pytest.mark.parametrize(("bc_weight", "critic_penalty"), [(0.0, 0.0), (1.0, 1.0)])
+def test_a_step_reads_its_batch_and_never_replaces_it(
+    bc_weight: float, critic_penalty: float
+) -> None:
+    """The batch a step is given keeps its keys and holds the same tensors with the same
+    values: a captured step's static input is copied into at every call, and a tensor
+    the step put there (the actor's loc/scale views, SACLoss's td_error) broke that copy."""
+    loss = _loss()
+    loss.bc_weight, loss.critic_penalty = bc_weight, critic_penalty
+    step = GradientStep(loss, _adam(loss), SoftUpdate(loss, tau=0.05))
+    for batch in _batches(2):
+        before = {key: (value, value.clone()) for key, value in batch.items(True, True)}
+        step(batch)
+        assert set(batch.keys(True, True)) == set(before)
+        for key, (tensor, values) in before.items():
+            assert batch.get(key) is tensor, key
+            assert torch.equal(tensor, values), key
+
+
 class _HostDataAudit(TorchDispatchMode):
     """Counts tensors made from host data (``torch.tensor(x)``) and reads of device values.
 

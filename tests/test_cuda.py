@@ -397,8 +397,22 @@ def test_a_captured_run_resumed_across_its_capture_equals_an_uninterrupted_one(
     train(tmp_path / "parts", 1)
     parts = train(tmp_path / "parts", 2)
     assert parts["resumed_from_step"] == 20 and parts["gradient_steps"] == whole["gradient_steps"]
-    one = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")["trainer"]["loss_module"]
-    two = load_checkpoint(tmp_path / "parts" / "checkpoint.pt")["trainer"]["loss_module"]
+    whole_state = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")["trainer"]
+    parts_state = load_checkpoint(tmp_path / "parts" / "checkpoint.pt")["trainer"]
+    # The restored state is the same: optimizer step counts (and hence Adam's bias
+    # corrections) exactly. The parameters only to a tolerance, by design: the resumed run
+    # makes steps 20-22 eagerly (its warm-up) where the whole run replays its graph, and
+    # an eager step equals a replay to float rounding only (different kernels, see the
+    # captured == eager test). Adam turns a rounding-level change of a near-zero gradient
+    # into up to 2 lr per step (lr 3e-4), which after 17 more steps is measured 4.4e-4 on
+    # 1 of 1,344 elements on an H200: hence atol 4 lr.
+    for group_one, group_two in zip(
+        whole_state["optimizer"]["state"].values(),
+        parts_state["optimizer"]["state"].values(),
+        strict=True,
+    ):
+        assert float(group_one["step"]) == float(group_two["step"])
+    one, two = whole_state["loss_module"], parts_state["loss_module"]
     for key, value in one.items():
         if isinstance(value, torch.Tensor) and value.is_floating_point():
-            torch.testing.assert_close(two[key], value, rtol=1e-3, atol=1e-4)
+            torch.testing.assert_close(two[key], value, rtol=1e-3, atol=1.2e-3)

@@ -44,6 +44,10 @@ detached), ``bc_nll`` (with ``bc_weight > 0``: the BC term above, detached),
 diagnostics: ``weights`` ``(H+1,)``, ``expected_horizon``, ``posterior_std``,
 ``value_var_share`` ``(H+1,)``, ``valid_fraction`` ``(H+1,)``, ``target_mean``).
 Only ``loss_*`` keys are losses: summing them gives the full objective.
+
+The loss reads its batch and never writes into it (SACLoss's ``td_error``
+priority and the actor's ``loc``/``scale`` go to private copies), so a batch
+can be the static input of a captured step (:class:`~cbop_torchrl.trainers.update.CapturedStep`).
 """
 
 from __future__ import annotations
@@ -272,7 +276,9 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             set_exploration_type(ExplorationType.RANDOM),
             self.actor_network_params.to_module(self.actor_network),
         ):
-            dist = self.actor_network.get_dist(tensordict)
+            # On a selection: the actor writes its loc/scale into what it is given.
+            obs = tensordict.select(*self.actor_network.in_keys, strict=False)
+            dist = self.actor_network.get_dist(obs)
             action, log_prob = rsample_and_log_prob(dist)
             if self.bc_weight > 0:
                 self._extras["bc_nll"] = self._nll(dist, tensordict)
@@ -312,7 +318,9 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         """SACLoss's losses with the EDAC term and the CBOP diagnostics (module doc)."""
         self._extras.clear()
         try:
-            td_out = super().forward(tensordict)
+            # SACLoss writes its td_error into the batch: a shallow copy keeps the caller's
+            # batch (a CUDA graph's static input) as it was given.
+            td_out = super().forward(tensordict.copy())
             extras = dict(self._extras)
         finally:
             self._extras.clear()  # holds graph tensors: not kept past the call

@@ -170,7 +170,9 @@ class CapturedStep:
     The first ``warmup_steps`` calls run ``step`` eagerly (they are real steps);
     the next records it with the batch copied into a static input and replays it
     (that replay is the step); later calls copy their batch into the static input
-    and replay. The outputs are the graph's static tensors.
+    and replay. The outputs are the graph's static tensors. The step only reads the
+    static input (it gets a shallow copy of it), so the input holds the same tensors
+    from one replay to the next.
     """
 
     def __init__(
@@ -206,7 +208,9 @@ class CapturedStep:
         self.static_batch = batch.clone()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            self.static_out = self.step(self.static_batch)
+            # A shallow copy: whatever a step writes into its batch stays out of the
+            # static input, which every later call copies its batch into.
+            self.static_out = self.step(self.static_batch.copy())
         self.graph = graph
 
     def __call__(self, batch: TensorDictBase) -> TensorDictBase:
