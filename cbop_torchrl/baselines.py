@@ -23,7 +23,7 @@ CBOP run and resumes the same way. ``results.json`` additionally names the
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
@@ -37,7 +37,7 @@ from torchrl.modules import MLP, ValueOperator
 from torchrl.objectives import CQLLoss, IQLLoss, LossModule, SoftUpdate, TD3BCLoss
 from torchrl.trainers import OptimizationStepper, Trainer
 
-from cbop_torchrl.config import RunConfig
+from cbop_torchrl.config import RunConfig, range_problems
 from cbop_torchrl.data import DatasetInfo, make_replay_buffer
 from cbop_torchrl.data.transitions import warn_about_action_range
 from cbop_torchrl.envs import make_eval_env
@@ -177,42 +177,12 @@ class AlgoConfig:
                 f"algo={config.name!r} is not a baseline; choose one of {', '.join(ALGOS)} "
                 "(CBOP and its ablations run through cbop-train, scripts/cbop.py in a checkout)"
             )
-        problems = [
-            f"algo.{name}={getattr(config, name)!r} must be {what}"
-            for name, what, holds in _ALGO_RANGES
-            if not _number_holds(getattr(config, name), holds)
-        ]
+        problems = range_problems({"algo": asdict(config)})  # the one table of ranges
         if problems:
             raise BaselineConfigError(
                 "; ".join(problems) + f" (every algo setting: configs/algo/{config.name}.yaml)"
             )
         return config
-
-
-def _number_holds(value: Any, holds: Callable[[float], bool]) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return math.isfinite(value) and holds(value)
-
-
-_ALGO_RANGES: tuple[tuple[str, str, Callable[[float], bool]], ...] = (
-    ("num_qvalue_nets", "an integer >= 1, e.g. algo.num_qvalue_nets=2", lambda v: v >= 1),
-    ("policy_delay", "an integer >= 1, e.g. algo.policy_delay=2", lambda v: v >= 1),
-    ("alpha", "a number >= 0 (TD3+BC's weight of Q against BC, e.g. algo.alpha=2.5)",
-     lambda v: v >= 0),
-    ("policy_noise", "a number >= 0, e.g. algo.policy_noise=0.2", lambda v: v >= 0),
-    ("noise_clip", "a number >= 0, e.g. algo.noise_clip=0.5", lambda v: v >= 0),
-    ("temperature", "a number >= 0 (IQL's advantage temperature beta: 0 is plain BC, larger "
-     "values follow the advantage more; e.g. algo.temperature=3.0)", lambda v: v >= 0),
-    ("expectile", "in (0, 1), e.g. algo.expectile=0.7", lambda v: 0 < v < 1),
-    ("value_lr", "a positive number, e.g. algo.value_lr=0.0003", lambda v: v > 0),
-    ("min_q_weight", "a number >= 0, e.g. algo.min_q_weight=5.0", lambda v: v >= 0),
-    ("num_random", "an integer >= 1 (CQL's random actions per state, e.g. algo.num_random=10)",
-     lambda v: v >= 1),
-    ("cql_temperature", "a positive number, e.g. algo.cql_temperature=1.0", lambda v: v > 0),
-    ("lagrange_thresh", "a finite number, e.g. algo.lagrange_thresh=10.0", lambda v: True),
-)  # fmt: skip
-"""Each ``algo`` number's allowed range: (name, what it must be, the check)."""
 
 
 @dataclass

@@ -59,6 +59,7 @@ from cbop_torchrl.config import (
     capped_threads,
     not_a_number_or_empty,
     paper_settings,
+    range_problems,
     run_name,
 )
 from cbop_torchrl.data.collect_sac import SACConfig
@@ -689,6 +690,10 @@ def hydra_entry(
                     run_dir,
                 )
             if check_values and (problems := not_a_number_or_empty(config_values(cfg))):
+                refuse("; ".join(problems), run_dir)
+            # every numeric setting against its range (config.SETTING_RANGES), before any work
+            # (cbop-train and cbop-baseline: load_config, with every other problem at once)
+            if check_values and (problems := range_problems(config_values(cfg))):
                 refuse("; ".join(problems), run_dir)
             if uses_cache:
                 check_cache_writable(run_dir)

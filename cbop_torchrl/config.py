@@ -578,9 +578,10 @@ def load_config(
         if f.name in values and f.name not in sections and f.name != "dynamics"
     }
     config = RunConfig(dynamics=dynamics, **top, **sections)
+    problems += range_problems({"dynamics": dynamics_values})  # as given, before placeholders
     problems += validate(config)
     if problems:
-        raise ConfigError(_format(problems))
+        raise ConfigError(_format(list(dict.fromkeys(problems))))
     return config, filled
 
 
@@ -617,65 +618,15 @@ def _finite_non_negative(value: Any) -> bool:
 
 
 def validate(config: RunConfig) -> list[str]:
-    """Semantic checks of a filled config; returns the problems (empty when valid)."""
-    problems = []
-    table_fed = {*PAPER_SHARED, "agent.num_qvalue_nets", "estimator.psi"}
+    """Semantic checks of a filled config; returns the problems (empty when valid).
 
-    def positive(name: str, value: Any) -> None:
-        if value is None and name in table_fed:
-            return  # unfilled only when the dataset is missing, which is reported already
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not 0 < value < math.inf
-        ):
-            problems.append(f"{name}={value!r} must be a positive number")
-
-    for name in (
-        "train.epochs",
-        "train.steps_per_epoch",
-        "train.batch_size",
-        "train.checkpoint_interval",
-        "train.log_interval",
-        "bc.steps",
-        "bc.batch_size",
-        "bc.lr",
-        "bc.checkpoint_interval",
-        "fqe.steps",
-        "fqe.batch_size",
-        "fqe.lr",
-        "fqe.checkpoint_interval",
-        "fqe.target_tau",
-        "fqe.max_epochs",
-        "fqe.patience",
-        "fqe.holdout",
-        "agent.num_qvalue_nets",
-        "agent.actor_lr",
-        "agent.alpha_lr",
-        "agent.alpha_init",
-        "eval.episodes",
-        "eval.max_steps",
-    ):
-        positive(name, _get(config, name))
+    Each setting's own range comes from the one table, :data:`SETTING_RANGES`
+    (:func:`range_problems`); what is checked here besides is how settings fit together
+    and the choices.
+    """
+    problems = range_problems(config.to_dict())
     problems += not_a_number_or_empty(config.to_dict())
     estimator = config.estimator
-    if not 0.0 < estimator.lmbda < 1.0 or not 0.0 < estimator.quantile < 1.0:
-        problems.append(
-            f"estimator.lmbda={estimator.lmbda!r} and estimator.quantile="
-            f"{estimator.quantile!r} must be in (0, 1)"
-        )
-    if not all(isinstance(size, int) and size >= 1 for size in config.agent.hidden_sizes):
-        problems.append(
-            f"agent.hidden_sizes={list(config.agent.hidden_sizes)!r} must list layer widths >= 1"
-        )
-    critic_sizes = config.agent.critic_hidden_sizes
-    if critic_sizes is not None and not all(
-        isinstance(size, int) and size >= 1 for size in critic_sizes
-    ):
-        problems.append(
-            f"agent.critic_hidden_sizes={list(critic_sizes)!r} must be null (agent.hidden_sizes) "
-            "or list layer widths >= 1, e.g. agent.critic_hidden_sizes=[128,128]"
-        )
     if config.agent.q_init not in Q_INITS:
         problems.append(f"agent.q_init={config.agent.q_init!r} must be one of {Q_INITS}")
     if config.fqe.converge and config.fqe.rounds is None:
@@ -683,98 +634,14 @@ def validate(config: RunConfig) -> list[str]:
             "fqe.converge=true fits each FQE round to convergence and needs a number of rounds: "
             "add fqe.rounds=5 (the authors' README), or set fqe.converge=false"
         )
-    if not 0 < config.fqe.improvement < 1:
-        problems.append(
-            f"fqe.improvement={config.fqe.improvement!r} must be in (0, 1) (the relative "
-            "held-out improvement that counts, e.g. 0.01)"
-        )
-    qvalue_nets = config.agent.num_qvalue_nets
-    if isinstance(qvalue_nets, int) and not isinstance(qvalue_nets, bool) and qvalue_nets == 1:
-        problems.append(
-            "agent.num_qvalue_nets=1: CBOP's Q-ensemble needs at least 2 members (its target "
-            "uses their spread); e.g. agent.num_qvalue_nets=10, or null for the paper's value"
-        )
-    if estimator.psi is not None and not 0 <= estimator.psi < math.inf:
-        problems.append(
-            f"estimator.psi={estimator.psi} must be >= 0 and finite (0 gives the posterior "
-            "mean, larger values a more conservative lower confidence bound; e.g. "
-            "estimator.psi=2.0)"
-        )
-    horizon = estimator.horizon
-    if horizon is not None and (
-        isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 0
-    ):
-        problems.append(
-            f"estimator.horizon={estimator.horizon!r} must be an integer >= 0 (the rollout "
-            "length H; 0 gives the model-free target)"
-        )
     if estimator.mode not in ESTIMATOR_MODES:
         problems.append(f"estimator.mode={estimator.mode!r} must be one of {ESTIMATOR_MODES}")
     if estimator.sampling not in ("shared", "independent"):
         problems.append(
             f"estimator.sampling={estimator.sampling!r} must be one of ('shared', 'independent')"
         )
-    average = config.eval.actor_average
-    if isinstance(average, bool) or not isinstance(average, (int, float)) or not 0 <= average < 1:
-        problems.append(
-            f"eval.actor_average={average!r} must be a number in [0, 1) (0: off; e.g. "
-            "eval.actor_average=0.999 averages over about the last 1,000 gradient steps)"
-        )
-    mc_states = config.eval.mc_states
-    if isinstance(mc_states, bool) or not isinstance(mc_states, int) or mc_states < 0:
-        problems.append(
-            f"eval.mc_states={mc_states!r} must be an integer >= 0 (dataset states the policy is "
-            "rolled out from to measure Q - MC; e.g. eval.mc_states=100, 0: not measured)"
-        )
-    start_states = config.eval.start_states
-    if isinstance(start_states, bool) or not isinstance(start_states, int) or start_states < 0:
-        problems.append(
-            f"eval.start_states={start_states!r} must be an integer >= 0 (dataset states the "
-            "policy is also evaluated from at every evaluation; e.g. eval.start_states=100, 0: off)"
-        )
-    bc_weight = config.agent.bc_weight
-    if isinstance(bc_weight, bool) or not isinstance(bc_weight, (int, float)) or not bc_weight >= 0:
-        problems.append(
-            f"agent.bc_weight={bc_weight!r} must be a number >= 0 (0: the paper's actor; "
-            "e.g. agent.bc_weight=2.5)"
-        )
-    critic_lr = config.agent.critic_lr
-    if critic_lr is not None and not _finite_non_negative(critic_lr):
-        problems.append(
-            f"agent.critic_lr={critic_lr!r} must be a finite number >= 0 (null: the paper's "
-            "3e-4; 0 freezes the critics at their FQE values, a control run)"
-        )
-    critic_penalty = config.agent.critic_penalty
-    if not _finite_non_negative(critic_penalty):
-        problems.append(
-            f"agent.critic_penalty={critic_penalty!r} must be a finite number >= 0 (0: the "
-            "paper's critic; e.g. agent.critic_penalty=0.5)"
-        )
-    critic_prior_scale = config.agent.critic_prior_scale
-    if not _finite_non_negative(critic_prior_scale):
-        problems.append(
-            f"agent.critic_prior_scale={critic_prior_scale!r} must be a finite number >= 0 (0: "
-            "the paper's critics, no prior networks; e.g. agent.critic_prior_scale=1.0)"
-        )
-    if not isinstance(config.agent.critic_layer_norm, bool):
-        problems.append(
-            f"agent.critic_layer_norm={config.agent.critic_layer_norm!r} must be true or false "
-            "(false: the paper's plain MLP critics)"
-        )
-    eta = config.agent.eta
-    if not _finite_non_negative(eta):
-        problems.append(
-            f"agent.eta={eta!r} must be a number >= 0 (EDAC's gradient-diversity weight; the "
-            "paper's is agent.eta=1.0, 0 turns it off)"
-        )
-    if not isinstance(config.fqe.eta, (int, float)) or not config.fqe.eta >= 0:
-        problems.append(f"fqe.eta={config.fqe.eta!r} must be a number >= 0 (0: the paper's FQE)")
     rounds = config.fqe.rounds
-    if rounds is not None and (
-        isinstance(rounds, bool)
-        or not isinstance(rounds, int)
-        or not 1 <= rounds <= config.fqe.steps
-    ):
+    if isinstance(rounds, int) and isinstance(config.fqe.steps, int) and rounds > config.fqe.steps:
         problems.append(
             f"fqe.rounds={rounds!r} must be null (soft target updates) or an integer from 1 to "
             f"fqe.steps={config.fqe.steps}"
@@ -790,8 +657,6 @@ def validate(config: RunConfig) -> list[str]:
             f"rollout) is larger than the trained ensemble dynamics.num_members="
             f"{dynamics.num_members}; use K <= the number of trained members"
         )
-    if config.eval.interval < 0:
-        problems.append(f"eval.interval={config.eval.interval} must be >= 0 (0: only at the end)")
     if config.eval.backend not in EVAL_BACKENDS:
         problems.append(f"eval.backend={config.eval.backend!r} must be one of {EVAL_BACKENDS}")
     if config.logger.backend not in LOGGER_BACKENDS:
@@ -822,8 +687,6 @@ def validate(config: RunConfig) -> list[str]:
             "(torch.cuda.is_available() is False); use device=auto (CUDA when present, else "
             "the CPU) or device=cpu"
         )
-    if config.threads is not None and (isinstance(config.threads, bool) or config.threads < 1):
-        problems.append(f"threads={config.threads!r} must be null (torch's default) or >= 1")
     on_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
     if config.cuda_graph and on_cpu:
         problems.append(
@@ -836,8 +699,6 @@ def validate(config: RunConfig) -> list[str]:
             "cuda_graph=true and compile=true both ask for CUDA graphs, which cannot nest; use "
             "cuda_graph=true compile=false (the whole step) or cuda_graph=false compile=true"
         )
-    if not 0.0 < config.agent.gamma <= 1.0 or not 0.0 < config.agent.tau <= 1.0:
-        problems.append("agent.gamma and agent.tau must be in (0, 1]")
     return problems
 
 
@@ -899,6 +760,247 @@ def not_a_number_or_empty(values: Mapping[str, Any], prefix: str = "") -> list[s
                 f"({SEED_RANGE[1]}), e.g. {name}=0"
             )
     return problems
+
+
+# ------------------------------------------------------------------------- ranges, one table
+
+
+@dataclass(frozen=True)
+class Range:
+    """The allowed values of one numeric setting, wherever a program has it.
+
+    ``key``: the dotted key as the programs' configs spell it (``dynamics.lr``,
+    ``compression_level``, ``algo.expectile``); ``low``/``high``: the bounds (None: none),
+    open when ``low_open``/``high_open``; ``integer``: whole numbers only; ``items``: the
+    value is a list whose every item holds the bounds and which has at least ``min_items``
+    items; ``reason``: why (the message adds it with an example).
+    """
+
+    key: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    reason: str = ""
+    items: bool = False
+    min_items: int = 1
+
+    def describe(self) -> str:
+        """``an integer >= 1``, ``a number in (0, 1]``, ``a positive number``, ..."""
+        kind = "an integer" if self.integer else "a number"
+        if self.low is not None and self.high is not None:
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            text = f"{kind} in {left}{self.low:g}, {self.high:g}{right}"
+        elif self.low is not None:
+            if self.low == 0 and self.low_open and not self.integer:
+                text = "a positive number"
+            else:
+                text = f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
+        elif self.high is not None:
+            text = f"{kind} {'<' if self.high_open else '<='} {self.high:g}"
+        else:
+            text = f"a finite {kind.split()[1]}"
+        if self.items:
+            plural = "s" * (self.min_items != 1)
+            text = f"a list of at least {self.min_items} item{plural}, each {text}"
+        return text
+
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` is allowed (None is left to the schema: nullable keys)."""
+        if self.items:
+            return (
+                isinstance(value, (list, tuple))
+                and len(value) >= self.min_items
+                and all(self._number_holds(item) for item in value)
+            )
+        return self._number_holds(value)
+
+    def _number_holds(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if not math.isfinite(value) or (self.integer and value != int(value)):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+
+def _positive(key: str, reason: str = "", integer: bool = False) -> Range:
+    if integer:
+        return Range(key, 1, integer=True, reason=reason)
+    return Range(key, 0, low_open=True, reason=reason)
+
+
+def _non_negative(key: str, reason: str = "", integer: bool = False) -> Range:
+    return Range(key, 0, integer=integer, reason=reason)
+
+
+def _fraction(key: str, reason: str = "", high_open: bool = True) -> Range:
+    return Range(key, 0, 1, low_open=True, high_open=high_open, reason=reason)
+
+
+_LR = "a learning rate; 0 would train nothing, e.g. {key}=0.0003"
+_SIZE = "a count of steps, rows or networks, e.g. {key}={example}"
+
+SETTING_RANGES: tuple[Range, ...] = (
+    # every program
+    _positive("threads", "torch CPU threads, or null for torch's default", integer=True),
+    # cbop-train and cbop-baseline: the run config
+    *(_positive(f"train.{k}", _SIZE, integer=True)
+      for k in ("epochs", "steps_per_epoch", "batch_size", "checkpoint_interval", "log_interval")),
+    *(_positive(f"{s}.{k}", _SIZE, integer=True)
+      for s in ("bc", "fqe") for k in ("steps", "batch_size", "checkpoint_interval")),
+    _positive("bc.lr", _LR),
+    _positive("fqe.lr", _LR),
+    _fraction("fqe.target_tau", "the target ensemble's Polyak rate: each soft update moves it "
+              "this fraction towards the online ensemble; above 1 it overshoots, e.g. "
+              "fqe.target_tau=0.005", high_open=False),
+    _positive("fqe.rounds", "rounds of hard-target FQE, or null for soft updates", integer=True),
+    _non_negative("fqe.eta", "EDAC's gradient-diversity weight during FQE; 0: the paper's FQE"),
+    *(_positive(f"fqe.{k}", _SIZE, integer=True) for k in ("max_epochs", "patience", "holdout")),
+    _fraction("fqe.improvement", "the relative held-out improvement that counts, e.g. "
+              "fqe.improvement=0.01"),
+    Range("agent.num_qvalue_nets", 2, integer=True, reason="CBOP's Q-ensemble needs at least 2 "
+          "members (its target uses their spread); e.g. agent.num_qvalue_nets=10, or null for "
+          "the paper's value"),
+    Range("agent.hidden_sizes", 1, integer=True, items=True,
+          reason="the actor's hidden layer widths, e.g. agent.hidden_sizes=[256,256]"),
+    Range("agent.critic_hidden_sizes", 1, integer=True, items=True,
+          reason="the Q-networks' widths, or null for agent.hidden_sizes, e.g. "
+          "agent.critic_hidden_sizes=[128,128]"),
+    _fraction("agent.gamma", "the discount, e.g. agent.gamma=0.99", high_open=False),
+    _fraction("agent.tau", "the critics' Polyak rate, e.g. agent.tau=0.005", high_open=False),
+    _positive("agent.actor_lr", _LR),
+    _non_negative("agent.critic_lr", "null: the paper's 3e-4; 0 freezes the critics at their "
+                  "FQE values, a control run"),
+    _positive("agent.alpha_lr", _LR),
+    _positive("agent.alpha_init", "SAC's initial entropy temperature, e.g. agent.alpha_init=1.0"),
+    _non_negative("agent.eta", "EDAC's gradient-diversity weight; the paper's is agent.eta=1.0, "
+                  "0 turns it off"),
+    _non_negative("agent.bc_weight", "0: the paper's actor; e.g. agent.bc_weight=2.5"),
+    _non_negative("agent.critic_penalty", "0: the paper's critic; e.g. agent.critic_penalty=0.5"),
+    _non_negative("agent.critic_prior_scale", "0: the paper's critics, no prior networks; e.g. "
+                  "agent.critic_prior_scale=1.0"),
+    _non_negative("estimator.psi", "0 gives the posterior mean, larger values a more "
+                  "conservative lower confidence bound; e.g. estimator.psi=2.0"),
+    _non_negative("estimator.horizon", "the rollout length H; 0 gives the model-free target",
+                  integer=True),
+    _fraction("estimator.lmbda", "the lambda of fixed_weighting=lambda, e.g. estimator.lmbda=0.9"),
+    _fraction("estimator.quantile", "the quantile of mode=quantile, e.g. "
+              "estimator.quantile=0.3085"),
+    _positive("eval.episodes", "episodes run side by side, e.g. eval.episodes=10", integer=True),
+    _non_negative("eval.interval", "gradient steps between evaluations; 0: only at the end",
+                  integer=True),
+    _positive("eval.max_steps", "the episode cap, e.g. eval.max_steps=1000", integer=True),
+    _non_negative("eval.mc_states", "dataset states of the Q - MC measurement; 0: none",
+                  integer=True),
+    _non_negative("eval.start_states", "dataset states also evaluated from; 0: off",
+                  integer=True),
+    Range("eval.actor_average", 0, 1, high_open=True, reason="0: off; e.g. "
+          "eval.actor_average=0.999 averages over about the last 1,000 gradient steps"),
+    # the dynamics ensemble (cbop-train, cbop-baseline's pipeline, cbop-train-dynamics)
+    *(_positive(f"dynamics.{k}", _SIZE, integer=True)
+      for k in ("num_members", "num_elites", "hidden_size", "num_layers", "batch_size",
+                "max_holdout", "patience", "max_epochs")),
+    _positive("dynamics.lr", _LR.replace("0.0003", "0.001")),
+    Range("dynamics.weight_decay", 0, items=True, reason="each layer's L2 weight decay, one "
+          "per hidden layer plus the output layer, e.g. "
+          "dynamics.weight_decay=[2.5e-5,5e-5,7.5e-5,7.5e-5,1e-4]"),
+    _fraction("dynamics.holdout_ratio", "the share of rows held out, e.g. "
+              "dynamics.holdout_ratio=0.2"),
+    Range("dynamics.improvement_threshold", 0, 1, high_open=True, reason="the relative "
+          "held-out improvement that counts, e.g. dynamics.improvement_threshold=0.01"),
+    _non_negative("dynamics.logvar_bound_coef", "the weight of the log-variance bounds' "
+                  "penalty, e.g. dynamics.logvar_bound_coef=0.01"),
+    # cbop-baseline's algo section
+    _positive("algo.num_qvalue_nets", "e.g. algo.num_qvalue_nets=2", integer=True),
+    _positive("algo.policy_delay", "e.g. algo.policy_delay=2", integer=True),
+    _non_negative("algo.alpha", "TD3+BC's weight of Q against BC, e.g. algo.alpha=2.5"),
+    _non_negative("algo.policy_noise", "e.g. algo.policy_noise=0.2"),
+    _non_negative("algo.noise_clip", "e.g. algo.noise_clip=0.5"),
+    _non_negative("algo.temperature", "IQL's advantage temperature beta: 0 is plain BC, larger "
+                  "values follow the advantage more; e.g. algo.temperature=3.0"),
+    _fraction("algo.expectile", "e.g. algo.expectile=0.7"),
+    _positive("algo.value_lr", "e.g. algo.value_lr=0.0003"),
+    _non_negative("algo.min_q_weight", "e.g. algo.min_q_weight=5.0"),
+    _positive("algo.num_random", "CQL's random actions per state, e.g. algo.num_random=10",
+              integer=True),
+    _positive("algo.cql_temperature", "e.g. algo.cql_temperature=1.0"),
+    Range("algo.lagrange_thresh", reason="e.g. algo.lagrange_thresh=10.0"),
+    # cbop-evaluate
+    _positive("episodes", "episodes run side by side, e.g. episodes=10", integer=True),
+    _positive("max_steps", "the episode cap, e.g. max_steps=1000", integer=True),
+    # cbop-select-psi
+    _positive("steps", "FQE gradient steps per run, or null for each run's fqe.steps",
+              integer=True),
+    _positive("batch_size", "FQE's batch size, or null for each run's fqe.batch_size",
+              integer=True),
+    Range("qvalue_nets", 2, integer=True, reason="the fitted Q-ensemble's members: FQE "
+          "trains each on its own bootstrap resample and needs at least 2, e.g. qvalue_nets=2"),
+    # cbop-collect
+    Range("compression_level", 0, 9, integer=True, reason="gzip's level, e.g. "
+          "compression_level=4"),
+    _fraction("medium_fraction", "e.g. medium_fraction=0.333", high_open=False),
+    _positive("rollout_transitions", "e.g. rollout_transitions=1000000", integer=True),
+    _positive("num_threads", "e.g. num_threads=1", integer=True),
+    Range("medium_min_normalized", reason="a floor on the medium policy's normalized score, "
+          "or null"),
+    *(_positive(f"sac.{k}", _SIZE, integer=True)
+      for k in ("total_steps", "frames_per_batch", "checkpoint_every", "eval_episodes",
+                "batch_size")),
+    _non_negative("sac.warmup_steps", "uniform random steps before the policy acts",
+                  integer=True),
+    _positive("sac.lr", _LR),
+    _fraction("sac.gamma", "the discount, e.g. sac.gamma=0.99", high_open=False),
+    _fraction("sac.tau", "the critics' Polyak rate, e.g. sac.tau=0.005", high_open=False),
+    Range("sac.hidden_sizes", 1, integer=True, items=True,
+          reason="hidden layer widths, e.g. sac.hidden_sizes=[256,256]"),
+    _positive("sac.max_episode_steps", "or null for the family's cap", integer=True),
+    # every program's task section
+    _positive("task.max_episode_steps", "or null for the family's cap", integer=True),
+)  # fmt: skip
+"""Every numeric setting of every program and its allowed range, in one place: checked
+before any work by :func:`range_problems` (every entry point through
+:func:`cbop_torchrl.cli.hydra_entry`, and :func:`load_config` for the Python API)."""
+
+RANGES: dict[str, Range] = {entry.key: entry for entry in SETTING_RANGES}
+
+
+def range_problems(values: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """One line for each setting of ``values`` (a program's config as plain values) outside
+    its range in :data:`SETTING_RANGES`; None values are left to the schema (nullable keys)."""
+    problems = []
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            if key != "gym_kwargs":
+                problems += range_problems(value, f"{name}.")
+            continue
+        entry = RANGES.get(name)
+        if entry is None or value is None or entry.holds(value):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue  # named by not_a_number_or_empty
+        shown = list(value) if isinstance(value, (list, tuple)) else value
+        reason = entry.reason.format(key=name, example=_EXAMPLES.get(name.rpartition(".")[2], 1))
+        problems.append(
+            f"{name}={_shown(shown)} must be {entry.describe()}{f' ({reason})' if reason else ''}"
+        )
+    return problems
+
+
+_EXAMPLES = {"batch_size": 256, "steps": 50000, "checkpoint_interval": 5000, "epochs": 100,
+             "steps_per_epoch": 1000, "log_interval": 1000, "num_members": 30,
+             "num_elites": 20, "hidden_size": 200, "num_layers": 4, "max_holdout": 5000,
+             "patience": 5, "max_epochs": 100, "holdout": 1000, "total_steps": 100000,
+             "frames_per_batch": 1000, "checkpoint_every": 5000, "eval_episodes": 10}  # fmt: skip
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ",".join(_shown(item) for item in value) + "]"
+    return repr(value) if isinstance(value, str) else f"{value}"
 
 
 def _format(problems: list[str]) -> str:

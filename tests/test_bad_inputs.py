@@ -50,9 +50,9 @@ CASES = [
         ["estimator.horizon=2.5"],
         ["estimator.horizon=2.5", "must be null or an integer", "configs/config.yaml"],
     ),
-    ("cbop.py", ["train.batch_size=-3"], ["train.batch_size=-3", "positive"]),
+    ("cbop.py", ["train.batch_size=-3"], ["train.batch_size=-3", "an integer >= 1"]),
     ("cbop.py", ["-m", "seed=abc,1"], ["seed=abc: seed must be an integer"]),  # no multirun/ left
-    ("cbop.py", ["-m", "train.batch_size=-3,1"], ["train.batch_size=-3", "positive"]),  # by the job
+    ("cbop.py", ["-m", "train.batch_size=-3,1"], ["train.batch_size=-3", "an integer >= 1"]),  # by the job
     ("cbop.py", ["device=cuda"], ["device=cuda", "device=auto", "device=cpu"]),
     (
         "cbop.py",
@@ -296,7 +296,7 @@ def load_script(name: str):
         (["task.gym_kwargs=3"], ["task.gym_kwargs must be a mapping"]),
         (["task.ref_min_score=3"], ["task.ref_min_score=3.0 and task.ref_max_score=null"]),
         (["device=gpu"], ["device=gpu: device='gpu' is not a device"]),
-        (["steps=0"], ["steps=0 must be a positive integer"]),
+        (["steps=0"], ["steps=0 must be an integer >= 1"]),
         (["qvalue_nets=abc"], ["qvalue_nets must be an integer, e.g. qvalue_nets=2"]),
         (["json={unwritable}/x.json"], ["cannot be written", "{unwritable_part}", "set json="]),
         (["json="], ["json is an empty string"]),

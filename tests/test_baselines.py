@@ -193,7 +193,7 @@ def test_bad_algo_setting_is_a_clear_error(
         {"CBOP_TORCHRL_CACHE": workspace["env"]["CBOP_TORCHRL_CACHE"]},
     )  # fmt: skip
     assert done.returncode == 2
-    assert "algo.expectile=1.5 must be in (0, 1)" in done.stderr
+    assert "algo.expectile=1.5 must be a number in (0, 1)" in done.stderr
 
 
 def test_the_reports_name_every_baseline_and_its_config() -> None:

@@ -118,22 +118,22 @@ def test_cpu_preset_takes_psi_from_the_dataset() -> None:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["estimator.psi=-1"], "estimator.psi=-1.0 must be >= 0"),
+        (["estimator.psi=-1"], "estimator.psi=-1.0 must be a number >= 0"),
         (["estimator.horizon=-2"], "estimator.horizon=-2 must be an integer >= 0"),
         (["dynamics.num_elites=9", "dynamics.num_members=4"], "larger than the trained ensemble"),
-        (["train.batch_size=0"], "train.batch_size=0 must be a positive number"),
-        (["train.steps_per_epoch=-5"], "train.steps_per_epoch=-5 must be a positive number"),
-        (["bc.steps=0"], "bc.steps=0 must be a positive number"),
+        (["train.batch_size=0"], "train.batch_size=0 must be an integer >= 1"),
+        (["train.steps_per_epoch=-5"], "train.steps_per_epoch=-5 must be an integer >= 1"),
+        (["bc.steps=0"], "bc.steps=0 must be an integer >= 1"),
         (["env=nowhere/missing.hdf5"], "unknown dataset source"),
         (["estimator.psi=nan"], "estimator.psi=nan is not a number"),
         (["logger.project="], "logger.project is an empty string"),
-        (["agent.hidden_sizes=[64,0]"], "agent.hidden_sizes=[64, 0] must list layer widths"),
-        (["estimator.quantile=1.5"], "must be in (0, 1)"),
-        (["eval.episodes=0"], "eval.episodes=0 must be a positive number"),
+        (["agent.hidden_sizes=[64,0]"], "agent.hidden_sizes=[64,0] must be a list of at least 1 item"),
+        (["estimator.quantile=1.5"], "must be a number in (0, 1)"),
+        (["eval.episodes=0"], "eval.episodes=0 must be an integer >= 1"),
         (["agent.bc_weight=-1"], "agent.bc_weight=-1.0 must be a number >= 0"),
-        (["agent.critic_lr=-1e-4"], "agent.critic_lr=-0.0001 must be a finite number >= 0"),
-        (["agent.critic_penalty=-1"], "agent.critic_penalty=-1.0 must be a finite number >= 0"),
-        (["agent.critic_penalty=inf"], "agent.critic_penalty=inf must be a finite number >= 0"),
+        (["agent.critic_lr=-1e-4"], "agent.critic_lr=-0.0001 must be a number >= 0"),
+        (["agent.critic_penalty=-1"], "agent.critic_penalty=-1.0 must be a number >= 0"),
+        (["agent.critic_penalty=inf"], "agent.critic_penalty=inf is not finite"),
         (["eval.actor_average=1"], "eval.actor_average=1.0 must be a number in [0, 1)"),
     ],
 )
@@ -225,7 +225,7 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[CompletedPr
 def test_cli_reports_a_bad_value_without_a_traceback(cli: dict) -> None:
     done, folder = cli["bad values"]
     assert done.returncode == 2
-    assert "estimator.psi=-1.0 must be >= 0" in done.stderr
+    assert "estimator.psi=-1.0 must be a number >= 0" in done.stderr
     assert "larger than the trained ensemble" in done.stderr
     assert "missing.hdf5" in done.stderr
     assert "Traceback" not in done.stderr

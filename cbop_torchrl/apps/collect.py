@@ -72,8 +72,6 @@ def command_line(argv: list[str]) -> str:
 def run(cfg: DictConfig) -> None:
     """The Hydra task: generate the requested files and print their paths."""
     filter_env_warnings()
-    if cfg.num_threads < 1:
-        refuse(f"num_threads={cfg.num_threads} must be a positive integer (e.g. num_threads=1)")
     torch.set_num_threads(int(cfg.num_threads))
     command = command_line(sys.argv)
     if cfg.out_dir is None or cfg.runs_dir is None:  # their default is under the cache
@@ -89,9 +87,7 @@ def run(cfg: DictConfig) -> None:
     try:
         paths = generate_datasets(request)
     except (TaskError, ValueError, KeyError) as error:
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"collect.py: {message}", file=sys.stderr)
-        sys.exit(2)
+        refuse(error.args[0] if isinstance(error, KeyError) and error.args else error)
     for path in paths:
         print(path)
 

@@ -85,14 +85,12 @@ def check_task(values: Mapping[str, Any]) -> TaskConfig:
 
 
 def check_settings(cfg: DictConfig) -> tuple[torch.device, TaskConfig]:
-    """Every setting checked before any run is read: sizes, the output, the device, the task.
+    """Every setting checked before any run is read: the output, the device, the task (the
+    sizes' ranges: :data:`cbop_torchrl.config.SETTING_RANGES`, checked by ``hydra_entry``).
 
     Raises:
         SweepError: naming the setting and what it takes.
     """
-    for key in ("steps", "batch_size", "qvalue_nets", "threads"):
-        if cfg[key] is not None and cfg[key] < 1:
-            raise SweepError(f"{key}={cfg[key]} must be a positive integer (or null)")
     if cfg.json is not None and (reason := unwritable_reason(Path(cfg.json).absolute().parent)):
         raise SweepError(
             f"json={cfg.json} cannot be written: {reason}; set json= to a path in a "
