@@ -209,8 +209,9 @@ def run_estimate(
         rows = int(config.train.batch_size or 1) * (1 + H * K)
         # The fused Q call runs in blocks of DEFAULT_Q_CHUNK_ROWS rows, except compiled on CUDA.
         block = rows if config.compile else min(rows, DEFAULT_Q_CHUNK_ROWS)
-        rollout = rows * (3 * (obs + act) + 4 * M + 2) + 2 * M * block * max(critic_hidden)
-        rollout += 2 * K * int(config.train.batch_size or 1) * max(dyn_hidden)
+        widest = max(critic_hidden, default=1)
+        rollout = rows * (3 * (obs + act) + 4 * M + 2) + 2 * M * block * widest
+        rollout += 2 * K * int(config.train.batch_size or 1) * max(dyn_hidden, default=1)
     parts = {
         "Q-ensemble (agent.num_qvalue_nets x agent.hidden_sizes or critic_hidden_sizes)": 5
         * q_params
@@ -226,8 +227,11 @@ def run_estimate(
         DYNAMICS_BATCH: dyn_batch,
         "CBOP target rollouts (train.batch_size x estimator.horizon x dynamics.num_elites x "
         "agent.num_qvalue_nets)": rollout * FLOAT_BYTES,
-        "evaluation (eval.episodes)": evaluation_bytes(
-            max(int(config.eval.episodes), int(getattr(config.eval, "mc_states", 0))),
+        # every evaluation: eval.episodes environments side by side, then as many MuJoCo
+        # simulations as start states (envs/starts.py) and Q - MC states, each with its record
+        "evaluation (the largest of eval.episodes, eval.start_states and eval.mc_states, "
+        "each an environment run side by side)": evaluation_bytes(
+            evaluation_environments(config.eval, num_rows),
             int(config.eval.max_steps),
             obs,
             act,
@@ -243,6 +247,16 @@ def run_estimate(
     largest = max(stages, key=stages.get)
     parts[largest] = stages[largest]  # the stages run one after another
     return Estimate(total=sum(parts.values()), parts=parts)
+
+
+def evaluation_environments(evaluation, num_rows: int = 0) -> int:
+    """The most environments an evaluation holds at once: ``eval.episodes`` side by side, or
+    one MuJoCo simulation per start state (``eval.start_states``, at most the dataset's rows)
+    or per Q - MC state (``eval.mc_states``)."""
+    states = [int(getattr(evaluation, key, 0) or 0) for key in ("start_states", "mc_states")]
+    if num_rows:
+        states = [min(count, int(num_rows)) for count in states]
+    return max(int(evaluation.episodes), *states)
 
 
 def evaluation_bytes(episodes: int, max_steps: int, obs_dim: int, action_dim: int) -> int:
