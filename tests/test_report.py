@@ -241,8 +241,8 @@ def test_rliable_probability_of_improvement() -> None:
     if aggregates is None:  # rliable is optional (the "report" extra)
         return
     assert aggregates["probability_of_improvement"]["cbop,bc"][0] == pytest.approx(1.0)
-    assert aggregates["cbop"]["iqm"][0] == pytest.approx(0.81)
-    assert aggregates["bc"]["optimality_gap"][0] == pytest.approx(1 - 0.21)
+    assert aggregates["cbop"]["iqm"][0] == pytest.approx(81.0)  # the 0-100 scale
+    assert aggregates["bc"]["optimality_gap"][0] == pytest.approx(100 - 21.0)
 
 
 def test_value_var_share_histograms_count_every_state() -> None:
@@ -377,12 +377,24 @@ def test_headline_table_shows_current_variants_per_dataset_with_seeds_and_behavi
     table = headline_markdown(summaries)
     lines = table.splitlines()
     assert lines[0] == "| algorithm | a | b |"
-    assert lines[2] == "| CBOP (10 steps) | 40.0 [30.0, 50.0], 2 seeds | not run |"
-    assert lines[3] == "| BC (10 steps) | **45.0**, 1 seed | **5.0**, 1 seed |"
+    assert lines[2] == "| CBOP (10 steps) | 40.0 (seeds 30.0 to 50.0; 2 seeds) | not run |"
+    assert lines[3] == "| BC (10 steps) | **45.0** (1 seed) | **5.0** (1 seed) |"
     assert "99.0" not in table
     assert "| *behaviour policy (medium)* | 34.7 |  |" in table
     assert "1,234 transitions" in table
     assert headline_markdown(list(reversed(summaries))) == table  # one text for one set of runs
+
+
+def test_the_headline_can_take_cbops_row_per_dataset_and_names_its_psi() -> None:
+    summaries = [_summary("cbop", 0, 5.0, "a"), _summary("cbop-psi5", 0, 30.0, "a")]
+    summaries += [_summary("cbop", 0, 12.0, "b"), _summary("bc", 0, 20.0, "a")]
+    summaries += [_summary("bc", 0, 10.0, "b")]
+    for summary, psi in zip(summaries[:3], (0.5, 5.0, 2.0)):
+        summary["diagnostics"] = {"settings": {"psi": psi}}
+    lines = headline_markdown(summaries, {"a": "cbop-psi5"}).splitlines()
+    assert lines[2] == "| CBOP (10 steps) | **30.0** (psi 5; 1 seed) | **12.0** (psi 2; 1 seed) |"
+    assert lines[3] == "| BC (10 steps) | 20.0 (1 seed) | 10.0 (1 seed) |"
+    assert headline_markdown(summaries).splitlines()[2].startswith("| CBOP (10 steps) | 5.0 (")
 
 
 def test_runs_on_an_earlier_file_of_a_set_are_a_row_of_their_own(tmp_path: Path) -> None:
@@ -398,7 +410,7 @@ def test_runs_on_an_earlier_file_of_a_set_are_a_row_of_their_own(tmp_path: Path)
     assert current_files(found) == {"w": "b" * 12}
     assert sorted(s["variant"] for s in found) == ["cbop", *["cbop (file aaaaaaaaaaaa)"] * 2]
     table = headline_markdown(found)
-    assert "| CBOP (10 steps) | **20.0**, 1 seed |" in table and "4.0" not in table
+    assert "| CBOP (10 steps) | **20.0** (1 seed) |" in table and "4.0" not in table
     assert "200 transitions" in table
     rows = {row["variant"]: row for row in score_rows(found)}
     assert rows["cbop (file aaaaaaaaaaaa)"]["seeds"] == "0 1"

@@ -26,7 +26,7 @@ import csv
 import json
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,18 +154,32 @@ def dataset_markdown(summaries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(header + lines) + "\n"
 
 
-def headline_markdown(summaries: Sequence[dict[str, Any]]) -> str:
+def headline_markdown(
+    summaries: Sequence[dict[str, Any]], cbop_rows: Mapping[str, str] | None = None
+) -> str:
     """Algorithm x dataset: each current variant's final score, the behaviour policy's.
 
     A cell is the mean over seeds of the runs' final scores (each the mean of its last
-    :data:`FINAL_EVALUATIONS` evaluations; the highest of a column in bold), the lowest and
-    highest seed's in brackets and the number of seeds; the last rows are the data's
+    :data:`FINAL_EVALUATIONS` evaluations; the highest of a column in bold), then in words the
+    lowest and highest seed's and the number of seeds; the last rows are the data's
     behaviour policy and its size.
+
+    Args:
+        summaries: from :func:`~cbop_torchrl.evaluation.summaries.load_summaries`.
+        cbop_rows: dataset -> the variant that is CBOP's row there (e.g. the psi chosen
+            offline, ``cbop-psi5``); each CBOP cell then names its psi. Default: ``cbop``.
+
     Deterministic: the same summaries give the same text (the docs are checked against it).
     """
     groups = group_runs(summaries)
     datasets = sorted({d for d, _ in groups})
-    variants = [v for v in CURRENT if any((d, v) in groups for d in datasets)]
+
+    def runs_of(dataset: str, variant: str) -> list[dict[str, Any]] | None:
+        if variant == "cbop" and cbop_rows is not None:
+            variant = cbop_rows.get(dataset, "cbop")
+        return groups.get((dataset, variant))
+
+    variants = [v for v in CURRENT if any(runs_of(d, v) for d in datasets)]
     if not datasets or not variants:
         return ""
     lines = [
@@ -174,17 +188,17 @@ def headline_markdown(summaries: Sequence[dict[str, Any]]) -> str:
     ]
     best = {
         d: max(
-            statistics.fmean(float(r["final_normalized_score"]) for r in groups[(d, v)])
+            statistics.fmean(float(r["final_normalized_score"]) for r in runs_of(d, v))
             for v in variants
-            if (d, v) in groups
+            if runs_of(d, v)
         )
         for d in datasets
-        if any((d, v) in groups for v in variants)
+        if any(runs_of(d, v) for v in variants)
     }
     for variant in variants:
         cells, steps = [], set()
         for dataset in datasets:
-            runs = groups.get((dataset, variant))
+            runs = runs_of(dataset, variant)
             if not runs:
                 cells.append("not run")
                 continue
@@ -192,9 +206,15 @@ def headline_markdown(summaries: Sequence[dict[str, Any]]) -> str:
             steps |= {int(r["gradient_steps"]) for r in runs}
             mean = statistics.fmean(scores)
             cell = f"**{mean:.1f}**" if mean == best[dataset] else f"{mean:.1f}"
+            notes = []
+            if variant == "cbop" and cbop_rows is not None:
+                psis = {(r.get("diagnostics") or {}).get("settings", {}).get("psi") for r in runs}
+                notes.append("psi " + "/".join(f"{p:g}" for p in sorted(psis - {None})))
             if len(scores) > 1:
-                cell += f" [{min(scores):.1f}, {max(scores):.1f}]"
-            cells.append(f"{cell}, {len(scores)} seed{'s' if len(scores) > 1 else ''}")
+                notes.append(f"seeds {min(scores):.1f} to {max(scores):.1f}; {len(scores)} seeds")
+            else:
+                notes.append("1 seed")
+            cells.append(f"{cell} ({'; '.join(notes)})")
         budget = "/".join(f"{s:,}" for s in sorted(steps))
         name = f"{ALGO_NAMES.get(variant, variant)} ({budget} steps)"
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -361,7 +381,8 @@ def rliable_aggregates(
 ) -> dict[str, dict[str, list[float]]] | None:
     """IQM, optimality gap (to 100) and P(variant > others) with bootstrap 95% CIs.
 
-    Scores are final normalized scores divided by 100, a ``[runs, datasets]``
+    Scores are final normalized scores on the 0-100 scale of every other figure, a
+    ``[runs, datasets]``
     matrix per variant that has runs on every dataset (its lowest seeds, as many on
     each dataset as it has on its least-run one; ``runs`` says how many);
     P(cbop > other) only where the two matrices have the same shape. Returns None
@@ -376,7 +397,7 @@ def rliable_aggregates(
     datasets = sorted({s["dataset"] for s in summaries})
     by_variant: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for s in sorted(summaries, key=lambda s: s["seed"]):
-        by_variant[s["variant"]][s["dataset"]].append(s["final_normalized_score"] / 100.0)
+        by_variant[s["variant"]][s["dataset"]].append(float(s["final_normalized_score"]))
     matrices = {}
     for variant, per_dataset in by_variant.items():
         runs = min(len(per_dataset.get(d, [])) for d in datasets)
@@ -386,7 +407,7 @@ def rliable_aggregates(
         return {}
 
     def aggregate(x):
-        return np.array([metrics.aggregate_iqm(x), metrics.aggregate_optimality_gap(x, 1.0)])
+        return np.array([metrics.aggregate_iqm(x), metrics.aggregate_optimality_gap(x, 100.0)])
 
     points, intervals = rly.get_interval_estimates(matrices, aggregate, reps=reps)
     out: dict[str, dict[str, list[float]]] = {}
@@ -416,10 +437,11 @@ def rliable_aggregates(
 
 def rliable_markdown(aggregates: dict[str, dict[str, list[float]]]) -> str:
     lines = [
-        "Scores are final normalized scores / 100 pooled over datasets and seeds; "
-        "[95% stratified bootstrap CI].",
+        "Scores are final normalized scores (0-100) pooled over datasets and seeds; "
+        "each in brackets: its 95% stratified bootstrap interval.",
         "",
-        "| algorithm | runs per dataset | IQM | optimality gap |",
+        "| algorithm | runs per dataset | IQM [95% interval] | "
+        "optimality gap to 100 [95% interval] |",
         "|---|---|---|---|",
     ]
     for variant, values in aggregates.items():
@@ -428,12 +450,12 @@ def rliable_markdown(aggregates: dict[str, dict[str, list[float]]]) -> str:
         iqm, gap = values["iqm"], values["optimality_gap"]
         runs = int(values.get("runs", [0])[0])
         lines.append(
-            f"| {variant} | {runs} | {iqm[0]:.3f} [{iqm[1]:.3f}, {iqm[2]:.3f}] | "
-            f"{gap[0]:.3f} [{gap[1]:.3f}, {gap[2]:.3f}] |"
+            f"| {variant} | {runs} | {iqm[0]:.1f} [{iqm[1]:.1f}, {iqm[2]:.1f}] | "
+            f"{gap[0]:.1f} [{gap[1]:.1f}, {gap[2]:.1f}] |"
         )
     improvement = aggregates.get("probability_of_improvement", {})
     if improvement:
-        lines += ["", "| P(X > Y) | estimate |", "|---|---|"]
+        lines += ["", "| P(X > Y) | estimate [95% interval] |", "|---|---|"]
         for pair, (point, low, high) in improvement.items():
             x, y = pair.split(",")
             lines.append(f"| P({x} > {y}) | {point:.2f} [{low:.2f}, {high:.2f}] |")
@@ -488,7 +510,7 @@ def write_report(
     sections = [
         "## Results\n",
         f"Final normalized score (mean over seeds of each run's last {FINAL_EVALUATIONS} "
-        "evaluations; [lowest, highest seed]):\n",
+        "evaluations; in parentheses the lowest and highest seed's and the number of seeds):\n",
         headline,
         "\nEvery variant:\n",
         table,
