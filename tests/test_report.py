@@ -389,7 +389,7 @@ def test_the_headline_can_take_cbops_row_per_dataset_and_names_its_psi() -> None
     summaries = [_summary("cbop", 0, 5.0, "a"), _summary("cbop-psi5", 0, 30.0, "a")]
     summaries += [_summary("cbop", 0, 12.0, "b"), _summary("bc", 0, 20.0, "a")]
     summaries += [_summary("bc", 0, 10.0, "b")]
-    for summary, psi in zip(summaries[:3], (0.5, 5.0, 2.0)):
+    for summary, psi in zip(summaries[:3], (0.5, 5.0, 2.0), strict=True):
         summary["diagnostics"] = {"settings": {"psi": psi}}
     lines = headline_markdown(summaries, {"a": "cbop-psi5"}).splitlines()
     assert lines[2] == "| CBOP (10 steps) | **30.0** (psi 5; 1 seed) | **12.0** (psi 2; 1 seed) |"
