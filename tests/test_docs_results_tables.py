@@ -98,6 +98,7 @@ def test_the_rows_table_puts_both_measures_of_a_row_side_by_side(tmp_path: Path)
     table = results_tables.rows_markdown(tmp_path)
     lines = table.splitlines()
     assert lines[0] == "**set** (file sha256 aaaaaaaaaaaa)"
+    assert "| reset final [95% interval] |" in lines[2]  # a bracket says what it is
     assert lines[5].startswith("| cql | 0, 1, 2 | 18.0 [17.0, 19.0] | 16.0 [15.0, 17.0] |  |")
     cbop = "| cbop-x | 0, 1, 2 | 20.0 [19.0, 21.0] | 18.0 [17.0, 19.0] | 12.0 [11.0, 13.0] |"
     assert cbop in table
@@ -112,3 +113,36 @@ def test_the_rows_table_puts_both_measures_of_a_row_side_by_side(tmp_path: Path)
         "bc (file bbbbbbbbbbbb)",
         "cbop-old (file bbbbbbbbbbbb)",
     ]
+
+
+def test_an_earlier_file_row_that_repeats_the_current_one_is_left_out_and_explained(
+    tmp_path: Path,
+) -> None:
+    def row(variant: str, sha: str) -> dict:
+        scores = {"final": 10.0, "final_ci95": [9.0, 11.0], "last10": 8.0, "last10_ci95": [7, 9]}
+        return {"variant": variant, "measure": "reset", "seeds": [0, 1], "dataset_sha256": sha,
+                **scores}  # fmt: skip
+
+    (tmp_path / "set").mkdir()
+    both = [row("bc", "a" * 12), row("bc", "b" * 12)]
+    rows = {"dataset": "set", "sha256": "a" * 64, "rows": both}
+    (tmp_path / "set" / "rows.json").write_text(json.dumps(rows))
+    table = results_tables.rows_markdown(tmp_path)
+    assert "| bc (file bbbbbbbbbbbb) |" not in table
+    assert "Not repeated: bc on the earlier file bbbbbbbbbbbb" in table
+
+
+def test_the_bar_is_defined_once_and_every_page_includes_that_definition() -> None:
+    bar = results_tables.bar_markdown()
+    assert "0.8 x its own best" in bar and "best baseline's + 5" in bar and "Q - MC < 0" in bar
+    assert (ROOT / "docs" / "_snippets" / "bar.md").read_text() == bar
+    assert "<!-- generated: bar " in (ROOT / "README.md").read_text()
+    include = '--8<-- "bar.md"'
+    assert include in (ROOT / "docs" / "results.md").read_text()
+    assert include in (ROOT / "docs" / "learning.md").read_text()
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    for page in pages:  # the bar's old wording, and the bar written out again by hand
+        text = page.read_text()
+        assert "10 above the behaviour policy" not in text, page
+        if page.parent.name != "_snippets":
+            assert text.count("0.8 x its own best") <= (1 if page.name == "README.md" else 0), page

@@ -286,14 +286,18 @@ def test_summaries_behind_a_link_are_read_once(tmp_path: Path) -> None:
     assert len(load_summaries([tmp_path / "kept"])) == 1
 
 
-def test_goal_check_compares_cbop_with_baselines_behaviour_and_its_best() -> None:
+def test_goal_check_is_the_bar_cbop_is_held_to() -> None:
     summaries = [_summary("cbop", 0, 50.0), _summary("bc", 0, 45.0), _summary("iql", 0, 44.0)]
-    (line,) = goal_check(score_rows(summaries), {"d": 38.0})
-    assert "best baseline bc 45.0 (+5.0, met >= +5)" in line
-    assert "behaviour policy 38.0 (+12.0, met >= +10)" in line
-    assert "keeps 0.98 of its best 51.0 (met >= 0.8)" in line
-    (line,) = goal_check(score_rows([*summaries[1:], _summary("cbop", 0, 40.0)]))
-    assert "(-5.0, NOT met >= +5)" in line and "behaviour" not in line
+    summaries[0]["analysis"] = {"conservatism": {"overestimation": -12.0}}
+    line, over_sets = goal_check(score_rows(summaries), summaries)
+    assert "best baseline bc 45.0 (+5.0; at least every baseline met; +5 met)" in line
+    assert "keeps at least 0.98 of its best on every seed (met >= 0.8)" in line
+    assert "Q - MC at the end at most -12.0 (met < 0 on every seed)" in line
+    assert over_sets == "- over the sets: 1 of 1 at the best baseline + 5 (NOT met >= 2)"
+    behind = [*summaries[1:], _summary("cbop", 0, 40.0)]
+    line, _ = goal_check(score_rows(behind), behind)
+    assert "(-5.0; at least every baseline NOT met; +5 not met)" in line
+    assert "Q - MC" not in line  # no analysis in the summary: not claimed either way
 
 
 def test_final_score_is_the_mean_of_the_last_evaluations() -> None:

@@ -4,6 +4,11 @@ Each ``plot_*`` function draws from run summaries (:mod:`cbop_torchrl.evaluation
 and writes PNG files atomically into ``out_dir``, returning their paths; a variant keeps one
 colour across every figure of a report (:func:`variant_colours`). matplotlib is imported
 when a figure is drawn, with the non-interactive Agg backend.
+
+Made to be read on a page: a figure is at most :data:`FIGURE_WIDTH_IN` inches wide at
+:data:`DPI`, so shown at the docs' column width (about 780 px) its legend and tick labels
+(:data:`LEGEND_POINTS`) are at least 10 px high; a plot has at most :data:`MAX_SERIES`
+series, each its own colour; every score axis is the 0-100 normalized scale.
 """
 
 from __future__ import annotations
@@ -32,10 +37,19 @@ def _pyplot():
     return plt
 
 
+DPI = 100
+FIGURE_WIDTH_IN = 7.8
+"""At :data:`DPI`, 780 px: the docs' content column at 1280 px, so a figure is shown unscaled."""
+LEGEND_POINTS = 9.0
+"""9 pt at 100 dpi is 12.5 px: above 10 px at the column's width."""
+MAX_SERIES = 8
+"""The most series one plot holds; more go to further panels."""
+
+
 def _save_figure(fig: Any, path: Path) -> Path:
     """Lays out, writes (atomically: never a half-written PNG) and closes ``fig``."""
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"))
     _pyplot().close(fig)
     return path
 
@@ -85,7 +99,26 @@ def variant_colours(variants: Iterable[str]) -> dict[str, Any]:
 
 def _legend_outside(ax: Any) -> None:
     """The legend to the right of the axes, never over the data."""
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    ax.legend(
+        fontsize=LEGEND_POINTS, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0
+    )
+    ax.tick_params(labelsize=LEGEND_POINTS)
+
+
+def panels(variants: Sequence[str], steps: dict[str, int]) -> list[list[str]]:
+    """``variants`` in groups of at most :data:`MAX_SERIES`, one plot each.
+
+    The current variants (:data:`CURRENT`) come first; the others follow by how long they ran
+    (``steps``: a variant's last step), so a run continued far beyond the others does not
+    stretch every plot's x-axis: it shares a panel with the longest ones only.
+    """
+    current = [v for v in variants if v in CURRENT]
+    others = sorted(
+        (v for v in variants if v not in CURRENT), key=lambda v: (steps.get(v, 0), variant_order(v))
+    )
+    groups = [current[i : i + MAX_SERIES] for i in range(0, len(current), MAX_SERIES)]
+    groups += [others[i : i + MAX_SERIES] for i in range(0, len(others), MAX_SERIES)]
+    return [g for g in groups if g]
 
 
 def plot_learning_curves(
@@ -94,33 +127,39 @@ def plot_learning_curves(
     """Normalized score vs gradient step per dataset, mean +- std over seeds.
 
     ``current_only``: the :data:`CURRENT` variants into ``curves_<dataset>.png``; else every
-    variant into ``curves_all_<dataset>.png``.
+    variant into ``curves_all_<dataset>.png``, in panels of at most :data:`MAX_SERIES` series
+    (:func:`panels`), each panel's x-axis as long as its own runs.
     """
     plt = _pyplot()
     written = []
-    colours = variant_colours(s["variant"] for s in summaries)
     groups = group_runs(summaries)
     for dataset in sorted({d for d, _ in groups}):
-        fig, ax = plt.subplots(figsize=(8, 4))
-        drawn = 0
+        curves = {}
         for (d, variant), runs in groups.items():
             if d != dataset or (current_only and variant not in CURRENT):
                 continue
             steps, mean, std = _mean_curve(runs, lambda r: r["curve"])
-            if not steps:
-                continue
-            colour = colours[variant]
-            label = f"{ALGO_NAMES.get(variant, variant)} (n={len(runs)})"
-            ax.plot(steps, mean, marker="o", ms=2.5, lw=1.5, color=colour, label=label)
-            _band(ax, steps, mean, std, colour)
-            drawn += 1
-        if not drawn:
-            plt.close(fig)
+            if steps:
+                curves[variant] = (steps, mean, std, len(runs))
+        if not curves:
             continue
-        ax.set(xlabel="gradient step", ylabel="normalized score (mean ± std over seeds)")
-        ax.set_title(dataset, fontsize=10)
-        ax.grid(alpha=0.3)
-        _legend_outside(ax)
+        layout = panels(list(curves), {v: c[0][-1] for v, c in curves.items()})
+        fig, axes = plt.subplots(
+            len(layout), 1, figsize=(FIGURE_WIDTH_IN, 3.6 * len(layout)), squeeze=False
+        )
+        for ax, group in zip(axes[:, 0], layout, strict=True):
+            colours = variant_colours(group)  # distinct within the panel
+            for variant in group:
+                steps, mean, std, n = curves[variant]
+                colour = colours[variant]
+                label = f"{ALGO_NAMES.get(variant, variant)} (n={n})"
+                ax.plot(steps, mean, marker="o", ms=2.5, lw=1.5, color=colour, label=label)
+                _band(ax, steps, mean, std, colour)
+            ax.set_xlabel("gradient step", fontsize=LEGEND_POINTS)
+            ax.set_ylabel("normalized score (0-100)\nmean ± std over seeds", fontsize=LEGEND_POINTS)
+            ax.grid(alpha=0.3)
+            _legend_outside(ax)
+        axes[0, 0].set_title(dataset, fontsize=10)
         name = f"curves_{dataset}.png" if current_only else f"curves_all_{dataset}.png"
         written.append(_save_figure(fig, out_dir / name))
     return written
@@ -132,19 +171,30 @@ def plot_expected_horizon(summaries: Sequence[dict[str, Any]], out_dir: Path) ->
     written = []
     key = "cbop/expected_horizon"
     groups = group_runs([s for s in summaries if key in s.get("train_curves", {})])
-    colours = variant_colours(s["variant"] for s in summaries)
     for dataset in sorted({d for d, _ in groups}):
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for (d, variant), runs in groups.items():
-            if d != dataset:
-                continue
-            steps, mean, std = _mean_curve(runs, lambda r: r["train_curves"][key])
-            colour = colours[variant]
-            ax.plot(steps, mean, color=colour, label=f"{variant} (n={len(runs)})")
-            _band(ax, steps, mean, std, colour)
-        ax.set(xlabel="gradient step", ylabel="E[h] (posterior weights)", title=dataset)
-        ax.grid(alpha=0.3)
-        _legend_outside(ax)
+        curves = {
+            variant: (*_mean_curve(runs, lambda r: r["train_curves"][key]), len(runs))
+            for (d, variant), runs in groups.items()
+            if d == dataset
+        }
+        curves = {v: c for v, c in curves.items() if c[0]}
+        if not curves:
+            continue
+        layout = panels(list(curves), {v: c[0][-1] for v, c in curves.items()})
+        fig, axes = plt.subplots(
+            len(layout), 1, figsize=(FIGURE_WIDTH_IN, 3.4 * len(layout)), squeeze=False
+        )
+        for ax, group in zip(axes[:, 0], layout, strict=True):
+            colours = variant_colours(group)
+            for variant in group:
+                steps, mean, std, n = curves[variant]
+                ax.plot(steps, mean, color=colours[variant], label=f"{variant} (n={n})")
+                _band(ax, steps, mean, std, colours[variant])
+            ax.set_xlabel("gradient step", fontsize=LEGEND_POINTS)
+            ax.set_ylabel("E[h] (posterior weights)", fontsize=LEGEND_POINTS)
+            ax.grid(alpha=0.3)
+            _legend_outside(ax)
+        axes[0, 0].set_title(dataset, fontsize=10)
         written.append(_save_figure(fig, out_dir / f"horizon_{dataset}.png"))
     return written
 
@@ -157,7 +207,7 @@ def plot_target_diagnostics(summaries: Sequence[dict[str, Any]], out_dir: Path) 
     groups = group_runs([s for s in summaries if keys[0] in s.get("train_curves", {})])
     colours = variant_colours(s["variant"] for s in summaries)
     for dataset in sorted({d for d, _ in groups}):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+        fig, axes = plt.subplots(1, 2, figsize=(FIGURE_WIDTH_IN * 1.3, 3.5))
         for (d, variant), runs in groups.items():
             if d != dataset:
                 continue
@@ -253,19 +303,23 @@ def plot_rliable(aggregates: dict[str, dict[str, list[float]]], out_dir: Path) -
         f"{ALGO_NAMES.get(v, v)} ({int(aggregates[v].get('runs', [0])[0])} per set)"
         for v in variants
     ]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 0.5 * len(variants) + 1.5))
+    fig, axes = plt.subplots(1, 2, figsize=(FIGURE_WIDTH_IN, 0.45 * len(variants) + 1.6))
     for ax, metric in zip(axes, ("iqm", "optimality_gap"), strict=True):
         for row, variant in enumerate(variants):
             point, low, high = aggregates[variant][metric]
             ax.plot([low, high], [row, row], color=colours[variant], lw=6, alpha=0.6)
             ax.plot([point], [row], "k|", ms=12)
-        ax.set_yticks(range(len(variants)), labels, fontsize=8)
-        ax.set_title(metric.replace("_", " "), fontsize=9)
+        ax.set_yticks(range(len(variants)), labels if ax is axes[0] else [], fontsize=LEGEND_POINTS)
+        ax.set_xlim(0, 100)  # the 0-100 normalized scale of every other figure
+        ax.tick_params(labelsize=LEGEND_POINTS)
+        title = "IQM" if metric == "iqm" else "optimality gap (to 100)"
+        ax.set_title(f"{title}, normalized score", fontsize=LEGEND_POINTS)
         ax.grid(alpha=0.3, axis="x")
     return _save_figure(fig, out_dir / "rliable.png")
 
 
 __all__ = [
+    "panels",
     "plot_expected_horizon",
     "plot_learning_curves",
     "plot_rh_histograms",

@@ -21,6 +21,10 @@ fails when one differs. Blocks:
 - ``rows``: every row (algorithm or configuration) of every set on its current file, on both
   measures (reset and start states), with the seeds and 95% intervals of
   ``benchmarks/results/<dataset>/rows.json`` (``python benchmarks/learning.py --rows``).
+- ``bar``: the one definition of the bar CBOP is held to and of the statistic every claim uses,
+  made from ``benchmarks/bar.py``'s constants (:func:`bar_markdown`). ``--write`` also writes it
+  to ``docs/_snippets/bar.md``, which the docs pages include (``--8<-- "bar.md"``,
+  pymdownx.snippets); the README, which GitHub shows without includes, holds it as a block.
 """
 
 from __future__ import annotations
@@ -34,12 +38,54 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 PAGES = (ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "docs" / "datasets.md")
+SNIPPETS = ROOT / "docs" / "_snippets"
+"""Generated text the docs pages include whole (pymdownx.snippets' ``base_path``)."""
 BLOCK = re.compile(
     r"(<!-- generated: (?P<name>[\w-]+) \(python docs/_tools/results_tables.py --write\) -->\n)"
     r"(?P<body>.*?)"
     r"(<!-- end: (?P=name) -->)",
     re.S,
 )
+
+
+def _bar_constants() -> dict:
+    """``benchmarks/bar.py``'s sets, seeds, margin and share: the bar as it is checked."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import bar as module
+
+    names = ("SETS", "SEEDS", "MARGIN", "MARGIN_SETS", "KEEP")
+    return {name: getattr(module, name) for name in names}
+
+
+def bar_markdown() -> str:
+    """The bar and the statistic, in words, from the constants ``benchmarks/bar.py`` checks."""
+    from cbop_torchrl.evaluation.summaries import FINAL_EVALUATIONS
+
+    c = _bar_constants()
+    sets = len(c["SETS"])
+    words = {2: "two", 3: "three"}
+    return (
+        f"**The bar** CBOP is held to (`python benchmarks/bar.py` checks it condition by "
+        f"condition, on each measure): on the {words.get(sets, sets)} `*-medium-replay-gen` "
+        f"sets, {c['SEEDS']} seeds each, with the baselines trained for as many gradient steps "
+        f"as CBOP's whole pipeline (BC + FQE + CBOP),\n\n"
+        f"1. CBOP's final score is at least every baseline's, on every set;\n"
+        f"2. it is at least the best baseline's + {c['MARGIN']:g}, on "
+        f"{words.get(c['MARGIN_SETS'], c['MARGIN_SETS'])} of the sets;\n"
+        f"3. on every seed, the run's final is at least {c['KEEP']:g} x its own best "
+        f"evaluation (its *share of best*, on the same measure);\n"
+        f"4. on every seed, Q - MC < 0 at the end: the critics' value of the policy's actions "
+        f"is below the true discounted return (Monte-Carlo) from 100 dataset states.\n\n"
+        f"**The statistic.** A run's *final score* is the mean of its last {FINAL_EVALUATIONS} "
+        f"evaluations, normalized (0 = random, 100 = D4RL's expert), on the *reset measure* "
+        f"(10 episodes from `env.reset()` every 1,000 steps); a row's final is the mean over "
+        f"its seeds. The *start-state final* (one episode from each of 100 fixed dataset states "
+        f"restored in the simulator, less noisy) stands beside it where it was logged. Two rows "
+        f"are said to differ only where their finals differ by more than the resolution "
+        f"`benchmarks/results/<set>/rows.json` gives for them: 1.96 x the root of the sum of "
+        f"their squared standard errors (its `rule`; a row's `final_min_difference`).\n"
+    )
 
 
 def summaries() -> list[dict]:
@@ -88,6 +134,9 @@ def rows_markdown(results: Path = RESULTS) -> str:
     Rows made on an earlier file of the set (another sha256 than the current file's, the one
     ``rows.json`` names) are named with that file and come after the current file's rows;
     within each, the baselines first (in :data:`BASELINES` order), then CBOP's rows by name.
+    An earlier file's row with the same seeds and numbers as the current file's row of its
+    variant (the same runs, summarized for both files) is left out, and a line under the
+    table says so.
     """
     from cbop_torchrl.evaluation.summaries import BASELINES
 
@@ -105,12 +154,19 @@ def rows_markdown(results: Path = RESULTS) -> str:
             file = row["dataset_sha256"]
             name = row["variant"] if file == current else f"{row['variant']} (file {file})"
             by_name.setdefault(name, {})[row["measure"]] = row
+        repeated = []
+        for name in list(by_name):
+            variant = name.split(" (file ")[0]
+            earlier = variant != name and variant in by_name
+            if earlier and _same_runs(by_name[name], by_name[variant]):
+                repeated.append(name)
+                del by_name[name]
         order = sorted(by_name, key=row_order)
         parts += [
             f"**{rows['dataset']}** (file sha256 {current})",
             "",
-            "| row | seeds | reset final | reset last 10 | start-state final | "
-            "start-state last 10 |",
+            "| row | seeds | reset final [95% interval] | reset last 10 [95% interval] | "
+            "start-state final [95% interval] | start-state last 10 [95% interval] |",
             "|---|---|---|---|---|---|",
         ]
         for name in order:
@@ -122,8 +178,26 @@ def rows_markdown(results: Path = RESULTS) -> str:
                 f"{_score(reset, 'last10')} | {_score(starts, 'final')} | "
                 f"{_score(starts, 'last10')} |"
             )
+        if repeated:
+            names = ", ".join(name.split(" (file ")[0] for name in repeated)
+            files = ", ".join(sorted({name.split(" (file ")[1].rstrip(")") for name in repeated}))
+            parts += [
+                "",
+                f"Not repeated: {names} on the earlier file {files}. Those are the same runs as "
+                f"the rows above (the same seeds and scores): the runs were made on that file and "
+                f"summarized again for the current one, which holds the same transitions.",
+            ]
         parts.append("")
     return "\n".join(parts)
+
+
+def _same_runs(earlier: dict[str, dict], current: dict[str, dict]) -> bool:
+    """Whether an earlier file's row repeats the current file's (same seeds and numbers)."""
+    reset_a, reset_b = earlier.get("reset"), current.get("reset")
+    if reset_a is None or reset_b is None:
+        return False
+    keys = ("seeds", "final", "last10")
+    return all(reset_a.get(k) == reset_b.get(k) for k in keys)
 
 
 def blocks(found: list[dict] | None = None) -> dict[str, str]:
@@ -134,6 +208,7 @@ def blocks(found: list[dict] | None = None) -> dict[str, str]:
         "headline": headline_markdown(found),
         "datasets": datasets_markdown(found),
         "rows": rows_markdown(),
+        "bar": bar_markdown(),
     }
 
 
@@ -153,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     generated = blocks()
     stale = []
+    snippet = SNIPPETS / "bar.md"
+    if not snippet.is_file() or snippet.read_text() != generated["bar"]:
+        stale.append(snippet.relative_to(ROOT).as_posix())
+        if args.write:
+            SNIPPETS.mkdir(exist_ok=True)
+            snippet.write_text(generated["bar"])
     for page in PAGES:
         text = page.read_text()
         new = render(text, generated)
