@@ -22,7 +22,11 @@
 # value; other sets' files from $DATA_DIR, default .gpu-data), SEEDS (0; "0 1 2" for three
 # runs per set), RUN_THREADS (torch threads per run; default: the cores shared out),
 # EVAL_INTERVAL (10000), START_STATES ("": learning.py's default; the screens: 0), LABEL ("":
-# the runs' label, e.g. screen) and OVERRIDES ("": extra Hydra overrides of the runs).
+# the runs' label, e.g. screen), OVERRIDES ("": extra Hydra overrides of every run) and RUNS
+# ("": the runs as set:seed[:override[:override...]] words instead of DATASETS x SEEDS, each
+# with its own overrides after OVERRIDES, e.g. the psi grid side by side:
+# RUNS="halfcheetah-medium-replay-gen:0:estimator.psi=2 halfcheetah-medium-replay-gen:0:estimator.psi=3";
+# a run with overrides is labelled by them, psi2, so its directory, log and summary are its own).
 # SCREEN=1 sets the last four for a short look at the paper's sizes (docs/gpu.md, "A
 # paper-size screen"): 10,000 CBOP steps after 10,000 BC and 20,000 FQE steps, the dynamics
 # capped at 60 epochs, evaluation and the diagnostics (Q - MC at 100 dataset states) every
@@ -54,7 +58,6 @@ fi
 # The screens score the reset evaluation and Q - MC only: the start-state score (100 more
 # episodes per evaluation, benchmarks/learning.py's default) would double their cost.
 START_STATES=${START_STATES:-$([ "${SCREEN:-0}" != 0 ] && echo 0)}
-variant=cbop-$PRESET${LABEL:+-$LABEL}
 DATASETS=${DATASETS:-${DATASET:-hopper-medium-replay-gen}}
 SEEDS=${SEEDS:-0}
 STEPS_PER_EPOCH=${STEPS_PER_EPOCH:-1000}
@@ -139,42 +142,81 @@ fi
 #    threads (default: the cores shared out). learning.py stops at a checkpoint before its
 #    budget and may need up to 90 s past it to stop a stage without a budget check
 #    (KILL_GRACE_S + SIGINT).
+# A run's label from its own overrides: the last part of each key and its value, joined by
+# "-" (estimator.psi=2 -> psi2; agent.eta=0.5 estimator.psi=2 -> eta0.5-psi2).
+overrides_label() {
+    local label="" override key part
+    for override in "$@"; do
+        key=${override%%=*}
+        part="${key##*.}${override#*=}"
+        part=$(echo "$part" | tr -c 'A-Za-z0-9._\n' '_' | tr -d '\n')
+        label="${label:+$label-}$part"
+    done
+    echo "$label"
+}
 if ! skipped slices; then
-    read -r -a seeds <<<"$SEEDS"
-    read -r -a sets <<<"$DATASETS"
-    for set in "${sets[@]}"; do prepare_data "$set" || exit 2; done
-    if [ -f "$STATE/tests.failed" ] && [[ " $OVERRIDES " == *" cuda_graph=true "* ]]; then
+    # The runs: (set, seed, own overrides, label) for each RUNS word, else DATASETS x SEEDS.
+    run_sets=() run_seeds=() run_overrides=() run_labels=()
+    if [ -n "${RUNS:-}" ]; then
+        read -r -a words <<<"$RUNS"
+        for word in "${words[@]}"; do
+            IFS=: read -r -a fields <<<"$word"
+            if [ "${#fields[@]}" -lt 2 ] || ! [[ "${fields[1]}" =~ ^[0-9]+$ ]]; then
+                say "RUNS: '$word' is not set:seed[:override...] (e.g. hopper-medium-replay-gen:0:estimator.psi=2)"
+                exit 2
+            fi
+            own=("${fields[@]:2}")
+            run_sets+=("${fields[0]}") run_seeds+=("${fields[1]}")
+            run_overrides+=("${own[*]}")
+            own_label=$(overrides_label "${own[@]}")
+            run_labels+=("$LABEL${LABEL:+${own_label:+-}}$own_label")
+        done
+    else
+        read -r -a seeds <<<"$SEEDS"
+        read -r -a sets <<<"$DATASETS"
+        for set in "${sets[@]}"; do
+            for seed in "${seeds[@]}"; do
+                run_sets+=("$set") run_seeds+=("$seed") run_overrides+=("") run_labels+=("$LABEL")
+            done
+        done
+    fi
+    for set in $(printf '%s\n' "${run_sets[@]}" | sort -u); do prepare_data "$set" || exit 2; done
+    if [ -f "$STATE/tests.failed" ] && [[ " $OVERRIDES ${run_overrides[*]} " == *" cuda_graph=true "* ]]; then
         # The captured step is unchecked on this machine: the runs still give their curves.
         OVERRIDES="${OVERRIDES/cuda_graph=true/cuda_graph=false}"
+        for i in "${!run_overrides[@]}"; do
+            run_overrides[i]="${run_overrides[i]/cuda_graph=true/cuda_graph=false}"
+        done
         say "the CUDA tests failed: the slices run the eager step (cuda_graph=false)"
     fi
-    runs=$(( ${#sets[@]} * ${#seeds[@]} ))
+    # The name of run i: its log, its folder in runs.tgz (<set>/seed<k>[-<own label>]).
+    run_name() { echo "seed${run_seeds[$1]}${run_overrides[$1]:+-$(overrides_label ${run_overrides[$1]})}"; }
+    runs=${#run_sets[@]}
     threads=${RUN_THREADS:-$(( $(nproc) / runs > 0 ? $(nproc) / runs : 1 ))}
     mkdir -p "$STATE/logs"
     slice_min=$(echo "$(minutes_left)" | awk '{printf "%.2f", $1 - 2.0}')
     if awk "BEGIN {exit !($slice_min >= 1)}"; then
-        say "slices of the $PRESET preset: $runs run(s) at once ($DATASETS x seeds $SEEDS, $threads thread(s) each), --max-minutes $slice_min"
+        what=${RUNS:+$RUNS}
+        say "slices of the $PRESET preset: $runs run(s) at once (${what:-$DATASETS x seeds $SEEDS}, $threads thread(s) each), --max-minutes $slice_min"
         pids=()
-        for set in "${sets[@]}"; do
-            for seed in "${seeds[@]}"; do
-                # shellcheck disable=SC2086  # OVERRIDES: one Hydra override per word
-                $PYTHON benchmarks/learning.py --preset "$PRESET" --datasets "$set" --algos cbop \
-                    --seeds "$seed" --threads "$threads" \
-                    --epochs $((STEPS / STEPS_PER_EPOCH)) --steps-per-epoch "$STEPS_PER_EPOCH" \
-                    --eval-interval "$EVAL_INTERVAL" \
-                    ${LABEL:+--label "$LABEL"} ${START_STATES:+--start-states "$START_STATES"} \
-                    --results "$STATE/results" --max-minutes "$slice_min" \
-                    $OVERRIDES >>"$STATE/logs/$set-seed$seed.log" 2>&1 &
-                pids+=($!)
-            done
+        for i in "${!run_sets[@]}"; do
+            set=${run_sets[i]} seed=${run_seeds[i]} label=${run_labels[i]}
+            # shellcheck disable=SC2086  # the overrides: one Hydra override per word
+            $PYTHON benchmarks/learning.py --preset "$PRESET" --datasets "$set" --algos cbop \
+                --seeds "$seed" --threads "$threads" \
+                --epochs $((STEPS / STEPS_PER_EPOCH)) --steps-per-epoch "$STEPS_PER_EPOCH" \
+                --eval-interval "$EVAL_INTERVAL" \
+                ${label:+--label "$label"} ${START_STATES:+--start-states "$START_STATES"} \
+                --results "$STATE/results" --max-minutes "$slice_min" \
+                $OVERRIDES ${run_overrides[i]} >>"$STATE/logs/$set-$(run_name "$i").log" 2>&1 &
+            pids+=($!)
         done
         failed=0
         for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
-        for set in "${sets[@]}"; do
-            for seed in "${seeds[@]}"; do
-                say "$set seed $seed: $(grep -E '^\[bench\] (finished|slice ended|FAILED|the --max-minutes|done )' \
-                    "$STATE/logs/$set-seed$seed.log" | tail -1)"
-            done
+        for i in "${!run_sets[@]}"; do
+            set=${run_sets[i]} name=$(run_name "$i")
+            say "$set ${name/seed/seed }: $(grep -E '^\[bench\] (finished|slice ended|FAILED|the --max-minutes|done )' \
+                "$STATE/logs/$set-$name.log" | tail -1)"
         done
         [ "$failed" -eq 0 ] || say "$failed run(s) exited with an error: their logs are in runs.tgz"
     else
@@ -186,19 +228,19 @@ if ! skipped slices; then
     # finished, summary.json.
     pack="$STATE/pack"
     rm -rf "$pack"
-    for set in "${sets[@]}"; do
-        for seed in "${seeds[@]}"; do
-            dest="$pack/$set/seed$seed"
-            mkdir -p "$dest"
-            [ -f "$STATE/logs/$set-seed$seed.log" ] && cp "$STATE/logs/$set-seed$seed.log" "$dest/run.log"
-            run_dir=$(ls -d "$CBOP_TORCHRL_CACHE"/benchmark_runs/"$set"/*/"$PRESET"/"$variant"/seed"$seed" 2>/dev/null | head -1)
-            if [ -n "$run_dir" ]; then
-                [ -f "$run_dir/slices.json" ] && cp "$run_dir/slices.json" "$dest/"
-                [ -d "$run_dir/logs" ] && cp -r "$run_dir/logs" "$dest/logs"
-            fi
-            summary="$STATE/results/$set/$variant/seed$seed.json"
-            [ -f "$summary" ] && cp "$summary" "$dest/summary.json" && say "$set seed $seed finished: summary.json"
-        done
+    for i in "${!run_sets[@]}"; do
+        set=${run_sets[i]} seed=${run_seeds[i]} label=${run_labels[i]} name=$(run_name "$i")
+        variant=cbop-$PRESET${label:+-$label}
+        dest="$pack/$set/$name"
+        mkdir -p "$dest"
+        [ -f "$STATE/logs/$set-$name.log" ] && cp "$STATE/logs/$set-$name.log" "$dest/run.log"
+        run_dir=$(ls -d "$CBOP_TORCHRL_CACHE"/benchmark_runs/"$set"/*/"$PRESET"/"$variant"/seed"$seed" 2>/dev/null | head -1)
+        if [ -n "$run_dir" ]; then
+            [ -f "$run_dir/slices.json" ] && cp "$run_dir/slices.json" "$dest/"
+            [ -d "$run_dir/logs" ] && cp -r "$run_dir/logs" "$dest/logs"
+        fi
+        summary="$STATE/results/$set/$variant/seed$seed.json"
+        [ -f "$summary" ] && cp "$summary" "$dest/summary.json" && say "$set ${name/seed/seed } finished: summary.json"
     done
     tar czf "$OUT/runs.tgz" -C "$pack" .
 fi

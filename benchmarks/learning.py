@@ -83,7 +83,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from cbop_torchrl.evaluation.summaries import CURRENT, summarize_run
+from cbop_torchrl.evaluation.summaries import CURRENT, read_scalar_curves, summarize_run
 from cbop_torchrl.trainers.rundir import MARKER_NAME
 from cbop_torchrl.trainers.slicing import (
     DEADLINE_ENV,
@@ -219,6 +219,36 @@ class SliceOutcome(NamedTuple):
     finished: bool  # the run reached its last step (exit 0)
     step: int | None  # the CBOP step it stopped at (None: stopped before the CBOP stage)
     returncode: int
+    # Interrupted at the deadline: the last CBOP step it logged (None: not in the CBOP stage).
+    logged_step: int | None = None
+
+
+def last_logged_cbop_step(run_dir: Path) -> int | None:
+    """The last CBOP gradient step ``run_dir`` logged (its ``train/`` curves, ``eval/`` too).
+
+    None while the run has not reached its CBOP stage (the stages before it log no such
+    curve). A run interrupted between two checkpoints resumes from the last one, before
+    this step.
+    """
+    last = [
+        points[-1][0]
+        for prefix in ("train/", "eval/")
+        for points in read_scalar_curves(run_dir, prefix).values()
+        if points
+    ]
+    return int(max(last)) if last else None
+
+
+def slice_end_label(outcome: SliceOutcome, steps: int) -> str:
+    """Where a slice left its run: ``at gradient step S of N`` or the stage it was in."""
+    if outcome.step is not None:
+        return f"at gradient step {outcome.step} of {steps}"
+    if outcome.logged_step is not None:
+        return (
+            f"in its CBOP stage after gradient step {outcome.logged_step} of {steps} (the last "
+            "logged; it resumes from its last checkpoint)"
+        )
+    return "before its CBOP stage"
 
 
 def run_slice(
@@ -259,11 +289,15 @@ def run_slice(
         step = int(json.loads(end_path.read_text())["step"])
         end_path.unlink()
     finished = returncode == 0 and not killed
+    logged_step = None
     if finished:
         step = run_steps(run_dir)
         outcome = "finished"
     elif killed:
         outcome = "interrupted at the deadline (resumes from the last checkpoint of its stage)"
+        # Between two checkpoints (e.g. 9,000 steps into a stage that saves every 10,000):
+        # the stage it was in comes from what it logged.
+        logged_step = last_logged_cbop_step(run_dir)
     elif step is not None:
         outcome = "budget spent after a checkpoint"
     else:
@@ -277,6 +311,8 @@ def run_slice(
                 "started_utc": started_utc,
                 "wall_s": round(time.time() - start, 1),
                 "end_step": step,
+                "stage": "cbop" if step is not None or logged_step is not None else "before cbop",
+                "last_logged_step": logged_step,
                 "outcome": outcome,
                 "max_minutes": args.max_minutes,
                 "slice_steps": args.slice_steps,
@@ -286,7 +322,7 @@ def run_slice(
         atomic_json_dump(history, history_path)
     if killed:
         returncode = SLICE_EXIT_CODE
-    return SliceOutcome(finished, step, returncode)
+    return SliceOutcome(finished, step, returncode, logged_step)
 
 
 def resume_message(argv: list[str] | None, why: str) -> str:
@@ -714,11 +750,7 @@ def main(argv: list[str] | None = None) -> int:
             outcome = run_slice(command, run_dir, args, deadline)
             returncode = outcome.returncode
             if returncode == SLICE_EXIT_CODE:
-                where = (
-                    "before its CBOP stage"
-                    if outcome.step is None
-                    else f"at gradient step {outcome.step} of {steps}"
-                )
+                where = slice_end_label(outcome, steps)
                 print(
                     resume_message(
                         argv, f"slice ended: {dataset} {name} seed {seed} stopped {where}"

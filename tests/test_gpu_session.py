@@ -81,6 +81,36 @@ def test_two_seeds_run_side_by_side_and_come_back_in_one_archive(
         assert not list(run.rglob("checkpoint.pt"))
 
 
+def test_runs_with_their_own_overrides_run_side_by_side_each_under_its_label(
+    tmp_path: Path, isolated_cache: Path
+) -> None:
+    """RUNS gives each run its own overrides (a psi grid in one call): each run has its own
+    directory, log, summary and folder in the archive, named after its overrides."""
+    write_d4rl_hdf5(isolated_cache / "generated" / f"{DATASET}.hdf5", episode_lengths=(150,) * 8)
+    done = run_session(
+        tmp_path, isolated_cache, RUNS=f"{DATASET}:0:estimator.psi=2 {DATASET}:0:estimator.psi=3"
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (tmp_path / "out" / "gpu_session.log").read_text()
+    assert "2 run(s) at once" in log
+    unpacked = tmp_path / "unpacked"
+    with tarfile.open(tmp_path / "out" / "runs.tgz") as archive:
+        archive.extractall(unpacked, filter="data")
+    for psi in (2, 3):
+        assert f"{DATASET} seed 0-psi{psi}: [bench] finished" in log, log
+        run = unpacked / DATASET / f"seed0-psi{psi}"
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["variant"] == f"cbop-debug-psi{psi}"
+        assert f"estimator.psi={psi}" in summary["command"]
+        assert summary["gradient_steps"] == 20
+
+
+def test_a_runs_word_without_a_seed_is_refused(tmp_path: Path, isolated_cache: Path) -> None:
+    done = run_session(tmp_path, isolated_cache, RUNS=f"{DATASET}:estimator.psi=2")
+    assert done.returncode == 2
+    assert "is not set:seed[:override...]" in done.stdout
+
+
 def test_after_failed_cuda_tests_the_runs_take_the_eager_step(
     tmp_path: Path, isolated_cache: Path
 ) -> None:

@@ -9,6 +9,8 @@ The wall-clock decision is checked with an injected clock.
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +22,7 @@ from benchmarks import learning
 from cbop_torchrl.config import ConfigError
 from cbop_torchrl.trainers.slicing import (
     DEADLINE_ENV,
+    SLICE_EXIT_CODE,
     STEPS_ENV,
     SliceBudget,
     SliceBudgetHook,
@@ -157,3 +160,30 @@ def test_a_budget_that_is_not_positive_is_refused(
         learning.parse_args(list(flag))
     assert exit_.value.code == 2
     assert flag[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("logged", [None, 9000])
+def test_a_run_interrupted_between_checkpoints_is_recorded_in_the_stage_it_was_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logged: int | None
+) -> None:
+    """Killed at the deadline 9,000 steps into a CBOP stage that saves every 10,000, a run
+    is recorded in its CBOP stage (its logged curves say so), not before it."""
+    run_dir = tmp_path / "run"
+    curve = run_dir / "logs" / "run" / "scalars" / "train" / "loss_qvalue.csv"
+    curve.parent.mkdir(parents=True)
+    if logged is not None:
+        curve.write_text(f"1000,2.0\n{logged},1.0\n")
+    monkeypatch.setattr(learning, "KILL_GRACE_S", 0.2)
+    command = [sys.executable, "-c", "import time; time.sleep(60)"]
+    args = SimpleNamespace(slice_steps=None, max_minutes=0.01)
+    outcome = learning.run_slice(command, run_dir, args, deadline=time.time() + 0.5)
+    assert outcome.returncode == SLICE_EXIT_CODE and outcome.step is None
+    assert outcome.logged_step == logged
+    record = json.loads((run_dir / "slices.json").read_text())[-1]
+    assert record["stage"] == ("before cbop" if logged is None else "cbop")
+    assert record["last_logged_step"] == logged
+    label = learning.slice_end_label(outcome, 50000)
+    if logged is None:
+        assert label == "before its CBOP stage"
+    else:
+        assert label.startswith("in its CBOP stage after gradient step 9000 of 50000")
