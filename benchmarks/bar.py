@@ -34,14 +34,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from cbop_torchrl.evaluation.summaries import BASELINES
+from cbop_torchrl.evaluation.summaries import BAR_KEEP, BAR_MARGIN, BAR_MARGIN_SETS, BASELINES
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = ("hopper-medium-replay-gen", "walker2d-medium-replay-gen", "halfcheetah-medium-replay-gen")
 SEEDS = 3
-MARGIN = 5.0  # above the best baseline, on MARGIN_SETS of the sets
-MARGIN_SETS = 2
-KEEP = 0.8  # final >= KEEP * best, every seed
+MARGIN = BAR_MARGIN  # above the best baseline, on MARGIN_SETS of the sets
+MARGIN_SETS = BAR_MARGIN_SETS
+KEEP = BAR_KEEP  # final >= KEEP * best, every seed
 
 
 @dataclass

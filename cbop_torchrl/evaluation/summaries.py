@@ -76,6 +76,12 @@ CURRENT = ("cbop", *BASELINES)
 """The variants of the headline table and curves: CBOP as the preset makes it and the
 baselines; a labelled variant (``cbop-c2x256``, ``cbop-psi5``, ...) is an earlier
 configuration or an experiment and appears in the full tables and ``curves_all_*`` only."""
+BAR_MARGIN = 5.0
+"""The bar CBOP is held to: its final at least the best baseline's + this on
+:data:`BAR_MARGIN_SETS` sets (and at least every baseline's on every set)."""
+BAR_MARGIN_SETS = 2
+BAR_KEEP = 0.8
+"""The bar: every seed's final at least this share of its own best evaluation."""
 ALGO_NAMES = {"cbop": "CBOP", "bc": "BC", "td3bc": "TD3+BC", "iql": "IQL", "cql": "CQL"}
 
 
@@ -405,6 +411,9 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 __all__ = [
     "ALGO_NAMES",
     "ALGO_ORDER",
+    "BAR_KEEP",
+    "BAR_MARGIN",
+    "BAR_MARGIN_SETS",
     "BASELINES",
     "CURRENT",
     "FINAL_EVALUATIONS",
