@@ -73,10 +73,13 @@ from cbop_torchrl.utils import (
     cache_root,
     is_disk_full,
     is_out_of_memory,
+    keep_mujoco_log_out_of_cwd,
     out_of_memory_message,
     override_value,
     program_command,
+    refused_write,
     running_program,
+    set_output_setting,
     unwritable_reason,
 )
 
@@ -636,6 +639,14 @@ def _sweep_dir(argv: Sequence[str]) -> Path | None:
     return Path(given[-1] if given else "multirun")
 
 
+OUTPUT_SETTINGS = {
+    "config": "hydra.run.dir", "config_paper": "hydra.run.dir", "baseline": "hydra.run.dir",
+    "evaluate": "output", "collect": "out_dir", "train_dynamics": "output_dir",
+    "select_psi": "json", "report": "out",
+}  # fmt: skip
+"""The setting that chooses where each program writes (suggested when a write is refused)."""
+
+
 def hydra_entry(
     config_name: str, uses_cache: bool = False, check_values: bool = True
 ) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
@@ -666,6 +677,8 @@ def hydra_entry(
                 os.environ.pop("HYDRA_FULL_ERROR", None)
             run_dir = HydraConfig.get().runtime.output_dir
             remember_hydra_job(copy.deepcopy(cfg), HydraConfig.instance().cfg)
+            set_output_setting(OUTPUT_SETTINGS.get(base_config_name(config_name)))
+            keep_mujoco_log_out_of_cwd()
             try:  # a ${...} that cannot be resolved fails here, not in the middle of the work
                 OmegaConf.to_container(cfg, resolve=True)
             except InterpolationResolutionError as error:
@@ -707,6 +720,8 @@ def hydra_entry(
                     refuse(as_disk_full_error(error, run_dir), run_dir)
                 if isinstance(error, ForeignFileError):  # a file no program of ours wrote
                     refuse(error, run_dir)
+                if (refused := refused_write(error)) is not None:  # read-only, no permission
+                    refuse(refused, run_dir)
                 if is_out_of_memory(error):  # past the estimate (memory.py): no traceback
                     refuse(out_of_memory_message(error), run_dir)
                 raised_by_task.append(error)

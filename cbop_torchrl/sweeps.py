@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cbop_torchrl.utils import is_regular_file, read_regular_text
+
 RESULTS_NAME = "results.json"
 CONFIG_NAME = "config.json"
 POLICY_FILES = ("policy.pt", "checkpoint.pt")
@@ -35,29 +37,43 @@ def _check_dir(sweep_dir: Path) -> None:
         )
 
 
-def find_files(root: str | Path, pattern: str) -> list[Path]:
-    """The files under ``root`` whose name matches ``pattern`` (``"*.json"``), sorted.
+SYSTEM_FOLDERS = ("/proc", "/sys", "/dev")
+"""Folders of the kernel's pseudo file systems: never searched (``/proc/<pid>/cwd`` links to
+every process's working directory, ``/dev`` holds devices)."""
 
-    Unlike ``Path.rglob`` before Python 3.13, symbolic links to folders are followed, so a
-    folder of links to runs kept elsewhere is searched like the runs themselves; each real
-    folder is searched once (a link back up the tree does not loop). Paths are given as found
-    under ``root`` (through the links).
+
+def find_files(root: str | Path, pattern: str) -> list[Path]:
+    """The regular files under ``root`` whose name matches ``pattern`` (``"*.json"``), sorted.
+
+    The one walker of every program that reads what it finds in folders (``cbop-report``,
+    ``cbop-select-psi``, the sweep readers). Unlike ``Path.rglob`` before Python 3.13,
+    symbolic links to folders are followed, so a folder of links to runs kept elsewhere is
+    searched like the runs themselves; each real folder is searched once (a link back up
+    the tree does not loop), the kernel's pseudo file systems (:data:`SYSTEM_FOLDERS`) are
+    never entered, and only regular files are returned: a FIFO, socket or device with a
+    matching name is skipped (reading a FIFO would wait forever for a writer). Paths are
+    given as found under ``root`` (through the links).
     """
     found, seen = [], set()
     for folder, subfolders, files in os.walk(root, followlinks=True):
         real = os.path.realpath(folder)
-        if real in seen:
-            subfolders.clear()  # reached again through a link: searched already
+        if real in seen or _is_system_folder(real):
+            subfolders.clear()  # reached again through a link, or the kernel's: not searched
             continue
         seen.add(real)
         subfolders.sort()
-        found += [Path(folder) / name for name in fnmatch.filter(files, pattern)]
+        matching = (Path(folder) / name for name in fnmatch.filter(files, pattern))
+        found += [path for path in matching if is_regular_file(path)]
     return sorted(found)
+
+
+def _is_system_folder(real: str) -> bool:
+    return any(real == top or real.startswith(f"{top}/") for top in SYSTEM_FOLDERS)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(read_regular_text(path))
     except (OSError, ValueError) as error:
         raise SweepError(
             f"cannot read {str(path)!r} ({type(error).__name__}: {error}); the pipeline writes "
@@ -98,11 +114,11 @@ def collect_results(sweep_dir: str | Path) -> list[dict[str, Any]]:
 def read_overrides(run_dir: str | Path) -> list[str] | None:
     """The Hydra overrides a job ran with (``.hydra/overrides.yaml``), or None."""
     path = Path(run_dir) / ".hydra" / "overrides.yaml"
-    if not path.is_file():
+    if not is_regular_file(path):
         return None
     from omegaconf import OmegaConf  # Hydra's own reader; omegaconf ships with hydra-core
 
-    return [str(item) for item in OmegaConf.load(path)]
+    return [str(item) for item in OmegaConf.create(read_regular_text(path))]
 
 
 def find_runs(sweep_dir: str | Path) -> list[Path]:
@@ -118,7 +134,7 @@ def find_runs(sweep_dir: str | Path) -> list[Path]:
     _check_dir(sweep_dir)
     runs = []
     for config in find_files(sweep_dir, CONFIG_NAME):
-        if any((config.parent / name).is_file() for name in POLICY_FILES):
+        if any(is_regular_file(config.parent / name) for name in POLICY_FILES):
             runs.append(config.parent)
     return runs
 
@@ -127,7 +143,7 @@ def policy_file(run_dir: str | Path) -> Path:
     """The run's final ``policy.pt``, or its ``checkpoint.pt`` while it is still training."""
     for name in POLICY_FILES:
         path = Path(run_dir) / name
-        if path.is_file():
+        if is_regular_file(path):
             return path
     raise SweepError(f"run directory {str(run_dir)!r} holds neither {' nor '.join(POLICY_FILES)}")
 
@@ -137,7 +153,7 @@ def read_run(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None
     run_dir = Path(run_dir)
     config = _read_json(run_dir / CONFIG_NAME)
     results_path = run_dir / RESULTS_NAME
-    return config, (_read_json(results_path) if results_path.is_file() else None)
+    return config, (_read_json(results_path) if is_regular_file(results_path) else None)
 
 
 __all__ = [

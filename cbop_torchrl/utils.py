@@ -33,9 +33,7 @@ def cache_root() -> Path:
 
 def cache_dir(*parts: str) -> Path:
     """A directory under :func:`cache_root`, created on demand."""
-    path = cache_root().joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return make_dirs(cache_root().joinpath(*parts))
 
 
 _running_program: str | None = None
@@ -319,19 +317,29 @@ def disk_full_error(
         free = f"{shutil.disk_usage(existing).free / 1e6:.0f} MB free"
     except OSError:
         free = "an unknown amount of free space"
-    size = f"the write needs about {needed / 1e6:.0f} MB and " if needed is not None else ""
+    margin = f"{_RESERVE_BYTES >> 20} MB"
+    size = (
+        f"the write needs about {_megabytes(needed)} plus a {margin} margin that is kept free, and "
+        if needed is not None
+        else f"a {margin} margin is kept free beside every write, and "
+    )
     if _is_within(where, cache_root()):
         hint = (
             "; the cache may also move to a larger disk (CBOP_TORCHRL_CACHE=<folder>), and "
             "clearing it is safe"
         )
     else:
-        hint = ", or write to another disk (hydra.run.dir=... or the output setting)"
+        key = _output_setting or "the output setting"
+        hint = f", or write to another disk ({key}=<a folder there>)"
     return DiskFullError(
         f"not enough disk space to write into {str(where)!r}: {size}its file system has "
         f"{free}.{' Nothing half-written was left there.' if cleaned else ''} Free some "
         f"space and run the same command again (a run resumes from its last checkpoint){hint}."
     )
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.0f} MB" if size >= 1e6 else f"{max(1, round(size / 1e3))} KB"
 
 
 def as_disk_full_error(error: BaseException, default_dir: str | Path) -> DiskFullError:
@@ -343,6 +351,11 @@ def as_disk_full_error(error: BaseException, default_dir: str | Path) -> DiskFul
         return error
     filename = getattr(error, "filename", None)
     return disk_full_error(Path(filename).parent if filename else default_dir, cleaned=False)
+
+
+def is_within(path: str | Path, root: str | Path) -> bool:
+    """Whether ``path`` (links resolved) lies in the folder ``root`` (or is it)."""
+    return _is_within(Path(path), Path(root))
 
 
 def _is_within(path: Path, root: Path) -> bool:
@@ -396,41 +409,234 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     A reader sees either the old file or the complete new one, never a partial
     write, even if the process is killed in between (its temporary,
     ``.<name>.<random>.tmp``, is removed by :func:`remove_stale_temporaries`
-    later). A full disk raises :class:`DiskFullError` with the temporary removed.
+    later). Never through a link: a folder on the way from a write root (the cache, a
+    claimed run directory) to ``path`` that is a link is refused (:func:`check_no_link`)
+    before anything is created, and a link at ``path`` itself is replaced, not followed.
+    A full disk raises :class:`DiskFullError` with the temporary removed; any other write
+    the operating system refuses (a read-only file system, no permission, ...) raises
+    :class:`WriteRefusedError` naming the file and the cause.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     scope = _owning_scope(path)
     if scope is not None:
-        check_owned_output(path, scope.program, scope.recognize)
+        check_owned_output(path, scope.program)
     try:
         tmp_path, fd = make_temporary(path.parent, path.name)
     except OSError as error:
         if is_disk_full(error):
             raise disk_full_error(path.parent) from None
-        raise
+        raise write_refused(error, path) from None
     try:
         write(tmp_path)
-        with open(tmp_path, "rb+") as handle:
-            os.fsync(handle.fileno())
+        sync = os.open(tmp_path, os.O_RDWR | os.O_NOFOLLOW)
+        try:
+            os.fsync(sync)
+        finally:
+            os.close(sync)
         # mkstemp creates 0600 files; give the result the usual umask-based permissions.
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp_path, 0o666 & ~umask)
+        if _deferred is not None:  # renamed together when the batch ends (deferred_replace)
+            _deferred.append((tmp_path, path, fd, scope))
+            return path
         os.replace(tmp_path, path)
     except Exception as error:
+        tmp_path.unlink(missing_ok=True)
+        os.close(fd)
         # torch.save reports a full disk as a RuntimeError ("file write failed"): a failed
         # write on a file system that is now nearly full is taken for one.
         full = is_disk_full(error) or _nearly_full(path.parent)
         if full and not isinstance(error, DiskFullError):
             raise disk_full_error(path.parent) from None
+        if isinstance(error, OSError) and not isinstance(error, (DiskFullError, WriteRefusedError)):
+            raise write_refused(error, path) from None
         raise
-    finally:
-        tmp_path.unlink(missing_ok=True)
-        os.close(fd)
+    tmp_path.unlink(missing_ok=True)
+    os.close(fd)
     if scope is not None:
         _record_output(path, scope.program)
     return path
+
+
+_deferred: list[tuple[Path, Path, int, Any]] | None = None
+
+
+@contextlib.contextmanager
+def deferred_replace() -> Iterator[None]:
+    """Every :func:`atomic_write` inside the block writes its temporary, and all of them are
+    renamed onto their files only when the block ends without an error; on an error (a full
+    disk half way through a report) every temporary is removed and no file changed, so a
+    folder never holds a mix of new and old outputs."""
+    global _deferred
+    outer, _deferred = _deferred, []
+    batch = _deferred
+    try:
+        yield
+    except BaseException:
+        _deferred = outer
+        for tmp_path, _, fd, _ in batch:
+            tmp_path.unlink(missing_ok=True)
+            os.close(fd)
+        raise
+    _deferred = outer
+    try:
+        for tmp_path, path, _, _ in batch:
+            try:
+                os.replace(tmp_path, path)
+            except OSError as error:
+                raise write_refused(error, path) from None
+    finally:
+        for tmp_path, _, fd, _ in batch:
+            tmp_path.unlink(missing_ok=True)
+            os.close(fd)
+    for _, path, _, scope in batch:
+        if scope is not None:
+            _record_output(path, scope.program)
+
+
+# ----------------------------------------------------------------- links and refused writes
+
+_write_roots: list[Path] = []
+
+
+def _lexical(path: str | Path) -> Path:
+    """``path`` absolute, without resolving links (so that a link on the way stays visible)."""
+    return Path(os.path.abspath(os.path.expanduser(str(path))))
+
+
+def add_write_root(directory: str | Path) -> None:
+    """Registers a folder the package owns (a run directory once claimed): below it, no
+    folder on the way to a written file may be a link (:func:`check_no_link`)."""
+    root = _lexical(directory)
+    if root not in _write_roots:
+        _write_roots.append(root)
+
+
+def linked_part(path: str | Path, include_self: bool = False) -> Path | None:
+    """The first folder between ``path``'s write root (the cache root, a claimed run
+    directory: the deepest that holds it) and ``path`` itself that is a link; None when
+    there is none or no root holds ``path``. The root itself may be a link (a cache moved
+    to another disk); ``path`` itself is looked at only with ``include_self``."""
+    path = _lexical(path)
+    roots = [r for r in (*_write_roots, _lexical(cache_root())) if r in (path, *path.parents)]
+    if not roots:
+        return None
+    root = max(roots, key=lambda r: len(r.parts))
+    if root == path:
+        return None
+    for part in path.parts[len(root.parts) : None if include_self else -1]:
+        root = root / part
+        if root.is_symlink():
+            return root
+    return None
+
+
+def check_no_link(path: str | Path, include_self: bool = False) -> None:
+    """Refuses (:class:`ForeignFileError`) a write to ``path`` through a linked folder below
+    its write root (:func:`linked_part`)."""
+    linked = linked_part(path, include_self)
+    if linked is not None:
+        raise ForeignFileError(
+            f"{str(linked)!r} is a link (to {os.readlink(linked)!r}), and cbop-torchrl never "
+            f"writes through a link: writing {str(path)!r} would put a file into the link's "
+            "target. Nothing was written there. Remove the link (its target is not needed), "
+            "then run the same command again."
+        )
+
+
+def make_dirs(directory: str | Path) -> Path:
+    """``directory`` created with its parents (``mkdir -p``), never through a link below its
+    write root (:func:`check_no_link`); a refusal of the OS is a :class:`WriteRefusedError`."""
+    directory = Path(directory)
+    check_no_link(directory, include_self=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise write_refused(
+            OSError(errno.ENOTDIR, "it exists and is not a folder", str(directory)), directory
+        ) from None
+    except OSError as error:
+        if is_disk_full(error):
+            raise disk_full_error(directory) from None
+        raise write_refused(error, directory) from None
+    return directory
+
+
+class WriteRefusedError(OSError):
+    """The operating system refused a write (a read-only file system, no permission, a path
+    too long, ...); the message names the file, the cause and what to do. Every entry point
+    turns it (and any refused write, :func:`refused_write`) into one paragraph, exit 2."""
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+
+_WRITE_REFUSALS = {
+    errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.ELOOP,
+    errno.ENAMETOOLONG, errno.EFBIG, errno.EMLINK, errno.ETXTBSY, errno.EEXIST, errno.EIO,
+    errno.ENXIO, errno.ENODEV, errno.EINVAL,
+}  # fmt: skip
+
+_output_setting: str | None = None
+
+
+def set_output_setting(key: str | None) -> None:
+    """The setting that chooses where the running program writes (``hydra.run.dir``,
+    ``out``, ``json``, ...), which its messages about refused writes suggest."""
+    global _output_setting
+    _output_setting = key
+
+
+def _write_hint(where: Path) -> str:
+    if _is_within(where, cache_root()):
+        return (
+            "point the cache at a folder you can write to (CBOP_TORCHRL_CACHE=<folder>; "
+            "clearing or moving the cache is safe)"
+        )
+    key = _output_setting or "the output setting"
+    return f"make it writable, or write somewhere else ({key}=<a writable folder or file>)"
+
+
+def write_refused(error: OSError, path: str | Path | None = None) -> WriteRefusedError:
+    """``error`` (refused by the OS) as a :class:`WriteRefusedError` naming the file
+    (``error.filename``, else ``path``), the OS's cause and what to do."""
+    if isinstance(error, WriteRefusedError):
+        return error
+    name = error.filename or path or "a file"
+    cause = error.strerror or str(error)
+    code = errno.errorcode.get(error.errno or -1)
+    where = Path(str(name))
+    return WriteRefusedError(
+        error.errno or errno.EIO,
+        f"cannot write {str(name)!r}: the operating system refused it ({cause}"
+        f"{f', {code}' if code else ''}). Nothing half-written was left there; "
+        f"{_write_hint(where if where.is_dir() else where.parent)}, and run the same "
+        "command again.",
+    )
+
+
+_H5_ERRNO = re.compile(r"name = '(?P<name>[^']*)', errno = (?P<errno>\d+)")
+
+
+def refused_write(error: BaseException | None) -> WriteRefusedError | None:
+    """The :class:`WriteRefusedError` for ``error`` (or an error it was raised from) when
+    it is a write, open or creation the operating system refused, naming the file and the
+    cause; None otherwise. h5py's errors carry the file and errno in their text only."""
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, WriteRefusedError):
+            return error
+        if isinstance(error, OSError):
+            number, name = error.errno, error.filename
+            match = _H5_ERRNO.search(str(error))
+            if number is None and match is not None:
+                number, name = int(match["errno"]), match["name"]
+            if number in _WRITE_REFUSALS and name:
+                return write_refused(OSError(number, os.strerror(number), str(name)))
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
 
 
 # ------------------------------------------------------------------------ owned outputs
@@ -454,24 +660,20 @@ class ForeignFileError(Exception):
 class _Scope:
     target: Path  # a folder (every file directly in it) or one file
     program: str
-    recognize: Callable[[Path], bool] | None
 
 
 _scopes: list[_Scope] = []
 
 
 @contextlib.contextmanager
-def owned_outputs(
-    target: str | Path, program: str, recognize: Callable[[Path], bool] | None = None
-) -> Iterator[None]:
+def owned_outputs(target: str | Path, program: str) -> Iterator[None]:
     """While active, every :func:`atomic_write` into ``target`` (a folder, or one output file)
     replaces only files ``program`` wrote there, and records what it writes.
 
-    Which files a program wrote is kept in the folder's :data:`OUTPUTS_MANIFEST`.
-    ``recognize(path)``: whether an existing file not in the manifest is an output of an
-    earlier version of the program (by its content); None: none is.
+    Which files a program wrote is kept in the folder's :data:`OUTPUTS_MANIFEST`, and only
+    there: a file is never taken for a program's own by what it holds.
     """
-    scope = _Scope(_absolute(Path(target)), program, recognize)
+    scope = _Scope(_absolute(Path(target)), program)
     _scopes.append(scope)
     try:
         yield
@@ -494,13 +696,67 @@ def _owning_scope(path: Path) -> _Scope | None:
     return None
 
 
+def read_regular_bytes(path: str | Path) -> bytes:
+    """The bytes of the regular file ``path``, never blocking on a special file.
+
+    Every file a program reads after finding it by walking a folder (or by its name in a
+    run directory) goes through here: it is opened with ``O_NONBLOCK`` (so a FIFO named
+    ``results.json`` cannot make the program wait forever for a writer) and read only when
+    ``fstat`` says it is a regular file; a FIFO, socket, device or folder is refused.
+
+    Raises:
+        OSError: it cannot be opened, or it is not a regular file (``EINVAL``, naming what
+            it is).
+    """
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"it is {special_file_kind(mode)}, not a file", str(path))
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
+
+
+def read_regular_text(path: str | Path) -> str:
+    """:func:`read_regular_bytes` decoded as UTF-8."""
+    return read_regular_bytes(path).decode()
+
+
+def special_file_kind(mode: int) -> str:
+    """``a FIFO (named pipe)``, ``a socket``, ``a device``, ``a folder``... for ``st_mode``."""
+    import stat
+
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a link"),
+    ):  # fmt: skip
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def is_regular_file(path: str | Path) -> bool:
+    """Whether ``path`` (a link followed) is a regular file; never opens it."""
+    import stat
+
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def read_regular_json(path: Path) -> tuple[Any, str | None]:
     """``(value, None)`` for a regular file holding JSON, else ``(None, what is wrong)``:
     a link or no regular file is never read, unreadable JSON is named with its error."""
     if path.is_symlink() or not path.is_file():
         return None, "is a link or not a regular file"
     try:
-        return json.loads(path.read_text()), None
+        return json.loads(read_regular_text(path)), None
     except (OSError, ValueError) as error:
         return None, f"cannot be read as JSON ({type(error).__name__}: {error})"
 
@@ -531,15 +787,13 @@ def _read_manifest(directory: Path) -> dict[str, str]:
     return dict(data["files"])
 
 
-def check_owned_output(
-    path: str | Path, program: str, recognize: Callable[[Path], bool] | None = None
-) -> None:
+def check_owned_output(path: str | Path, program: str) -> None:
     """Refuses (:class:`ForeignFileError`) to let ``program`` replace ``path`` unless it is
     absent or a regular file a program of this package wrote there.
 
-    Written by one: named in its folder's :data:`OUTPUTS_MANIFEST`, or (an output of an
-    earlier version) accepted by ``recognize``. A link is never replaced or written
-    through, nor is a directory.
+    Written by one: named in its folder's :data:`OUTPUTS_MANIFEST` (the marker alone decides;
+    what a file holds never makes it ours). A link is never replaced or written through,
+    nor is a directory or any other special file.
     """
     path = Path(path)
     setting = f" ({program})" if program else ""
@@ -553,7 +807,7 @@ def check_owned_output(
             "replaces a folder. Nothing was written: choose another output path."
         )
     owned = _read_manifest(path.parent)
-    if path.name in owned or (recognize is not None and _recognized(recognize, path)):
+    if path.name in owned:
         return
     raise ForeignFileError(
         f"{str(path)!r} already exists and was not written by cbop-torchrl (it is not named in "
@@ -561,13 +815,6 @@ def check_owned_output(
         "it; nothing was written. Choose another output path (or folder), or move that file "
         "away if it may be replaced."
     )
-
-
-def _recognized(recognize: Callable[[Path], bool], path: Path) -> bool:
-    try:
-        return bool(recognize(path))
-    except Exception:  # a file that cannot even be read as ours is not ours
-        return False
 
 
 def _record_output(path: Path, program: str) -> None:
@@ -648,6 +895,25 @@ def atomic_json_dump(obj: Any, path: str | Path) -> Path:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")
 
     return atomic_write(path, write)
+
+
+def keep_mujoco_log_out_of_cwd() -> None:
+    """MuJoCo writes its warnings (a deprecated model attribute, an unstable simulation) to
+    ``MUJOCO_LOG.TXT`` in the working directory as well as to the console; no program of
+    this package writes into the working directory unless told to, so the file copy is
+    turned off (the console still shows them). Does nothing without MuJoCo."""
+    import importlib.util
+
+    if importlib.util.find_spec("mujoco") is None:
+        return
+    try:
+        import mujoco
+
+        config = mujoco.MjLogConfig.get()
+        config.logto_file = False
+        config.set()
+    except Exception:  # another MuJoCo version without MjLogConfig: its default stays
+        return
 
 
 def seed_everything(seed: int) -> None:

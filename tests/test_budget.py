@@ -178,6 +178,7 @@ def test_an_old_format_checkpoint_resumes_and_is_extended(
     run_dir = workspace["root"] / "legacy"
     run_dir.mkdir()
     (run_dir / ".run.lock").write_text("")  # what an earlier version's run leaves besides
+    (run_dir / ".cbop-run").write_text("")  # marked by its user: the marker alone decides
     torch.save(state, run_dir / "checkpoint.pt")
     done = run(workspace, run_dir, "train.epochs=4")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,6 +8,7 @@ seconds of one child process's imports (tests/programs.py).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -183,9 +184,10 @@ def test_a_dataset_cache_entry_is_read_without_pickle_and_checked(tmp_path: Path
     assert not sentinel.exists()
 
 
-def test_an_unmarked_run_of_an_earlier_version_is_adopted_only_with_nothing_else(tmp_path):
-    """Lock + a checkpoint this package reads + only a run's outputs: an earlier version's
-    run (adopted); the same with a user's file beside them is refused, the file untouched."""
+def test_an_unmarked_run_of_an_earlier_version_is_adopted_only_once_marked(tmp_path):
+    """Lock + a checkpoint this package reads + only a run's outputs: refused until its user
+    marks it (the marker alone decides, never what a folder holds); the same with a user's
+    file beside them is refused, the file untouched."""
     from cbop_torchrl.trainers.checkpoint import CHECKPOINT_FORMAT, CheckpointError
     from cbop_torchrl.trainers.rundir import MARKER_NAME, claim_run_dir
 
@@ -197,6 +199,10 @@ def test_an_unmarked_run_of_an_earlier_version_is_adopted_only_with_nothing_else
         return path
 
     adopted = earlier_run(tmp_path / "earlier")
+    with pytest.raises(CheckpointError, match="touch .*earlier/.cbop-run") as error:
+        claim_run_dir(adopted)
+    assert not (adopted / MARKER_NAME).exists()
+    os.system(str(error.value).rpartition("mark it: ")[2].partition(", then")[0])  # as written
     claim_run_dir(adopted)
     assert (adopted / MARKER_NAME).is_file()
 

@@ -25,8 +25,9 @@ one resumes. Every setting: ``cbop_torchrl/configs/select_psi.yaml``.
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,12 @@ from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.evaluation.selection import DatasetRanking, rank_runs, score_runs
 from cbop_torchrl.sweeps import SweepError, find_runs
 from cbop_torchrl.trainers.checkpoint import CheckpointError
+from cbop_torchrl.trainers.rundir import MARKER_NAME
 from cbop_torchrl.utils import (
     ForeignFileError,
+    add_write_root,
     atomic_write,
+    cache_dir,
     check_owned_output,
     owned_outputs,
     program_command,
@@ -98,7 +102,7 @@ def check_settings(cfg: DictConfig) -> tuple[torch.device, TaskConfig]:
         )
     if cfg.json is not None:  # before any fit: only an earlier ranking of ours is replaced
         try:
-            check_owned_output(cfg.json, PROGRAM, earlier_rankings)
+            check_owned_output(cfg.json, PROGRAM)
         except ForeignFileError as error:
             raise SweepError(f"json={cfg.json}: {error}") from None
     try:
@@ -106,6 +110,49 @@ def check_settings(cfg: DictConfig) -> tuple[torch.device, TaskConfig]:
     except RuntimeError as error:
         raise SweepError(f"device={cfg.device}: {error}") from None
     return device, check_task(config_values(cfg.task))
+
+
+def fit_folders(runs: Sequence[Path], sweep_dir: Path) -> tuple[Callable[[Path], Path], int]:
+    """Where each run's FQE fits are cached, and how many runs keep them elsewhere.
+
+    In ``<run>/selection_fqe`` only for a run directory of this sweep that a run claimed
+    (the ``.cbop-run`` marker alone says so), lying inside ``sweep_dir`` (not reached
+    through a link to a folder elsewhere) and writable; the fits of every other run go to
+    the package's cache (``$CBOP_TORCHRL_CACHE/selection_fqe``, keyed by the policy's
+    weights, the data and the FQE settings), so nothing is written into a folder that is
+    not a run's own.
+
+    Raises:
+        SweepError: a run's ``selection_fqe`` is a link (never written through).
+    """
+    root = Path(sweep_dir).resolve()
+    own: set[Path] = set()
+    for run_dir in runs:
+        marker, folder = Path(run_dir) / MARKER_NAME, Path(run_dir) / "selection_fqe"
+        if folder.is_symlink():
+            raise SweepError(
+                f"{str(folder)!r} is a link (to {os.readlink(folder)!r}); cbop-select-psi "
+                "caches a run's fits there and never writes through a link, and nothing was "
+                "written. Remove the link (its target is not needed) and run the same "
+                "command again"
+            )
+        real = Path(run_dir).resolve()
+        if (
+            marker.is_file()
+            and not marker.is_symlink()
+            and (real == root or root in real.parents)
+            and os.access(run_dir, os.W_OK | os.X_OK)
+            and (not folder.exists() or os.access(folder, os.W_OK | os.X_OK))
+        ):
+            own.add(Path(run_dir))
+            add_write_root(run_dir)
+
+    def fit_dir(run_dir: Path) -> Path:
+        if Path(run_dir) in own:
+            return Path(run_dir) / "selection_fqe"
+        return cache_dir("selection_fqe")
+
+    return fit_dir, len(runs) - len(own)
 
 
 def format_ranking(ranking: DatasetRanking) -> str:
@@ -188,6 +235,15 @@ def run(cfg: DictConfig) -> None:
             )
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
+        fit_dir, elsewhere = fit_folders(runs, Path(cfg.sweep_dir))
+        if elsewhere and cfg.progress:
+            print(
+                f"[select] {elsewhere} of the {len(runs)} runs are not run directories of this "
+                "sweep that cbop-select-psi may write into (no .cbop-run marker, reached through "
+                "a link, or read-only): their fits are cached under "
+                f"{cache_dir('selection_fqe')}",
+                flush=True,
+            )
 
         def announce(index: int, run_dir: Path) -> None:
             if cfg.progress:
@@ -202,6 +258,7 @@ def run(cfg: DictConfig) -> None:
             batch_size=cfg.batch_size,
             num_qvalue_nets=cfg.qvalue_nets,
             task=task,
+            fit_dir=fit_dir,
         )
     except (SweepError, DatasetError, CheckpointError, FloatingPointError, ValueError) as error:
         refuse(error)
@@ -209,20 +266,11 @@ def run(cfg: DictConfig) -> None:
     print("\n\n".join(format_ranking(ranking) for ranking in rankings))
     if cfg.json is not None:
         text = json.dumps([ranking_record(r) for r in rankings], indent=2)
-        with owned_outputs(cfg.json, PROGRAM, earlier_rankings):
+        with owned_outputs(cfg.json, PROGRAM):
             atomic_write(cfg.json, lambda tmp: tmp.write_text(text))
 
 
 PROGRAM = "cbop-select-psi"
-
-
-def earlier_rankings(path: Path) -> bool:
-    """Whether ``path`` holds rankings as this program writes them (``json=``)."""
-    records = json.loads(Path(path).read_text())
-    keys = {"env", "dataset", "selected", "candidates"}
-    return isinstance(records, list) and all(
-        isinstance(r, dict) and keys <= set(r) for r in records
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

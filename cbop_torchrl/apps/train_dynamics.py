@@ -64,7 +64,7 @@ def train(cfg: DictConfig) -> dict:
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     log_path = output_dir / "dynamics_log.jsonl"
-    with owned_outputs(output_dir, PROGRAM, earlier_output):
+    with owned_outputs(output_dir, PROGRAM):
         atomic_write(log_path, lambda tmp: tmp.write_text(""))  # never truncates a link's target
 
         def log_epoch(record: dict) -> None:
@@ -84,22 +84,7 @@ def train(cfg: DictConfig) -> dict:
 
 PROGRAM = "cbop-train-dynamics"
 OUTPUT_NAMES = ("dynamics_log.jsonl", "dynamics.pt", "dynamics_metrics.json")
-"""What this program writes into ``output_dir``; it replaces only its own (earlier) ones."""
-
-
-def earlier_output(path: Path) -> bool:
-    """Whether ``path`` is one of :data:`OUTPUT_NAMES` as an earlier version wrote it."""
-    if path.name == "dynamics_metrics.json":
-        return "holdout_r2_mean" in json.loads(path.read_text())
-    if path.name == "dynamics_log.jsonl":
-        lines = path.read_text().splitlines()
-        return all("epoch" in json.loads(line) for line in lines)
-    if path.name == "dynamics.pt":
-        import torch
-
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        return isinstance(state, dict) and "metadata" in state
-    return False
+"""What this program writes into ``output_dir``; it replaces only its own (its manifest)."""
 
 
 def run(cfg: DictConfig) -> None:
@@ -111,7 +96,7 @@ def run(cfg: DictConfig) -> None:
     check_output_writable("output_dir", cfg.output_dir, created_dir=run_dir)
     for name in OUTPUT_NAMES:  # before any work: a file of the user's is never replaced
         try:
-            check_owned_output(Path(cfg.output_dir) / name, PROGRAM, earlier_output)
+            check_owned_output(Path(cfg.output_dir) / name, PROGRAM)
         except ForeignFileError as error:
             refuse(error, run_dir)
     try:

@@ -59,8 +59,10 @@ from cbop_torchrl.registry import D4RL_KINDS, Task
 from cbop_torchrl.utils import (
     atomic_json_dump,
     atomic_write,
+    cache_root,
     check_owned_output,
     config_hash,
+    is_within,
     owned_outputs,
     seed_everything,
 )
@@ -470,9 +472,12 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
     key = request.data_key()
     paths = {kind: out_dir / dataset_file_name(family, kind, request.tag) for kind in D4RL_KINDS}
 
-    for kind in request.kinds:  # before any work: only files a collect run wrote are replaced
-        check_owned_output(paths[kind], PROGRAM, earlier_output)
-        check_owned_output(paths[kind].with_suffix(".provenance.json"), PROGRAM, earlier_output)
+    # The package's cache is its own; any other folder: only files a collect run wrote there
+    # (its manifest says so) are replaced, checked before any work.
+    in_cache = is_within(out_dir, cache_root())
+    for kind in request.kinds if not in_cache else ():
+        check_owned_output(paths[kind], PROGRAM)
+        check_owned_output(paths[kind].with_suffix(".provenance.json"), PROGRAM)
 
     def up_to_date(kind: str) -> bool:
         if not paths[kind].exists():
@@ -484,25 +489,13 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
         except (OSError, AttributeError, UnicodeDecodeError):  # a damaged file of ours: rewritten
             return False
 
-    with owned_outputs(out_dir, PROGRAM, earlier_output):
+    if in_cache:
+        return _generate(request, paths, key, up_to_date)
+    with owned_outputs(out_dir, PROGRAM):
         return _generate(request, paths, key, up_to_date)
 
 
 PROGRAM = "cbop-collect"
-
-
-def earlier_output(path: Path) -> bool:
-    """Whether ``path`` is a dataset (or its provenance) that this generator wrote."""
-    if path.name.endswith(".provenance.json"):
-        record = json.loads(path.read_text())
-        return isinstance(record, dict) and record.get("generator") == GENERATOR_NAME
-    with open(path, "rb") as handle:
-        if handle.read(8) != b"\x89HDF\r\n\x1a\n":
-            return False
-    with h5py.File(path, "r") as handle:
-        stored = handle.get("metadata/generator")
-        value = stored[()] if isinstance(stored, h5py.Dataset) else None
-        return (value.decode() if isinstance(value, bytes) else value) == GENERATOR_NAME
 
 
 GENERATOR_NAME = "cbop_torchrl.data.generate"

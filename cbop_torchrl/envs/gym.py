@@ -31,6 +31,7 @@ from torchrl.envs import (
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.envs.task import TaskError
 from cbop_torchrl.registry import Task
+from cbop_torchrl.utils import keep_mujoco_log_out_of_cwd
 
 
 def filter_env_warnings() -> None:
@@ -42,6 +43,7 @@ def filter_env_warnings() -> None:
     warnings.filterwarnings(
         "ignore", message=r".*deprecated.*compiler", category=DeprecationWarning
     )
+    keep_mujoco_log_out_of_cwd()  # no MUJOCO_LOG.TXT in the working directory
 
 
 def make_env(task: Task) -> EnvBase:

@@ -62,6 +62,7 @@ from cbop_torchrl.trainers.conservatism import (
 )
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
 from cbop_torchrl.trainers.offline import build_cbop_loss
+from cbop_torchrl.utils import read_regular_text
 
 ensemble_q = member_q_values
 """``Q_m(obs, action)`` for every member ``[M, N]`` (the name this module always exported)."""
@@ -73,7 +74,7 @@ SHARE_BINS = 20
 def load_run_config(run_dir: Path) -> tuple[RunConfig, Any, Any]:
     """The run's :class:`RunConfig`, its dataset TensorDict and :class:`DatasetInfo`."""
     path = Path(run_dir) / "config.json"
-    values = json.loads(path.read_text())
+    values = json.loads(read_regular_text(path))  # never blocks on a FIFO
     values.pop("algo", None)
     # No command line names the task here: a stored module-qualified id is never trusted.
     check_recorded_gym_id(
@@ -143,7 +144,7 @@ def analyze_baseline_run(
     """Table 2 numbers for a TD3+BC/IQL/CQL run (None for BC, which has no Q-function)."""
     from cbop_torchrl.baselines import AlgoConfig, build_baseline
 
-    values = json.loads((Path(run_dir) / "config.json").read_text())
+    values = json.loads(read_regular_text(Path(run_dir) / "config.json"))
     algo = AlgoConfig.from_dict(values["algo"])
     if algo.name == "bc":
         return None

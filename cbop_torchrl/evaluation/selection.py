@@ -42,9 +42,9 @@ from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.modules.actor_critic import make_qvalue_ensemble
 from cbop_torchrl.objectives.pretrain import ROW_KEY, FittedQEvaluationLoss, bootstrap_counts
 from cbop_torchrl.sweeps import SweepError, policy_file, read_run
-from cbop_torchrl.trainers.checkpoint import load_policy
-from cbop_torchrl.trainers.pretrain import run_supervised_stage
-from cbop_torchrl.utils import atomic_torch_save, config_hash, seed_everything
+from cbop_torchrl.trainers.checkpoint import load_policy, save_stage
+from cbop_torchrl.trainers.pretrain import read_cached_stage, run_supervised_stage
+from cbop_torchrl.utils import config_hash, make_dirs, seed_everything
 
 FQE_KEYS = (
     "observation",
@@ -180,12 +180,12 @@ def fit_policy_fqe(
         seed: seeds the networks, the bootstrap resamples and the batch order.
         work_dir: checkpoint/result directory.
     """
-    work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
+    work_dir = make_dirs(work_dir)  # never through a link
     result = work_dir / "result.pt"
-    if result.is_file():
+    # a cached fit carries its SHA-256 and entry (trainers/checkpoint.py: read_stage)
+    if (state := read_cached_stage(result, "fit")) is not None:
         loss = make_fqe_loss(obs_dim, action_dim, config, None, data.device)
-        loss.load_state_dict(torch.load(result, map_location=data.device, weights_only=True))
+        loss.load_state_dict({k: v.to(data.device) for k, v in state.items()})
         return loss
     seed_everything(seed)
     rows = policy_fqe_data(data, actor)
@@ -206,7 +206,8 @@ def fit_policy_fqe(
         lambda step: updater.step(),
         log_interval=max(1, config.steps // 10),
     )
-    atomic_torch_save({k: v.detach().cpu() for k, v in loss.state_dict().items()}, result)
+    fit = {k: v.detach().cpu() for k, v in loss.state_dict().items()}
+    save_stage({"fit": fit}, result, None)
     (work_dir / "partial.pt").unlink(missing_ok=True)
     return loss
 
@@ -459,6 +460,7 @@ def score_runs(
     progress: bool = False,
     on_run: Callable[[int, Path], None] | None = None,
     task: TaskConfig | Mapping[str, Any] | None = None,
+    fit_dir: Callable[[Path], Path] | None = None,
     **fqe_overrides: Any,
 ) -> list[RunScore]:
     """FQE score (and online score, when evaluated) of every run in ``run_dirs``.
@@ -477,6 +479,7 @@ def score_runs(
         task: ``task.*`` values; only the reference scores matter here (see
             :func:`online_score`); the others are accepted, but offline
             selection never runs the environment.
+        fit_dir: where a run's fits are cached (default ``<run_dir>/selection_fqe``).
         fqe_overrides: :class:`SelectionFQEConfig` fields overriding each run's
             defaults (:func:`fqe_config_for_run`), e.g. ``steps=2000``.
 
@@ -515,7 +518,7 @@ def score_runs(
             meta["action_dim"],
             fqe_config,
             seed,
-            Path(run_dir) / "selection_fqe",
+            Path(run_dir) / "selection_fqe" if fit_dir is None else fit_dir(Path(run_dir)),
             {"data": info.fingerprint, "policy": _weights_digest(actor)},
             progress,
         )

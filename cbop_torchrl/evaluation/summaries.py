@@ -21,6 +21,7 @@ imports torch only when it runs.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import statistics
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cbop_torchrl.sweeps import find_files
+from cbop_torchrl.utils import read_regular_text
 
 SUMMARY_FORMAT = "cbop-torchrl-summary/1"
 FINAL_EVALUATIONS = 3
@@ -115,13 +117,13 @@ def read_scalar_curves(run_dir: Path, prefix: str = "train/") -> dict[str, list[
     files: dict[str, list[Path]] = {}
     for scalars in Path(run_dir).glob("logs/*/scalars"):
         root = scalars / prefix
-        for path in root.rglob("*.csv"):
+        for path in find_files(root, "*.csv") if root.is_dir() else ():  # regular files only
             files.setdefault(path.relative_to(root).with_suffix("").as_posix(), []).append(path)
     curves: dict[str, list[list[float]]] = {}
     for name in sorted(files):
         points: dict[int, float] = {}
         for path in sorted(files[name], key=lambda p: (p.stat().st_mtime, str(p))):
-            with open(path, newline="") as handle:
+            with io.StringIO(read_regular_text(path), newline="") as handle:
                 for row in csv.reader(handle):
                     if len(row) >= 2:
                         try:
@@ -234,7 +236,7 @@ def _score_curve(history: list[dict[str, Any]], key: str) -> list[list[float]]:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        value = json.loads(Path(path).read_text())
+        value = json.loads(read_regular_text(path))
     except (OSError, ValueError) as error:
         raise ReportError(f"cannot read {str(path)!r} ({type(error).__name__}: {error})") from None
     if not isinstance(value, dict):
@@ -266,7 +268,7 @@ def _read_summary_file(file: Path) -> dict[str, Any] | None:
             table.
     """
     try:
-        value = json.loads(file.read_text())
+        value = json.loads(read_regular_text(file))
     except (OSError, ValueError) as error:
         raise ReportError(
             f"cannot read {str(file)!r} ({type(error).__name__}: {error}); a truncated or "

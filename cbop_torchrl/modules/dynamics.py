@@ -354,7 +354,12 @@ def save_dynamics(model: DynamicsModel, path: str | Path, metadata: dict | None 
     ``metadata`` (plain Python values only) is stored alongside, e.g. the
     training config. Load with :func:`load_dynamics`.
     """
-    checkpoint = {
+    return atomic_torch_save(dynamics_state(model, metadata), path)
+
+
+def dynamics_state(model: DynamicsModel, metadata: dict | None = None) -> dict:
+    """What :func:`save_dynamics` writes: plain values and tensors only."""
+    return {
         "format": CHECKPOINT_FORMAT,
         "architecture": model.ensemble.architecture(),
         "termination": model.termination,
@@ -362,7 +367,6 @@ def save_dynamics(model: DynamicsModel, path: str | Path, metadata: dict | None 
         "state_dict": {k: v.detach().cpu() for k, v in model.ensemble.state_dict().items()},
         "metadata": metadata or {},
     }
-    return atomic_torch_save(checkpoint, path)
 
 
 def load_dynamics(
@@ -379,6 +383,18 @@ def load_dynamics(
     :mod:`cbop_torchrl.registry`; it is stored by name, not pickled.
     """
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    return dynamics_from_state(checkpoint, path, device, mode, per_member, termination)
+
+
+def dynamics_from_state(
+    checkpoint: dict,
+    path: str | Path,
+    device: torch.device | str | None = None,
+    mode: str = "sample",
+    per_member: bool = True,
+    termination: str | None = None,
+) -> DynamicsModel:
+    """The :class:`DynamicsModel` of a state :func:`dynamics_state` made (read from ``path``)."""
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(
             f"{path} is not a dynamics checkpoint of format {CHECKPOINT_FORMAT} "

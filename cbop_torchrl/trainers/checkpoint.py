@@ -158,6 +158,98 @@ def check_integrity(state: dict[str, Any], path: str | Path) -> None:
         )
 
 
+# ------------------------------------------------------------------------- cached stages
+
+STAGE_KEY = "stage"
+"""A cached stage's record (:func:`save_stage`): its cache entry and the data it was made on."""
+
+_DATA_FIELDS = ("content", "fingerprint")
+"""The fields of a data record that say which data it is (the others are for messages)."""
+
+
+def save_stage(state: dict[str, Any], path: str | Path, data: dict[str, Any] | None) -> Path:
+    """Writes a cached stage (a dynamics ``model.pt``, a BC/FQE/selection ``result.pt`` or
+    ``partial.pt``) with its record and SHA-256, atomically (:func:`read_stage` checks both).
+
+    The record holds the name of the cache entry's folder (the hash of everything the
+    stage depends on: the data's fingerprint, the settings, the seed) and ``data``, the
+    record of the data it was trained on (:func:`cbop_torchrl.data.data_record`, or at
+    least its ``fingerprint``).
+    """
+    path = Path(path)
+    record = {"entry": path.parent.name, "data": dict(data or {})}
+    return atomic_torch_save(seal({**state, STAGE_KEY: record}), path)
+
+
+def stage_problem(state: Any, path: Path, data: dict[str, Any] | None) -> str | None:
+    """Why the cached stage ``state`` read from ``path`` may not be used; None when it may.
+
+    It must carry its SHA-256 and record (:func:`save_stage`), its content must match the
+    SHA-256, it must be this entry's own file (not one copied from another entry), and it
+    must have been trained on ``data`` (the fields of :data:`_DATA_FIELDS` both records
+    hold must be equal).
+    """
+    if not isinstance(state, dict) or not isinstance(state.get(STAGE_KEY), dict):
+        return (
+            "carries no SHA-256 and no record of its data (an earlier version wrote it, or "
+            "it is not a cached stage), so what it was trained on cannot be checked"
+        )
+    if state.get(INTEGRITY_KEY) != state_digest(state):
+        return "is damaged: its content no longer matches the SHA-256 recorded when it was written"
+    record = state[STAGE_KEY]
+    if record.get("entry") != path.parent.name:
+        return (
+            f"belongs to another cache entry ({record.get('entry')!r}, not "
+            f"{path.parent.name!r}): it was copied or moved here, and was made with other "
+            "data or settings"
+        )
+    stored = record.get("data") if isinstance(record.get("data"), dict) else {}
+    given = data or {}
+    for key in _DATA_FIELDS:
+        if key in stored and key in given and stored[key] != given[key]:
+            return (
+                f"was trained on other data ({_data_name(stored)}) than this one "
+                f"({_data_name(given)})"
+            )
+    return None
+
+
+def _data_name(record: dict[str, Any]) -> str:
+    name = record.get("name") or record.get("source") or "?"
+    key = record.get("content") or record.get("fingerprint") or "?"
+    return f"{name!r}, {str(key)[:16]}"
+
+
+def read_stage(path: str | Path, data: dict[str, Any] | None, what: str) -> dict[str, Any] | None:
+    """A cached stage written by :func:`save_stage`, checked; None when there is none or it
+    may not be used.
+
+    A file that cannot be read, is damaged, belongs to another entry, was trained on other
+    data or carries no record is never used: one warning (a paragraph naming the file and
+    the reason) says so, the file is removed and the caller trains the stage again, which
+    replaces it. Read with ``torch.load(weights_only=True)``.
+    """
+    import warnings
+
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        problem = stage_problem(state, path, data)
+    except Exception as error:
+        problem = f"cannot be read ({describe_load_error(error)})"
+    if problem is None:
+        return state
+    warnings.warn(
+        f"the cache file {path} {problem} (a cached {what}); it is not used: it was removed "
+        "and the stage is trained again, which replaces it.",
+        stacklevel=2,
+    )
+    path.unlink(missing_ok=True)
+    return None
+
+
 #: What identifies the data a run trains on (:func:`cbop_torchrl.data.data_record`), written
 #: into the run directory when the run starts and into every checkpoint.
 DATA_RECORD_NAME = "data.json"

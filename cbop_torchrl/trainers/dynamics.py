@@ -38,10 +38,10 @@ from cbop_torchrl.config import DynamicsConfig
 from cbop_torchrl.modules.dynamics import (
     DynamicsModel,
     GaussianEnsemble,
-    load_dynamics,
-    save_dynamics,
+    dynamics_from_state,
+    dynamics_state,
 )
-from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
+from cbop_torchrl.trainers.checkpoint import NonFiniteLossError, read_stage, save_stage
 from cbop_torchrl.trainers.update import CapturedStep
 from cbop_torchrl.utils import (
     atomic_json_dump,
@@ -424,6 +424,20 @@ def dynamics_cache_key(info: Any, config: DynamicsConfig) -> str:
     return config_hash({"dataset": info.fingerprint, "config": config.to_dict()})
 
 
+def _data_record(info: Any) -> dict[str, Any]:
+    """The record of the data a cached ensemble is trained on: :func:`cbop_torchrl.data.
+    data_record` where ``info`` is a ``DatasetInfo``, with the fingerprint the cache key
+    uses (actions rescaled to [-1, 1] change it)."""
+    try:
+        from cbop_torchrl.data import data_record
+
+        record = data_record(info)
+    except Exception:  # a stand-in with a name and a fingerprint only (tests, the API)
+        record = {"name": getattr(info, "name", None)}
+    record["fingerprint"] = info.fingerprint
+    return record
+
+
 def load_or_train_dynamics(
     dataset_td: TensorDictBase,
     info: Any,
@@ -454,10 +468,12 @@ def load_or_train_dynamics(
     directory = cache_dir("dynamics", dynamics_cache_key(info, config))
     model_path, metrics_path = directory / "model.pt", directory / "metrics.json"
     device = dataset_td.get("observation").device
+    record = _data_record(info)
     with cache_entry_lock(directory, "dynamics model"):
-        if use_cache and model_path.exists() and metrics_path.exists():
+        state = read_stage(model_path, record, "dynamics model") if use_cache else None
+        if state is not None and metrics_path.exists():
             try:
-                model = load_dynamics(model_path, device=device, termination=termination)
+                model = dynamics_from_state(state, model_path, device, termination=termination)
                 metrics = json.loads(metrics_path.read_text())
                 if bad := non_finite_parts(model, metrics):  # cached by an earlier version
                     raise ValueError(f"its {', '.join(bad[:3])} are not finite")
@@ -475,7 +491,7 @@ def load_or_train_dynamics(
         )
         check_trained_dynamics(model, metrics, config, dataset_td)
         metadata = {"dataset": info.name, "config": config.to_dict()}
-        save_dynamics(model, model_path, metadata=metadata)
+        save_stage(dynamics_state(model, metadata), model_path, record)
         metrics.update(dataset=info.name, config=config.to_dict())
         atomic_json_dump(metrics, metrics_path)
         metrics.update(cached=False, cache_path=str(model_path))

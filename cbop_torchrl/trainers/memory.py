@@ -249,6 +249,19 @@ def run_estimate(
     return Estimate(total=sum(parts.values()), parts=parts)
 
 
+def checkpoint_bytes(config, obs_dim: int, action_dim: int) -> int:
+    """About the size of a run's checkpoint: the Q-ensemble (weights, target, Adam's two
+    moments) and the actor (weights and its two moments), float32."""
+    agent = config.agent
+    M = int(agent.num_qvalue_nets or 1)
+    actor_hidden = [int(w) for w in agent.hidden_sizes]
+    critic_hidden = [int(w) for w in (agent.critic_hidden_sizes or actor_hidden)]
+    obs, act = int(obs_dim), int(action_dim)
+    q_params = M * mlp_parameters(obs + act, critic_hidden, 1)
+    actor_params = mlp_parameters(obs, actor_hidden, 2 * act)
+    return (4 * q_params + 3 * actor_params) * FLOAT_BYTES
+
+
 def evaluation_environments(evaluation, num_rows: int = 0) -> int:
     """The most environments an evaluation holds at once: ``eval.episodes`` side by side, or
     one MuJoCo simulation per start state (``eval.start_states``, at most the dataset's rows)

@@ -84,6 +84,7 @@ from cbop_torchrl.trainers.logging import (
     log_scalars,
     make_logger,
 )
+from cbop_torchrl.trainers.memory import checkpoint_bytes
 from cbop_torchrl.trainers.portable import PortableRNGState, PortableSampleFromBuffer
 from cbop_torchrl.trainers.pretrain import load_or_train_bc, load_or_train_fqe
 from cbop_torchrl.trainers.rundir import (
@@ -390,7 +391,8 @@ class OfflineRun:
         device = resolve_device(config.device)
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        claim_run_dir(run_dir)  # refuses a folder of user files a run could overwrite
+        # refuses a folder of user files a run could overwrite, or too little free space
+        claim_run_dir(run_dir, checkpoint_bytes(config, info.obs_dim, info.action_dim))
         lock = RunLock(run_dir)  # a second copy of the command stops here (RunLockedError)
         if lock.previous_holder:
             print(f"[cbop] took over the lock of a run that died ({lock.previous_holder})")

@@ -36,14 +36,12 @@ from cbop_torchrl.objectives.pretrain import (
     FittedQEvaluationLoss,
     bootstrap_counts,
 )
-from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
+from cbop_torchrl.trainers.checkpoint import NonFiniteLossError, read_stage, save_stage
 from cbop_torchrl.trainers.update import CapturedStep, GradientStep
 from cbop_torchrl.utils import (
-    atomic_torch_save,
     cache_dir,
     cache_entry_lock,
     config_hash,
-    describe_load_error,
     seed_everything,
 )
 
@@ -128,7 +126,7 @@ def run_supervised_stage(
             if log_fn is not None:
                 log_fn({f"{name}/{key}": value for key, value in last.items()}, done)
         if done % config.checkpoint_interval == 0 and done < config.steps:
-            atomic_torch_save(
+            save_stage(
                 {
                     "loss": loss.state_dict(),
                     "optimizer": optimizer.state_dict(),
@@ -137,6 +135,7 @@ def run_supervised_stage(
                     "step": done,
                 },
                 partial,
+                None,
             )
     return last
 
@@ -181,27 +180,31 @@ def _raise_if_a_step_was_not_finite(
         )
 
 
-def read_cached_stage(path: Path, key: str | None = None) -> Any | None:
-    """``torch.load(path, weights_only=True)`` (its ``key`` entry when given), or None
-    when the file is absent or unreadable.
+def read_cached_stage(
+    path: Path, key: str | None = None, data: dict[str, Any] | None = None
+) -> Any | None:
+    """The cached stage at ``path`` (its ``key`` entry when given), or None when there is
+    none or it may not be used.
 
-    A damaged cache file (a disk error, a copy cut short, another version's
-    format) is not fatal: a warning names it, the file is removed and the stage
-    is trained again.
+    Written by :func:`~cbop_torchrl.trainers.checkpoint.save_stage`, so it carries its
+    SHA-256 and a record of its cache entry and data; :func:`~cbop_torchrl.trainers.
+    checkpoint.read_stage` checks both (``data``: the record of this run's data). A damaged,
+    unreadable, moved, other data's or unrecorded file is not fatal: a warning names it, the
+    file is removed and the stage is trained again.
     """
-    if not path.is_file():
+    what = {"partial.pt": "partial stage"}.get(path.name, "stage")
+    state = read_stage(path, data, f"{what} ({path.parent.parent.name})")
+    if state is None:
         return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        return state if key is None else state[key]
-    except Exception as error:
+    if key is not None and key not in state:
         warnings.warn(
-            f"the cache file {path} cannot be read ({describe_load_error(error)}); it "
-            "was removed and this stage is trained again",
+            f"the cached stage {str(path)!r} holds no {key!r}; it was removed and this stage is "
+            "trained again",
             stacklevel=2,
         )
         path.unlink(missing_ok=True)
         return None
+    return state if key is None else state[key]
 
 
 def check_finite_state(state: dict[str, torch.Tensor], stage: str, lr: float) -> None:
@@ -254,7 +257,8 @@ def load_or_train_bc(
     work_dir = _stage_dir("bc", key)
     result = work_dir / "result.pt"
     with cache_entry_lock(work_dir, "behaviour-cloning stage"):
-        if (cached := read_cached_stage(result, "actor")) is not None:
+        record = {"fingerprint": fingerprint}  # the data's fingerprint holds its content key
+        if (cached := read_cached_stage(result, "actor", record)) is not None:
             return cached, True
         seed_everything(seed + BC_SEED_OFFSET)
         actor = make_actor(obs_dim, action_dim, tuple(hidden_sizes), device=data.device)
@@ -268,7 +272,7 @@ def load_or_train_bc(
         )  # fmt: skip
         state = {k: v.detach().cpu() for k, v in actor.state_dict().items()}
         check_finite_state(state, "bc", config.lr)
-        atomic_torch_save({"actor": state}, result)
+        save_stage({"actor": state}, result, record)
         (work_dir / "partial.pt").unlink(missing_ok=True)
         return state, False
 
@@ -425,7 +429,7 @@ def fit_fqe_rounds_to_convergence(
                 },
                 round_index + 1,
             )
-        atomic_torch_save(
+        save_stage(
             {
                 "loss": loss.state_dict(),
                 "optimizer": optimizer.state_dict(),
@@ -434,6 +438,7 @@ def fit_fqe_rounds_to_convergence(
                 "round": round_index + 1,
             },
             partial,
+            None,
         )
 
 
@@ -489,7 +494,8 @@ def load_or_train_fqe(
     work_dir = _stage_dir("fqe", key)
     result = work_dir / "result.pt"
     with cache_entry_lock(work_dir, "FQE stage"):
-        if (cached := read_cached_stage(result, "qvalue")) is not None:
+        record = {"fingerprint": fingerprint}
+        if (cached := read_cached_stage(result, "qvalue", record)) is not None:
             return cached, True
         seed_everything(seed + FQE_SEED_OFFSET)
         usable = data.get("next_action_mask")
@@ -522,6 +528,6 @@ def load_or_train_fqe(
             )  # fmt: skip
         state = {k: v.detach().cpu() for k, v in loss.state_dict().items()}
         check_finite_state(state, "fqe", config.lr)
-        atomic_torch_save({"qvalue": state}, result)
+        save_stage({"qvalue": state}, result, record)
         (work_dir / "partial.pt").unlink(missing_ok=True)
         return state, False

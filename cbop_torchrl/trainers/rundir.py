@@ -16,21 +16,22 @@ supports through its lock manager.)
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 from pathlib import Path
 from typing import Any
 
 from cbop_torchrl.trainers.checkpoint import (
-    CHECKPOINT_NAME,
     DATA_RECORD_NAME,
     CheckpointError,
-    load_checkpoint,
     read_data_record,
 )
 from cbop_torchrl.utils import (
+    add_write_root,
     atomic_json_dump,
     atomic_write,
+    check_free_space,
     read_regular_json,
     remove_stale_temporaries,
 )
@@ -152,17 +153,21 @@ def _open_own_file(path: Path):  # noqa: ANN202 - a text file object
     return os.fdopen(fd, "r+")
 
 
-def claim_run_dir(run_dir: str | Path) -> None:
+def claim_run_dir(run_dir: str | Path, needed_bytes: int = 0) -> None:
     """Creates ``run_dir``, or checks that an existing one is a run's; then marks it as one.
 
     A run directory holds :data:`MARKER_NAME`, written here before the run writes
-    anything else (a run of an earlier version is known by its run lock,
-    :data:`LOCK_NAME`, which every run since the lock existed leaves behind). A
-    folder that already holds other files than Hydra's and neither is refused, so
-    a run never removes or overwrites a file it did not write.
+    anything else; the marker alone makes a folder a run's (never what the folder holds,
+    however much it looks like a run's outputs). A folder that already holds other files
+    than Hydra's and no marker is refused, so a run never removes or overwrites a file it
+    did not write. Its file system must have ``needed_bytes`` (a checkpoint) plus the
+    margin every write keeps free, checked here, before any stage runs. Once claimed, the
+    directory is a write root: nothing is written through a link below it
+    (:func:`cbop_torchrl.utils.check_no_link`).
 
     Raises:
         CheckpointError: ``run_dir`` is not a directory, or holds other files and no marker.
+        DiskFullError: too little free space for a checkpoint and the margin.
     """
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -182,7 +187,9 @@ def claim_run_dir(run_dir: str | Path) -> None:
             f"the run directory {str(run_dir)!r} is not writable by this user; pass a run "
             "directory you can write to (hydra.run.dir=...)."
         )
+    check_free_space(run_dir, needed_bytes)  # before any stage: not after training
     marker = run_dir / MARKER_NAME
+    add_write_root(run_dir)
     if _is_regular_file(marker):
         linked = [name for name in (*RUN_OUTPUTS, ".hydra") if (run_dir / name).is_symlink()]
         if linked:  # a run would write through them (its logs) or replace them
@@ -196,14 +203,9 @@ def claim_run_dir(run_dir: str | Path) -> None:
             remove_stale_temporaries(directory)
         write_hydra_files(run_dir)
         return
-    # A lock file alone proves nothing (anyone can leave an empty .run.lock): only what a
-    # run writes before anything else, the marker, makes a folder a run's, or the run of
-    # an earlier version that wrote no marker (its lock, a checkpoint this package reads,
-    # and nothing but a run's outputs).
-    if _is_unmarked_earlier_run(run_dir):
-        _create_marker(marker)
-        write_hydra_files(run_dir)
-        return
+    # A lock file alone proves nothing (anyone can leave an empty .run.lock), nor do files
+    # named like a run's outputs, nor a checkpoint this package can read: only what a run
+    # writes before anything else, the marker, makes a folder a run's.
     foreign = sorted(
         entry.name
         for entry in run_dir.iterdir()
@@ -211,10 +213,19 @@ def claim_run_dir(run_dir: str | Path) -> None:
     )
     if foreign:
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        earlier = ""
+        if LOCK_NAME in foreign and "checkpoint.pt" in foreign:
+            earlier = (
+                " If it is the run directory of a cbop-torchrl version from before the marker "
+                f"and holds nothing of yours, mark it: touch {shlex.quote(str(marker))}, then "
+                "run the same command again."
+            )
         raise CheckpointError(
             f"the run directory {str(run_dir)!r} already holds files that no cbop-torchrl run "
-            f"wrote there ({shown}): it has no {MARKER_NAME} marker, and a run may remove or "
-            "overwrite its own files. Pass an empty or new run directory (hydra.run.dir=...)."
+            f"wrote there ({shown}): it has no {MARKER_NAME} marker (the marker alone makes a "
+            "folder a run's, never files that look like a run's outputs), and a run may remove "
+            "or overwrite its own files. Pass an empty or new run directory "
+            f"(hydra.run.dir=...).{earlier}"
         )
     _create_marker(marker)
     write_hydra_files(run_dir)
@@ -261,23 +272,6 @@ def write_hydra_files(run_dir: Path) -> None:
     }
     for name in _HYDRA_FILES:
         atomic_write(folder / name, lambda tmp, text=texts[name]: tmp.write_text(text))
-
-
-def _is_unmarked_earlier_run(run_dir: Path) -> bool:
-    """A run directory of a version before the marker: the lock, a readable CBOP checkpoint,
-    and only the names a run writes (:data:`RUN_OUTPUTS`, Hydra's ``.hydra``)."""
-    names = {entry.name for entry in run_dir.iterdir()}
-    allowed = {LOCK_NAME, *RUN_OUTPUTS, *_PRE_RUN_NAMES}
-    checkpoint = run_dir / CHECKPOINT_NAME
-    if LOCK_NAME not in names or not names <= allowed or not _is_regular_file(checkpoint):
-        return False
-    if any((run_dir / name).is_symlink() for name in names):
-        return False
-    try:
-        load_checkpoint(checkpoint)
-    except CheckpointError:
-        return False
-    return True
 
 
 def _is_regular_file(path: Path) -> bool:
