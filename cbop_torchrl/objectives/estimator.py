@@ -55,6 +55,12 @@ from torchrl.modules.distributions.utils import rsample_and_log_prob
 from torchrl.objectives.value import ValueEstimatorBase
 
 from cbop_torchrl._torchrl_compat import vmap_over_params
+from cbop_torchrl.modules.actor_critic import (
+    LOG_STD_MAX,
+    LOG_STD_MIN,
+    BoxTanhNormal,
+    ClampedLogStdHead,
+)
 from cbop_torchrl.modules.fused_mlp import (
     fused_mlp_ensemble,
     plain_mlp_plan,
@@ -84,6 +90,52 @@ SAMPLINGS = ("shared", "independent")
 #: paper's sizes: 1 GB). Measured on the 2-core CPU at the paper's sizes: 8192-row blocks
 #: are as fast as one block; 2048 are 1.3x (fp32) to 2x (bf16) slower (smaller GEMMs).
 DEFAULT_Q_CHUNK_ROWS = 8192
+
+
+#: A plain actor's Linear layers, in order: the ``(weight, bias)`` keys of its parameters.
+ActorPlan = list[tuple[tuple[str, ...], tuple[str, ...]]]
+
+
+def plain_actor_plan(actor: TensorDictModuleBase, obs_key: str) -> ActorPlan | None:
+    """The Linear layers of :func:`~cbop_torchrl.modules.actor_critic.make_actor`'s actor, or None.
+
+    Plain means: ``observation -> MLP (Linear, ReLU, ..., Linear) -> ClampedLogStdHead``
+    and a :class:`~cbop_torchrl.modules.actor_critic.BoxTanhNormal` on ``[-1, 1]``. The
+    rollout then samples its actions with one ``addmm`` (+ ReLU) per layer on weights cast
+    and transposed once per rollout (:meth:`CBOPValueEstimator._plain_actor_sample`), the
+    same operations ``F.linear`` and the distribution run, without a TensorDict per step.
+    """
+    modules = getattr(actor, "module", None)
+    if not isinstance(modules, torch.nn.ModuleList) or len(modules) != 2:
+        return None
+    params_module, dist_module = modules
+    if list(getattr(params_module, "in_keys", [])) != [obs_key]:
+        return None
+    if list(getattr(params_module, "out_keys", [])) != ["loc", "scale"]:
+        return None
+    if getattr(dist_module, "distribution_class", None) is not BoxTanhNormal:
+        return None
+    kwargs = dict(getattr(dist_module, "distribution_kwargs", {}) or {})
+    if (float(kwargs.get("low", -1.0)), float(kwargs.get("high", 1.0))) != (-1.0, 1.0):
+        return None
+    body = getattr(params_module, "module", None)
+    if not isinstance(body, torch.nn.Sequential) or len(body) != 2:
+        return None
+    mlp, head = body
+    if type(head) is not ClampedLogStdHead or not isinstance(mlp, torch.nn.Sequential):
+        return None
+    children = list(mlp.named_children())
+    kinds = [type(child) for _, child in children]
+    if not kinds or len(kinds) % 2 == 0:
+        return None
+    if any(kind is not torch.nn.Linear for kind in kinds[::2]):
+        return None
+    if any(kind is not torch.nn.ReLU for kind in kinds[1::2]):
+        return None
+    if any(child.bias is None for _, child in children[::2]):
+        return None
+    prefix = ("module", "0", "module", "0")
+    return [((*prefix, name, "weight"), (*prefix, name, "bias")) for name, _ in children[::2]]
 
 
 class CBOPValueEstimator(ValueEstimatorBase):
@@ -256,6 +308,7 @@ class CBOPValueEstimator(ValueEstimatorBase):
         self._mlp_plan = plain_mlp_plan(qvalue_network, obs_key, action_key, q_value_key)
         if not fused_q or deactivate_vmap:
             self._mlp_plan = None
+        self._actor_plan = plain_actor_plan(actor_network, obs_key) if fused_q else None
         self.q_chunk_rows = None if q_chunk_rows is None else int(q_chunk_rows)
         self.compile = bool(compile)
         self._compiled_q: Callable[..., torch.Tensor] | None = None
@@ -453,20 +506,81 @@ class CBOPValueEstimator(ValueEstimatorBase):
             device_type=device.type, dtype=self.rollout_dtype, cache_enabled=not capturing
         )
 
+    def _actor_layers(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """A plain actor's layers as ``(weight^T [in, out], bias [out])`` in the rollout dtype.
+
+        Made once per rollout (the casts and transposes ``F.linear`` under autocast would
+        make at every step); None for another actor (it then runs as a module).
+        """
+        if self._actor_plan is None:
+            return None
+        params = self._actor_params()
+        if params is None:
+            params = TensorDict.from_module(self.actor_network)
+        dtype = self.rollout_dtype
+        layers = []
+        for weight_key, bias_key in self._actor_plan:
+            weight, bias = params.get(weight_key), params.get(bias_key)
+            if dtype != torch.float32:
+                weight, bias = weight.to(dtype), bias.to(dtype)
+            layers.append((weight.t(), bias))  # a transposed view, as F.linear passes it
+        return layers
+
+    def _plain_actor_params(
+        self, obs: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``loc``, ``scale`` ``[*b, A]`` (fp32) of a plain actor on ``obs`` ``[*b, O]``.
+
+        The operations of the actor module under the rollout's autocast: ``addmm`` per
+        layer on the cast weights, ReLU between, then the head's split, clamp and exp in
+        the rollout dtype, cast to fp32 (the same numbers as :meth:`_sample_action`'s
+        module path).
+        """
+        hidden = obs.reshape(-1, obs.shape[-1])
+        if self.rollout_dtype != torch.float32:
+            hidden = hidden.to(self.rollout_dtype)
+        last = len(layers) - 1
+        for index, (weight_t, bias) in enumerate(layers):
+            hidden = torch.addmm(bias, hidden, weight_t)
+            if index < last:
+                hidden = torch.relu(hidden)
+        loc, log_std = hidden.chunk(2, dim=-1)
+        scale = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp()
+        if self.rollout_dtype != torch.float32:
+            loc, scale = loc.float(), scale.float()
+        return loc, scale
+
     def _sample_action(
-        self, obs: torch.Tensor, with_log_prob: bool
+        self,
+        obs: torch.Tensor,
+        with_log_prob: bool,
+        layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``a ~ pi(.|obs)`` ``[*b, A]`` (and ``log pi`` ``[*b]``); dist maths in fp32.
 
-        Runs the actor as it is: callers load the actor parameters first
-        (:meth:`_actor_loaded`, once per rollout rather than once per step).
+        With ``layers`` (:meth:`_actor_layers`, a plain actor) the actor's operations run
+        on them directly; otherwise the actor runs as it is: callers load the actor
+        parameters first (:meth:`_actor_loaded`, once per rollout rather than once per step).
         """
         actor = self.actor_network
-        td = TensorDict({self.obs_key: obs}, batch_size=obs.shape[:-1])
-        with self._autocast(obs.device):
-            dist_params = actor.get_dist_params(td)
-        if self.rollout_dtype != torch.float32:
-            dist_params = dist_params.apply(lambda x: x.float() if x.is_floating_point() else x)
+        if layers is not None:
+            loc, scale = self._plain_actor_params(obs, layers)
+            if not with_log_prob:
+                # BoxTanhNormal's draw on [-1, 1]: tanh(loc + eps * scale), eps ~ N(0, 1).
+                eps = torch.randn(loc.shape, dtype=loc.dtype, device=loc.device)
+                action = torch.tanh(loc + eps * scale)
+                return action.reshape(*obs.shape[:-1], action.shape[-1]), None
+            batch = obs.shape[:-1]
+            dist_params = TensorDict(
+                {"loc": loc.reshape(*batch, -1), "scale": scale.reshape(*batch, -1)},
+                batch_size=batch,
+            )
+        else:
+            td = TensorDict({self.obs_key: obs}, batch_size=obs.shape[:-1])
+            with self._autocast(obs.device):
+                dist_params = actor.get_dist_params(td)
+            if self.rollout_dtype != torch.float32:
+                dist_params = dist_params.apply(lambda x: x.float() if x.is_floating_point() else x)
         dist = actor.build_dist_from_params(dist_params)
         if with_log_prob:
             action, log_prob = rsample_and_log_prob(dist)
@@ -514,6 +628,8 @@ class CBOPValueEstimator(ValueEstimatorBase):
         """
         # Loading a loss's (locked) parameters into the actor costs about a millisecond on
         # a CPU: once for the rollout's H + 1 actor passes.
+        if self._actor_plan is not None:  # the plain actor reads its parameters directly
+            return self._rollout_returns(next_obs, target_params)
         with self._actor_loaded():
             return self._rollout_returns(next_obs, target_params)
 
@@ -526,9 +642,11 @@ class CBOPValueEstimator(ValueEstimatorBase):
         device = next_obs.device
         q_params = self._qvalue_params(target_params)
 
-        first_action, log_prob = self._sample_action(next_obs, with_log_prob=True)
+        layers = self._actor_layers()
+        first_action, log_prob = self._sample_action(next_obs, with_log_prob=True, layers=layers)
         if self.sampling == "independent" and H > 0:
-            return self._independent_returns(next_obs, first_action, q_params) + (log_prob,)
+            returns = self._independent_returns(next_obs, first_action, q_params, layers)
+            return returns + (log_prob,)
         obs = next_obs.unsqueeze(0).expand(K, N, next_obs.shape[-1])  # a view: s_1 = s'
         action = first_action.unsqueeze(0).expand(K, *first_action.shape)
         alive = torch.ones(K, N, dtype=torch.bool, device=device)
@@ -548,7 +666,7 @@ class CBOPValueEstimator(ValueEstimatorBase):
             # terminated rollouts): its later rows are masked, and the model never sees a
             # terminal (possibly non-finite or out-of-range) state.
             obs = torch.where(alive.unsqueeze(-1), next_obs_k, obs)
-            action, _ = self._sample_action(obs, with_log_prob=False)
+            action, _ = self._sample_action(obs, with_log_prob=False, layers=layers)
             q_obs.append(obs)
             q_action.append(action)
 
@@ -581,7 +699,11 @@ class CBOPValueEstimator(ValueEstimatorBase):
         return returns, valid, log_prob
 
     def _independent_returns(
-        self, next_obs: torch.Tensor, first_action: torch.Tensor, q_params: TensorDictBase
+        self,
+        next_obs: torch.Tensor,
+        first_action: torch.Tensor,
+        q_params: TensorDictBase,
+        layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``returns`` ``(N, H+1, K, M)`` and ``valid`` ``(N, H+1)`` with fresh rollouts per h.
 
@@ -618,7 +740,7 @@ class CBOPValueEstimator(ValueEstimatorBase):
             # Terminated particles stay at their last live state (see _rollout_returns).
             obs = torch.where(alive.unsqueeze(-1), stepped, obs)
             valid_group = valid_group & alive.all(dim=0)
-            action, _ = self._sample_action(obs, with_log_prob=False)
+            action, _ = self._sample_action(obs, with_log_prob=False, layers=layers)
             # The first remaining group has horizon t + 1: it is complete.
             done_obs.append(obs[:, 0])
             done_action.append(action[:, 0])

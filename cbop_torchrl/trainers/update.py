@@ -135,14 +135,18 @@ class GradientStep:
             for key, value in losses.items(True, True)
             if value.numel() > 0 and value.is_floating_point()
         }
-        finite = torch.stack(
-            [torch.isfinite(value).all() for value in checked.values()]
-            + [torch.isfinite(grad_norm)]
-        )
+        # One finiteness test for all values: a scalar as it is, a vector as the sum of
+        # ``v * 0`` (0 if every element is finite, NaN otherwise: no overflow), stacked.
+        with torch.no_grad():
+            probes = [
+                value if value.dim() == 0 else (value * 0).sum() for value in checked.values()
+            ]
+            finite = torch.isfinite(torch.stack([*probes, grad_norm]))
         found_inf = self.health.record(finite, [*checked, "gradient norm"])
         if self.skips_on_device:
             self.optimizer.found_inf.copy_(found_inf)
-        losses = losses.detach()
+        # Only the losses carry a graph: the diagnostics are detached already.
+        losses = losses.apply(lambda value: value.detach() if value.requires_grad else value)
         losses.set("grad_norm", grad_norm.detach())
         return losses
 
