@@ -88,3 +88,74 @@ def test_the_checker_finds_broken_links_anchors_and_outside_requests(tmp_path: P
     assert "<img> missing.png is not in the site" in problems
     assert "example.org" not in problems and "pic.png" not in problems and "here.js" not in problems
     assert len(check_site.check(tmp_path)) == 6
+
+
+def test_the_checker_finds_wide_tables_and_unlinked_torchrl_names(tmp_path: Path) -> None:
+    wide = "<tr>" + "".join(f"<th>column_number_{i}</th>" for i in range(9)) + "</tr>"
+    narrow = (
+        "<tr><th>a</th><th>b</th></tr><tr><td>1</td><td><code>a_very_long_key_name</code></td></tr>"
+    )
+    (tmp_path / "index.html").write_text(
+        f"<html><body><table>{wide}</table><table>{narrow}</table>"
+        '<p><code>SACLoss</code> <a href="https://x"><code>TensorDict</code></a></p>'
+        "<pre><code>SACLoss</code></pre><h2><code>SACLoss</code></h2></body></html>"
+    )
+    problems = check_site.check(tmp_path)
+    assert any("a table of 9 columns" in p for p in problems)  # the wide one only
+    assert sum("a table of" in p for p in problems) == 1
+    assert [p for p in problems if "not a link" in p] == [
+        "index.html: `SACLoss` is not a link to its documentation (external_docs.py)"
+    ]
+
+
+def test_the_front_page_has_the_set_up_the_paper_and_a_headline(site: Path) -> None:
+    home = (site / "index.html").read_text()
+    text = re.sub(r"<[^>]+>", "", home).replace("&amp;", "&")  # the code block's spans
+    assert "bash setup.sh && .venv/bin/python scripts/cbop.py" in text
+    assert "bash setup.sh && .venv/bin/python -m pytest -q" in text
+    assert "https://openreview.net/forum?id=dNqxZgyjcYA" in home
+    assert "<table>" in home and "CBOP (20,000 steps)" in home
+    assert 'href="https://github.com/cbop-torchrl/cbop-torchrl"' in home
+
+
+def test_pages_are_short_and_state_not_history() -> None:
+    docs = ROOT / "docs"
+    for page in [ROOT / "README.md", *docs.rglob("*.md")]:
+        lines = page.read_text().count("\n")
+        assert lines <= 800 or page.name == "configuration.md", f"{page}: {lines} lines"
+        assert not re.search(r"\blent\b", page.read_text()), f"{page}: 'lent'"
+    hashes = re.compile(r"\bcommits? [0-9a-f]{7,}\b|\(commit [0-9a-f]{7,}")
+    notebook = {"results.md", "learning.md", "speed.md", "gpu.md"}
+    for page in [ROOT / "README.md", *docs.glob("*.md")]:
+        if page.name not in notebook:
+            assert not hashes.search(page.read_text()), f"{page}: a commit hash"
+
+
+def test_every_curve_page_shows_its_figure_and_links_its_numbers(site: Path) -> None:
+    pages = sorted((ROOT / "docs" / "curves").glob("exp*.md"))
+    assert pages
+    for page in pages:
+        html = (site / "curves" / page.stem / "index.html").read_text()
+        assert re.search(rf'<img [^>]*src="[^"]*{re.escape(page.stem)}\.png"', html), page.name
+        assert f"{page.stem}.csv" in html and "<table>" in html  # the columns explained
+    for page in sorted((ROOT / "docs" / "learning").glob("experiment-*.md")):
+        for image in re.findall(r"\]\((figures/[^)]+\.png)\)", page.read_text()):
+            assert (page.parent / image).is_file(), (page.name, image)
+
+
+def test_the_maths_is_rendered_by_the_katex_the_site_holds(site: Path) -> None:
+    html = (site / "algorithm" / "index.html").read_text()
+    assert html.count('class="arithmatex"') >= 10
+    scripts = re.findall(r'<script src="([^"]+)"', html)
+    katex = [s for s in scripts if "katex" in s]
+    assert katex and all(not s.startswith(("http", "//")) for s in katex)
+    for source in katex:
+        assert (site / "algorithm" / source.split("?")[0]).resolve().is_file(), source
+    assert (site / "assets" / "katex" / "fonts" / "KaTeX_Main-Regular.woff2").is_file()
+
+
+def test_the_curve_pages_and_figures_are_current() -> None:
+    sys.path.insert(0, str(ROOT / "docs" / "_tools"))
+    import curve_pages
+
+    assert curve_pages.main(["--check"]) == 0

@@ -13,6 +13,11 @@ the link is pointed there. The site then holds everything it links to and works 
 
 **Roles.** The docstrings name objects Sphinx-style (:class:`X`); each such name that the
 API pages render becomes a link to it (through mkdocs-autorefs), others plain code.
+
+**TorchRL, TensorDict and PyTorch names.** Inline code that is one of
+``external_docs.DOCS``'s names (``SACLoss``, ``TensorDictModule``, ``torch.vmap``, ...) and
+not already a link becomes a plain link to its documentation (``check_site.py`` checks that
+none is left unlinked).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ ROOT = DOCS.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import config_reference  # noqa: E402  (sibling scripts, not a package)
 import error_catalogue  # noqa: E402
+import external_docs  # noqa: E402
 
 log = logging.getLogger("mkdocs.hooks.cbop")
 REPO_LINK = re.compile(r"\]\((\.\./[^)#\s]*)(#[^)\s]*)?\)")
@@ -158,6 +164,28 @@ ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):<code>~?([\w.]+)(
 ROLE_MARK = "cbop-role"
 
 
+LINKED_OR_BLOCK = re.compile(r"<a\b[^>]*>.*?</a>|<pre\b[^>]*>.*?</pre>|<h\d\b[^>]*>.*?</h\d>", re.S)
+_NAMES = "|".join(re.escape(n) for n in sorted(external_docs.DOCS, key=len, reverse=True))
+EXTERNAL_NAME = re.compile(rf'<code>(?:<span title="[\w.]+">)?({_NAMES})(?:</span>)?</code>')
+"""A name as the pages write it (``<code>SACLoss</code>``) or as mkdocstrings renders a type
+(``<code><span title="torchrl.objectives.SACLoss">SACLoss</span></code>``)."""
+
+
+def link_external_names(html: str) -> str:
+    """Each inline ``<code>NAME</code>`` of :data:`external_docs.DOCS` outside links, code
+    blocks and headings, as a link to its documentation."""
+
+    def link(match: re.Match) -> str:
+        return f'<a href="{external_docs.DOCS[match[1]]}">{match[0]}</a>'
+
+    out, last = [], 0
+    for kept in LINKED_OR_BLOCK.finditer(html):
+        out += [EXTERNAL_NAME.sub(link, html[last : kept.start()]), kept[0]]
+        last = kept.end()
+    out.append(EXTERNAL_NAME.sub(link, html[last:]))
+    return "".join(out)
+
+
 def on_page_content(html: str, page, config, files) -> str:
     # the docstrings name objects Sphinx-style (:class:`X`); mkdocstrings shows the role as
     # text: keep the name, marked for on_env, which links it once every page is rendered
@@ -165,6 +193,11 @@ def on_page_content(html: str, page, config, files) -> str:
         return f'<code class="{ROLE_MARK}">{match[1]}{match[2] or ""}</code>'
 
     return ROLE.sub(mark, html)
+
+
+def on_post_page(output: str, page, config) -> str:
+    # after mkdocs-autorefs, which renders the API pages' unresolved types as spans
+    return link_external_names(output)
 
 
 MARKED = re.compile(rf'<code class="{ROLE_MARK}">([\w.]+)(\(\))?</code>')

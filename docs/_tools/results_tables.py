@@ -37,7 +37,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-PAGES = (ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "docs" / "datasets.md")
+PAGES = (
+    ROOT / "README.md",
+    ROOT / "docs" / "index.md",
+    ROOT / "docs" / "results.md",
+    ROOT / "docs" / "datasets.md",
+)
 SNIPPETS = ROOT / "docs" / "_snippets"
 """Generated text the docs pages include whole (pymdownx.snippets' ``base_path``)."""
 BLOCK = re.compile(
