@@ -870,14 +870,55 @@ def atomic_torch_save(obj: Any, path: str | Path) -> Path:
     return atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
-def describe_load_error(error: BaseException) -> str:
+def file_kind(path: str | Path) -> str | None:
+    """What ``path`` holds when it is no PyTorch file: ``an HDF5 file``, ``a JSON file``,
+    ``a CSV file``, ``a text file``, ``an empty file``, ``a FIFO (named pipe)``...; None for
+    a PyTorch file (a ZIP archive or a pickle) or one that cannot be read. Never blocks."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            return special_file_kind(mode)
+        with open(path, "rb") as handle:
+            head = handle.read(65536)
+    except OSError:
+        return None
+    if not head:
+        return "an empty file"
+    if head.startswith(b"\x89HDF\r\n\x1a\n"):
+        return "an HDF5 file"
+    if head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's ZIP archive, or a pickle
+        return None
+    try:
+        text = head.decode()
+    except UnicodeDecodeError:
+        return "a binary file of another format"
+    stripped = text.strip()
+    if stripped[:1] in "{[":
+        try:
+            json.loads(Path(path).read_text())
+            return "a JSON file"
+        except (OSError, ValueError):
+            return "a text file (it starts like JSON)"
+    lines = [line for line in stripped.splitlines()[:20] if line]
+    if len(lines) > 1 and len({line.count(",") for line in lines}) == 1 and "," in lines[0]:
+        return "a CSV file"
+    return "a text file"
+
+
+def describe_load_error(error: BaseException, path: str | Path | None = None) -> str:
     """A one-line reason why ``torch.load(..., weights_only=True)`` failed.
 
     PyTorch's own message for a file holding other objects than tensors and
     plain containers suggests ``weights_only=False``, which would run the
     file's pickled code; this project never loads that way, so that advice is
-    replaced by what the failure means.
+    replaced by what the failure means. With ``path``, a file that is not a PyTorch file
+    at all is named for what it is (:func:`file_kind`: JSON, CSV, HDF5, text).
     """
+    kind = file_kind(path) if path is not None else None
+    if kind is not None:
+        return f"it is {kind}, not a file written by torch.save"
     text = str(error)
     if "weights_only" in text or "Weights only load failed" in text:
         return (

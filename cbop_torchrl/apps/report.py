@@ -43,6 +43,7 @@ from cbop_torchrl.trainers.checkpoint import CheckpointError
 from cbop_torchrl.utils import (
     ForeignFileError,
     check_owned_output,
+    deferred_replace,
     owned_outputs,
     remove_stale_outputs,
 )
@@ -108,7 +109,9 @@ def run(cfg: DictConfig) -> None:
         prefix = cfg.figure_prefix
         if prefix is None:
             prefix = os.path.relpath(cfg.out).rstrip("/") + "/"
-        with owned_outputs(cfg.out, PROGRAM):  # every file it writes (figures too), checked
+        # every file it writes (figures too) checked, and all renamed into place together
+        # once all are written: a failure half way (a full disk) changes no file
+        with owned_outputs(cfg.out, PROGRAM), deferred_replace():
             report = write_report(summaries, cfg.out, figure_prefix=prefix)
         remove_stale_outputs(cfg.out, PROGRAM, report["files"])
     except (ReportError, ConfigError, DatasetError, CheckpointError) as error:

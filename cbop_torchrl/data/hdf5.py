@@ -40,6 +40,7 @@ from cbop_torchrl.utils import (
     check_free_space,
     config_hash,
     disk_full_error,
+    file_kind,
     is_disk_full,
     make_temporary,
     remove_stale_temporaries,
@@ -240,7 +241,13 @@ def _dataset_or_refuse(handle: h5py.File, key: str, where: str) -> h5py.Dataset:
     link = handle.get(key, getlink=True)
     try:
         value = handle[key]
-    except (KeyError, OSError) as error:
+    except (KeyError, OSError, RuntimeError) as error:
+        if isinstance(link, h5py.SoftLink):  # a loop of soft links, or one to nothing
+            raise DatasetError(
+                f"{where}: {key} is a soft link to {link.path!r} that cannot be followed "
+                f"({error}): a loop of links or a link to nothing. Write the array itself "
+                f"under {key}."
+            ) from None
         if isinstance(link, h5py.ExternalLink):
             raise DatasetError(
                 f"{where}: {key} is a link to {link.path!r} in the file {link.filename!r}, "
@@ -265,7 +272,8 @@ def _read_and_validate(handle: h5py.File, path: Path) -> dict[str, np.ndarray]:
     (:func:`_read_finite_float32`), terminals and timeouts in the file's dtype.
     """
     where = f"D4RL-format file {str(path)!r}"
-    missing = [key for key in REQUIRED_KEYS if key not in handle]
+    # a link that cannot be followed is not missing: _dataset_or_refuse names it
+    missing = [key for key in REQUIRED_KEYS if handle.get(key, getlink=True) is None]
     if missing:
         raise DatasetError(
             f"{where} lacks the key(s) {missing}; a D4RL-format file needs {list(REQUIRED_KEYS)} "
@@ -629,6 +637,11 @@ def load_hdf5(path: Path, with_data: bool = True) -> tuple[TensorDict | None, di
     """
     path = Path(path)
     if not path.is_file():
+        if path.exists():  # a folder, a FIFO (never opened: it would block), a device
+            raise DatasetError(
+                f"{str(path)!r} is {file_kind(path)}, not a file; pass the path of a "
+                "D4RL-format HDF5 file."
+            )
         raise DatasetError(
             f"no file at {str(path)!r}; pass the path of an existing D4RL-format HDF5 file."
         )

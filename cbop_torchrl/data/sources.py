@@ -129,7 +129,7 @@ def _dispatch(
         data, info = load_d4rl(text, torchrl_root=torchrl_root)
         return data, dataclasses.replace(info, source=text)
     path = Path(text).expanduser()
-    if path.is_file() or path.suffix in (".hdf5", ".h5"):
+    if path.exists() or path.suffix in (".hdf5", ".h5"):  # a folder or FIFO: named as such
         return _from_hdf5(path, family, "hdf5", with_data)
     raise DatasetError(
         f"unknown dataset source {text!r}. Valid D4RL ids are {', '.join(d4rl_ids())}. "

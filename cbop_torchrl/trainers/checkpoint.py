@@ -55,7 +55,13 @@ from torchrl.trainers import Trainer, TrainerHookBase
 
 from cbop_torchrl.modules.actor_critic import make_actor, make_deterministic_actor
 from cbop_torchrl.registry import Task, get_family
-from cbop_torchrl.utils import atomic_torch_save, atomic_write, config_hash, describe_load_error
+from cbop_torchrl.utils import (
+    atomic_torch_save,
+    atomic_write,
+    config_hash,
+    describe_load_error,
+    file_kind,
+)
 
 CHECKPOINT_FORMAT = "cbop-torchrl/1"
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -78,12 +84,17 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     if not path.is_file():
+        if path.exists():  # a folder, a FIFO (never opened: it would block), a device
+            raise CheckpointError(
+                f"{str(path)!r} is {file_kind(path)}, not a checkpoint file; pass the "
+                "checkpoint.pt or policy.pt of a run directory"
+            )
         raise CheckpointError(f"no checkpoint at {str(path)!r}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
         raise CheckpointError(
-            f"cannot read checkpoint {str(path)!r} ({describe_load_error(error)}); it is "
+            f"cannot read checkpoint {str(path)!r} ({describe_load_error(error, path)}); it is "
             "not a cbop-torchrl checkpoint or it is damaged. Pass the checkpoint.pt or "
             "policy.pt of a run directory; to start a damaged run over, run its command "
             "with resume=false"
@@ -238,7 +249,7 @@ def read_stage(path: str | Path, data: dict[str, Any] | None, what: str) -> dict
         state = torch.load(path, map_location="cpu", weights_only=True)
         problem = stage_problem(state, path, data)
     except Exception as error:
-        problem = f"cannot be read ({describe_load_error(error)})"
+        problem = f"cannot be read ({describe_load_error(error, path)})"
     if problem is None:
         return state
     warnings.warn(
@@ -372,6 +383,7 @@ def load_policy(
             f"{str(path)!r} holds no policy (no 'policy' metadata or 'actor' weights); pass "
             "the checkpoint.pt or policy.pt of a run directory"
         )
+    check_real_weights(state["actor"], path)  # before load_state_dict casts them
     try:
         # Policies saved before tasks were recorded name a known family only.
         task = Task(**meta["task"]) if "task" in meta else get_family(meta["family"])
@@ -389,6 +401,19 @@ def load_policy(
     check_recorded_gym_id(task.gym_id, command_line_gym_id, f"the checkpoint {str(path)!r}")
     check_finite_weights(state["actor"], path)
     return actor.to(device), task, meta
+
+
+def check_real_weights(weights: dict[str, Any], path: str | Path) -> None:
+    """Raises :class:`CheckpointError` naming the first tensor of ``weights`` that holds
+    complex numbers: loading it would cast it (dropping the imaginary part) with only a
+    warning."""
+    for name, value in weights.items():
+        if isinstance(value, torch.Tensor) and value.is_complex():
+            raise CheckpointError(
+                f"the policy in {str(path)!r} holds {name!r} as {value.dtype}, not real "
+                "floating-point weights; the file was edited or is not a policy of this "
+                "package. Use the policy.pt or checkpoint.pt of a run directory as it was written"
+            )
 
 
 def check_recorded_gym_id(

@@ -60,6 +60,8 @@ def check_dataset_size(
                 f"fitted Q evaluation uses the {usable} rows with a next action in the data "
                 f"(not a timeout or a cut episode end), fewer than one batch ({key}={size})"
             )
+            if (broken := unchained_rows(data)) * 2 > rows:
+                raise DatasetError(unchained_message(name, broken, rows))
     if dynamics is not None:
         usable = int(data.get("dynamics_mask").sum())
         needed = min_dynamics_rows(dynamics)
@@ -75,6 +77,28 @@ def check_dataset_size(
             f"the dataset {name!r} is too small to train on: {'; '.join(problems)}. Use a "
             "larger dataset" + (" or smaller batch sizes" if too_big or fqe_batch else "") + "."
         )
+
+
+def unchained_rows(data: TensorDictBase) -> int:
+    """Rows that end their episode without a terminal flag: their next observation is not
+    the next row's observation (timeouts and episodes cut short; nearly every row when the
+    observations do not chain)."""
+    truncated = data.get(("next", "truncated")).reshape(-1)
+    terminated = data.get(("next", "terminated")).reshape(-1)
+    return int((truncated & ~terminated).sum())
+
+
+def unchained_message(name: str, broken: int, rows: int) -> str:
+    """Why a dataset whose rows do not chain into episodes cannot be trained on."""
+    return (
+        f"the dataset {name!r} cannot be trained on: in {broken} of its {rows} rows the "
+        "observation of the next row is not this row's next observation (they differ beyond "
+        "float32 rounding, rtol 1e-5), so its rows do not chain into episodes and no row has a "
+        "next action for fitted Q evaluation. This happens when observations or "
+        "next_observations were stored with less precision than float32 (float16, or HDF5's "
+        "lossy scaleoffset filter) or the rows were shuffled. Store observations and "
+        "next_observations as float32 without a lossy filter, in episode order."
+    )
 
 
 def warn_about_terminals(data: TensorDictBase, name: str, task: Task) -> None:

@@ -44,6 +44,10 @@ FLOAT_BYTES = 4
 BYTES_PER_EVAL_ENV = 2 * 2**20
 """Host memory of one MuJoCo environment in TorchRL's ``SerialEnv``: 1.3-2.0 MB each
 measured for Hopper-v4 (50 and 200 environments)."""
+MAPPED_PER_EVAL_ENV = 24 * 2**20
+"""Address space one MuJoCo simulation maps (its ``MjData`` arena): 23.5 MB each measured
+for Hopper-v4 (100 environments), of which :data:`BYTES_PER_EVAL_ENV` are used; counted
+against an address-space limit (``ulimit -v``) only."""
 
 
 class MemoryLimitError(ValueError):
@@ -56,6 +60,9 @@ class Estimate:
 
     total: int
     parts: dict[str, int]
+    # address space reserved beyond ``total`` and not touched: each MuJoCo simulation maps
+    # about 24 MB (its MjData arena) of which it uses 1-2 MB; it counts against ulimit -v only
+    mapped: int = 0
 
     def describe(self) -> str:
         shown = sorted(self.parts.items(), key=lambda item: -item[1])
@@ -246,7 +253,12 @@ def run_estimate(
         ] = M * int(num_rows) * count_bytes + 16 * int(num_rows) + training * FLOAT_BYTES
     largest = max(stages, key=stages.get)
     parts[largest] = stages[largest]  # the stages run one after another
-    return Estimate(total=sum(parts.values()), parts=parts)
+    environments = evaluation_environments(config.eval, num_rows)
+    return Estimate(
+        total=sum(parts.values()),
+        parts=parts,
+        mapped=environments * (MAPPED_PER_EVAL_ENV - BYTES_PER_EVAL_ENV),
+    )
 
 
 def checkpoint_bytes(config, obs_dim: int, action_dim: int) -> int:
@@ -280,16 +292,25 @@ def evaluation_bytes(episodes: int, max_steps: int, obs_dim: int, action_dim: in
 
 def _refuse_if_too_large(estimate: Estimate, device: torch.device | str, lower: str) -> None:
     found = available_memory(device)
-    if found is None:
-        return
-    available, what = found
-    if estimate.total <= available:
-        return
-    raise MemoryLimitError(
-        f"these settings need about {format_bytes(estimate.total)} ({estimate.describe()}), "
-        f"more than the {format_bytes(available)} of {what} on this machine, so the run "
-        f"would end in an out-of-memory error. Lower {lower}"
-    )
+    checks = [] if found is None else [(found, estimate.total)]
+    if torch.device(device).type == "cpu" and estimate.mapped:
+        for limit in process_limits():  # the address space MuJoCo maps counts there
+            if "ulimit -v" in limit[1]:
+                checks.append((limit, estimate.total + estimate.mapped))
+    for (available, what), needed in checks:
+        if needed <= available:
+            continue
+        mapped = (
+            f", and its MuJoCo simulations map {format_bytes(estimate.mapped)} of address "
+            "space besides"
+            if needed > estimate.total
+            else ""
+        )
+        raise MemoryLimitError(
+            f"these settings need about {format_bytes(estimate.total)} ({estimate.describe()})"
+            f"{mapped}, more than the {format_bytes(available)} of {what} on this machine, so "
+            f"the run would end in an out-of-memory error. Lower {lower}"
+        )
 
 
 def check_run_fits(
@@ -344,7 +365,11 @@ def check_evaluation_fits(episodes: int, max_steps: int, obs_dim: int, action_di
     (``cbop-evaluate``) cannot fit in the host's available memory."""
     size = evaluation_bytes(episodes, max_steps, obs_dim, action_dim)
     per_episode = max(1, size // max(1, int(episodes)))
-    estimate = Estimate(total=size, parts={f"{episodes} episodes side by side": size})
+    estimate = Estimate(
+        total=size,
+        parts={f"{episodes} episodes side by side": size},
+        mapped=int(episodes) * (MAPPED_PER_EVAL_ENV - BYTES_PER_EVAL_ENV),
+    )
     found = available_memory("cpu")
     bound = "" if found is None else f" (at most about {found[0] // per_episode} here)"
     _refuse_if_too_large(
