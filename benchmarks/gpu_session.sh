@@ -47,7 +47,7 @@ PRESET=${PRESET:-paper}
 EVAL_INTERVAL=${EVAL_INTERVAL:-10000}
 LABEL=${LABEL:-}
 OVERRIDES=${OVERRIDES:-}
-SCREEN_PRETRAIN="bc.steps=10000 fqe.steps=20000 dynamics.max_epochs=60 eval.episodes=5 eval.diagnostics=true"
+SCREEN_PRETRAIN="bc.steps=10000 fqe.steps=20000 dynamics.max_epochs=60 eval.episodes=5 eval.diagnostics=true eval.background=true"
 if [ "${SCREEN:-0}" = 1 ]; then
     STEPS=10000 EVAL_INTERVAL=1000 LABEL=screen
     OVERRIDES="$SCREEN_PRETRAIN cuda_graph=false"

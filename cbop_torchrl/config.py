@@ -351,6 +351,9 @@ class EvalConfig:
     # BEYOND THE PAPER (opt-in): also evaluate an exponential moving average of the actor's
     # weights with this decay per gradient step (eval/average_*); training is unchanged. 0: off
     actor_average: float = 0.0
+    # evaluations during training in a worker thread on a copy of the weights, logged at the
+    # step they measure; training does not wait for them (the diagnostics stay in-line)
+    background: bool = False
 
 
 @dataclass

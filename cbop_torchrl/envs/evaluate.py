@@ -138,11 +138,14 @@ def evaluate_policy(
     env: EnvBase,
     max_steps: int = 1000,
     seed: int = 0,
+    fork_rng: bool = True,
 ) -> EvalResult:
     """Runs one deterministic episode per environment of ``env`` and scores them.
 
     The global RNG is left as it was (the rollout runs under ``fork_rng``), so
-    evaluating during training does not change what training samples next.
+    evaluating during training does not change what training samples next. In a thread
+    beside training pass ``fork_rng=False``: restoring the forked state there would
+    undo the draws training made meanwhile (the rollout itself draws none).
 
     Args:
         actor: the policy; called under ``ExplorationType.DETERMINISTIC``
@@ -153,7 +156,7 @@ def evaluate_policy(
         seed: environment seed (episode i uses ``seed + i``).
     """
     devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad():
+    with torch.random.fork_rng(devices=devices, enabled=fork_rng), torch.no_grad():
         env.set_seed(seed)
         with set_exploration_type(ExplorationType.DETERMINISTIC):
             rollout = env.rollout(

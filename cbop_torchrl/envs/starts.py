@@ -155,12 +155,17 @@ def rollout_restored(
 
 
 def evaluate_from_states(
-    actor: Any, task: Task, start_obs: torch.Tensor, max_steps: int = 1000
+    actor: Any,
+    task: Task,
+    start_obs: torch.Tensor,
+    max_steps: int = 1000,
+    fork_rng: bool = True,
 ) -> EvalResult:
     """Scores the deterministic ``actor`` on one episode from each dataset state.
 
     The global RNG is left as it was (``fork_rng``) and no gradient is recorded, so
-    evaluating during training does not change what training samples next.
+    evaluating during training does not change what training samples next (in a thread
+    beside training: ``fork_rng=False``, see :func:`~cbop_torchrl.envs.evaluate_policy`).
 
     Args:
         actor: the policy (its parameters in place).
@@ -173,7 +178,7 @@ def evaluate_from_states(
         An :class:`~cbop_torchrl.envs.evaluate.EvalResult` of the ``E`` undiscounted returns.
     """
     devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad():
+    with torch.random.fork_rng(devices=devices, enabled=fork_rng), torch.no_grad():
         rollout = rollout_restored(actor, task, start_obs, max_steps=max_steps)
     returns = [float(r) for r in rollout.returns]
     if not all(math.isfinite(r) for r in returns):

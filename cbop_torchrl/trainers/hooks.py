@@ -33,7 +33,9 @@ from __future__ import annotations
 import copy
 import time
 import warnings
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -288,6 +290,15 @@ class EvaluationHook(TrainerHookBase):
     time; the reset evaluation's: ``eval/seconds``) in the logs; the reset evaluation is
     unchanged and stays the primary score.
     The final evaluation after the last step is done by the pipeline itself.
+
+    With ``background`` (``eval.background``) an evaluation due at step s runs in a worker
+    thread on a copy of the policies' weights taken at s, while training goes on; its
+    record and logs carry s and are written, in step order, by the training thread once
+    it is done (at a later step's hook, or when :meth:`drain` waits for it). The history
+    a checkpoint holds is complete up to its step (:meth:`state_dict` drains first), so a
+    resumed run logs every evaluation once. The episodes use no torch random numbers
+    (deterministic policy, seeded environments), so the scores are those of the
+    in-line evaluation.
     """
 
     def __init__(
@@ -300,8 +311,13 @@ class EvaluationHook(TrainerHookBase):
         total_steps: int,
         average: ActorWeightAverage | None = None,
         start_obs: torch.Tensor | None = None,
+        background: bool = False,
     ) -> None:
         self.actor, self.task, self.env, self.logger = actor, task, env, logger
+        self.background = bool(background)
+        self._worker: ThreadPoolExecutor | None = None
+        # Evaluations submitted and not yet written, in step order: (step, future).
+        self._pending: deque[tuple[int, Future]] = deque()
         self.average = average
         self.start_obs = start_obs
         self.interval = config.eval.interval
@@ -313,21 +329,79 @@ class EvaluationHook(TrainerHookBase):
 
     def __call__(self) -> None:
         step = self.trainer.collected_frames  # one frame per gradient step
+        if self.background:
+            self._write_done(wait=False)
         if self.interval and step % self.interval == 0 and step < self.total_steps:
-            self.evaluate(step)
+            if self.background:
+                self.submit(step)
+            else:
+                self.evaluate(step)
 
-    def evaluate(self, step: int) -> dict[str, Any]:
-        """Scores the trained actor (and the average) at ``step``; returns the actor's summary."""
+    def _policies(self) -> dict[str, Any]:
         policies = {"": self.actor}
         if self.average is not None:
             policies["average_"] = self.average.averaged
+        return policies
+
+    def submit(self, step: int) -> Future:
+        """Starts the evaluation at ``step`` in the worker thread, on a copy of the weights."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluation")
+        with torch.no_grad():
+            policies = {
+                prefix: copy.deepcopy(policy) for prefix, policy in self._policies().items()
+            }
+        # In the worker the global RNG is not forked: restoring it would undo the draws
+        # training made meanwhile.
+        future = self._worker.submit(self._measure, step, policies, False)
+        self._pending.append((step, future))
+        return future
+
+    def _write_done(self, wait: bool) -> None:
+        """Writes the finished evaluations (all of them with ``wait``) in step order."""
+        while self._pending and (wait or self._pending[0][1].done()):
+            _, future = self._pending.popleft()
+            record, scalars, _ = future.result()
+            self._write(record, scalars)
+
+    def drain(self) -> None:
+        """Waits for every evaluation started in the background and writes it."""
+        self._write_done(wait=True)
+
+    def close(self) -> None:
+        """Drains, then stops the worker thread."""
+        self.drain()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+    def _write(self, record: dict[str, Any], scalars: dict[str, Any]) -> None:
+        self.history.append(record)
+        log_scalars(
+            self.logger, {k: v for k, v in scalars.items() if v is not None}, record["step"]
+        )
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Scores the trained actor (and the average) at ``step``; returns the actor's summary.
+
+        In-line: evaluations still running in the background are written first.
+        """
+        self.drain()
+        record, scalars, summaries = self._measure(step, self._policies())
+        self._write(record, scalars)
+        return summaries[""]
+
+    def _measure(
+        self, step: int, policies: dict[str, Any], in_line: bool = True
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """``(record, scalars, summaries)`` of ``policies`` at ``step``; writes nothing."""
         record: dict[str, Any] = {"step": step}
         scalars: dict[str, Any] = {}
         summaries = {}
         for prefix, policy in policies.items():
             started = time.perf_counter()
             summary = evaluate_policy(
-                policy, self.task, self.env, self.max_steps, self.seed
+                policy, self.task, self.env, self.max_steps, self.seed, fork_rng=in_line
             ).summary()
             scalars[f"eval/{prefix}seconds"] = time.perf_counter() - started
             summaries[prefix] = summary
@@ -337,17 +411,16 @@ class EvaluationHook(TrainerHookBase):
             if self.start_obs is not None:
                 started = time.perf_counter()
                 starts = evaluate_from_states(
-                    policy, self.task, self.start_obs, self.max_steps
+                    policy, self.task, self.start_obs, self.max_steps, fork_rng=in_line
                 ).summary()
                 scalars[f"eval/{prefix}start_seconds"] = time.perf_counter() - started
                 for key, name in EVAL_SCALARS.items():
                     record[f"{prefix}start_{key}"] = starts[key]
                     scalars[f"eval/{prefix}start_{name}"] = starts[key]
-        self.history.append(record)
-        log_scalars(self.logger, {k: v for k, v in scalars.items() if v is not None}, step)
-        return summaries[""]
+        return record, scalars, summaries
 
     def state_dict(self) -> dict[str, Any]:
+        self.drain()  # a checkpoint holds every evaluation up to its step
         return {"history": [dict(record) for record in self.history]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

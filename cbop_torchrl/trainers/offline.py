@@ -627,7 +627,7 @@ def build_offline_training(
         start_obs = pick_start_states(observations, config.eval.start_states, START_STATES_SEED)
     evaluation = EvaluationHook(
         actor, run.task, eval_env, config, run.logger, total_steps, average=average,
-        start_obs=start_obs,
+        start_obs=start_obs, background=config.eval.background,
     )  # fmt: skip
     evaluation.register(trainer)
     checkpoint.register(trainer)
@@ -821,6 +821,7 @@ def final_evaluation(run: OfflineRun, training: OfflineTraining) -> dict[str, An
     """Scores the final policy on ``eval.episodes`` episodes and closes the environments."""
     run.clock.start("eval")
     final = training.evaluation.evaluate(run.config.train.total_steps)
+    training.evaluation.close()
     training.eval_env.close()
     run.clock.stop()
     return final

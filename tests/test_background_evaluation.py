@@ -1,0 +1,104 @@
+"""Evaluation beside training (``eval.background=true``, issue 53).
+
+An evaluation due at step s runs in a worker thread on a copy of the weights taken at s;
+the gradient steps go on meanwhile; the record is logged at s once it is done, a
+checkpoint waits for it, and a run's history equals the in-line evaluation's.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from d4rl_files import write_d4rl_hdf5
+from test_config import composed
+
+from cbop_torchrl.config import load_config
+from cbop_torchrl.data import load_dataset_with_info
+from cbop_torchrl.modules.actor_critic import make_actor
+from cbop_torchrl.trainers import hooks, offline
+
+
+class _Summary:
+    def __init__(self, score: float) -> None:
+        self.score = score
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "normalized_score_mean": self.score,
+            "normalized_score_std": 0.0,
+            "return_mean": self.score,
+        }
+
+
+class _Logger:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, float, int]] = []
+
+    def log_scalar(self, name: str, value: float, step: int) -> None:
+        self.rows.append((name, value, step))
+
+
+def test_the_steps_go_on_while_an_evaluation_runs_and_it_is_logged_at_its_step(
+    monkeypatch,
+) -> None:
+    release, started = threading.Event(), threading.Event()
+    seen_threads = []
+
+    def slow_evaluation(policy, task, env, max_steps, seed, fork_rng=True):
+        seen_threads.append(threading.current_thread().name)
+        started.set()
+        assert release.wait(timeout=30)
+        # The score is the weights' sum: it tells which weights were evaluated.
+        weights = sum(float(p.sum()) for p in policy.parameters())
+        return _Summary(weights)
+
+    monkeypatch.setattr(hooks, "evaluate_policy", slow_evaluation)
+    actor = make_actor(3, 2, (8,))
+    config = SimpleNamespace(
+        eval=SimpleNamespace(interval=10, max_steps=5), seed=0
+    )  # what the hook reads
+    logger = _Logger()
+    hook = hooks.EvaluationHook(actor, None, None, config, logger, 100, background=True)
+    trainer = SimpleNamespace(collected_frames=0)
+    hook.trainer = trainer
+    weights_at_10 = sum(float(p.detach().sum()) for p in actor.parameters())
+
+    for step in range(10, 20):  # steps 10..19: the evaluation of step 10 is not done yet
+        trainer.collected_frames = step
+        hook()
+        if step == 10:
+            assert started.wait(timeout=30)
+            with torch.no_grad():  # training moves the weights on
+                for parameter in actor.parameters():
+                    parameter.add_(1.0)
+    assert trainer.collected_frames == 19 and hook.history == [] and logger.rows == []
+    assert seen_threads and seen_threads[0].startswith("evaluation")
+
+    release.set()
+    state = hook.state_dict()  # a checkpoint waits for the running evaluation
+    assert [record["step"] for record in state["history"]] == [10]
+    assert abs(state["history"][0]["return_mean"] - weights_at_10) < 1e-4
+    assert {step for _, _, step in logger.rows} == {10}
+    hook.close()
+
+
+def test_a_run_evaluated_in_the_background_has_the_in_line_runs_history(tmp_path: Path) -> None:
+    dataset = write_d4rl_hdf5(tmp_path / "hopper-medium-replay-tiny.hdf5", episode_lengths=[60] * 5)
+    data, info = load_dataset_with_info(dataset)
+    histories = []
+    for background in ("false", "true"):
+        values = composed(
+            "preset=debug", f"env={dataset}", "device=cpu", "logger=none", "progress=false",
+            "bc.steps=4", "fqe.steps=4", "train.epochs=1", "train.steps_per_epoch=20",
+            "train.log_interval=10", "train.checkpoint_interval=10", "eval.episodes=1",
+            "eval.max_steps=5", "eval.interval=5", f"eval.background={background}",
+        )  # fmt: skip
+        config, _ = load_config(values, lambda env: (info.family, info.name))
+        results = offline.run_pipeline(config, info, data, tmp_path / f"run-{background}")
+        histories.append(results["eval_history"])
+    inline, background = histories
+    assert [record["step"] for record in background] == [5, 10, 15, 20]
+    assert background == inline
