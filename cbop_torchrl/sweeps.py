@@ -29,7 +29,21 @@ class SweepError(ValueError):
     """A sweep directory is missing, empty or holds unreadable run files."""
 
 
+def check_search_root(path: str | Path, key: str) -> None:
+    """Refuses (:class:`SweepError`) a folder no program should search: the root of the file
+    system (every folder of the machine, every other user's runs) or the kernel's
+    :data:`SYSTEM_FOLDERS`."""
+    real = os.path.realpath(path)
+    if real == "/" or _is_system_folder(real):
+        raise SweepError(
+            f"{key}={path} would search {'the whole file system' if real == '/' else real!r}; "
+            "give the folder of your runs (the hydra.sweep.dir of a multirun, a run directory, "
+            "or a folder of benchmark summaries)"
+        )
+
+
 def _check_dir(sweep_dir: Path) -> None:
+    check_search_root(sweep_dir, "sweep_dir")
     if not sweep_dir.is_dir():
         raise SweepError(
             f"sweep directory {str(sweep_dir)!r} does not exist or is not a directory; give the "

@@ -236,6 +236,19 @@ def refusal_cases(root: Path) -> dict[str, Case]:
         "select-psi on a FIFO config.json": Case(
             "select_psi.py", [f"sweep_dir={fifo_sweep.parent}"], ["no trained runs"]
         ),
+        # A: sweep_dir=/ would walk every folder of the machine (and /proc/<pid>/cwd links)
+        "select-psi sweep_dir=/": Case(
+            "select_psi.py", ["sweep_dir=/"], ["sweep_dir=/", "the whole file system"]
+        ),
+        "select-psi sweep_dir=/proc/self": Case(
+            "select_psi.py", ["sweep_dir=/proc/self"], ["sweep_dir=/proc/self", "/proc"]
+        ),
+        "report paths=/": Case(
+            "report.py", ["paths=/", f"out={root / 'report_root'}"], ["paths=/"]
+        ),
+        "report paths=/dev": Case(
+            "report.py", ["paths=/dev", f"out={root / 'report_dev'}"], ["paths=/dev"]
+        ),
     }  # fmt: skip
     return cases
 
@@ -603,7 +616,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         train_cbop(overrides, run_dir, env)
-    return {"root": root, "run": run_dir, "env": env}
+    return {"root": root, "run": run_dir, "env": env, "dataset": workspace["dataset"]}
 
 
 def _sweep_with(root: Path, name: str, make) -> Path:  # noqa: ANN001
@@ -686,6 +699,8 @@ def test_no_program_writes_into_the_working_directory(trained_run: dict, tmp_pat
              cwd, env),
         Call("select_psi.py", [f"sweep_dir={run}", "steps=4", "progress=false",
                                f"json={tmp_path / 'sel.json'}"], cwd, env),
+        Call("train_dynamics.py", [f"env={trained_run['dataset']}", "dynamics.max_epochs=1",
+                                   "progress=false", f"output_dir={tmp_path / 'dyn'}"], cwd, env),
     ]  # fmt: skip
     for done in run_programs(calls, timeout_s=TIMEOUT_S * 3):
         assert done.returncode == 0, done.stderr[-2000:]

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cbop_torchrl.sweeps import find_files
+from cbop_torchrl.sweeps import SweepError, check_search_root, find_files
 from cbop_torchrl.utils import read_regular_text
 
 SUMMARY_FORMAT = "cbop-torchrl-summary/1"
@@ -319,6 +319,10 @@ def load_summaries(paths: Iterable[str | Path], analysis: bool = True) -> list[d
                 f"{str(path)!r} does not exist; paths= takes run directories (holding "
                 "results.json), sweep directories or results folders such as benchmarks/results"
             )
+        try:
+            check_search_root(path, "paths")
+        except SweepError as error:
+            raise ReportError(str(error)) from None
         files = [path] if path.is_file() else find_files(path, "*.json")
         for file in files:
             if file.name == "results.json":
