@@ -93,6 +93,28 @@ def bar_markdown() -> str:
     )
 
 
+def cbop_headline_rows() -> dict[str, str]:
+    """Each set's CBOP row in the headline: the psi FQE chose offline
+    (``<set>/psi_selection.json``, ``benchmarks/psi_grid.py --select``), else the psi grid's
+    row at the set's default psi (on hopper ``cbop-starts``, the rerun of the preset, not the
+    runs that chose its sizes)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import bar, psi_grid
+
+    rows = {}
+    for dataset in bar.SETS:
+        selection = RESULTS / dataset / psi_grid.SELECTION_NAME
+        if selection.is_file():
+            rows[dataset] = json.loads(selection.read_text())["variant"]
+            continue
+        grid = psi_grid.grid_rows(RESULTS, dataset)
+        defaults = [v for v, _ in grid.values() if v in psi_grid.DEFAULT_PSI_ROWS]
+        if defaults:
+            rows[dataset] = defaults[0]
+    return rows
+
+
 def summaries() -> list[dict]:
     from cbop_torchrl.evaluation.summaries import load_summaries
 
@@ -210,7 +232,7 @@ def blocks(found: list[dict] | None = None) -> dict[str, str]:
 
     found = summaries() if found is None else found
     return {
-        "headline": headline_markdown(found),
+        "headline": headline_markdown(found, cbop_headline_rows()),
         "datasets": datasets_markdown(found),
         "rows": rows_markdown(),
         "bar": bar_markdown(),
