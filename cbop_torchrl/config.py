@@ -627,8 +627,8 @@ def validate(config: RunConfig) -> list[str]:
     (:func:`range_problems`); what is checked here besides is how settings fit together
     and the choices.
     """
-    problems = range_problems(config.to_dict())
-    problems += not_a_number_or_empty(config.to_dict())
+    values = config.to_dict()
+    problems = list(dict.fromkeys(range_problems(values) + not_a_number_or_empty(values)))
     estimator = config.estimator
     if config.agent.q_init not in Q_INITS:
         problems.append(f"agent.q_init={config.agent.q_init!r} must be one of {Q_INITS}")
@@ -983,8 +983,9 @@ def range_problems(values: Mapping[str, Any], prefix: str = "") -> list[str]:
         entry = RANGES.get(name)
         if entry is None or value is None or entry.holds(value):
             continue
-        if isinstance(value, float) and not math.isfinite(value):
-            continue  # named by not_a_number_or_empty
+        if isinstance(value, float) and not math.isfinite(value):  # as not_a_number_or_empty
+            problems += not_a_number_or_empty({key: value}, prefix)
+            continue
         shown = list(value) if isinstance(value, (list, tuple)) else value
         reason = entry.reason.format(key=name, example=_EXAMPLES.get(name.rpartition(".")[2], 1))
         problems.append(
