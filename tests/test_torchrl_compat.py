@@ -56,11 +56,17 @@ def _actor_passes(loss, batch) -> int:
 
 def test_swap_computes_only_the_cbop_target():
     batch = _batch()
-    # Actor passes: 1 for the actor loss + H + 1 in the CBOP rollout (s' and every model state).
-    assert _actor_passes(_swap(SACLossWithCBOPTarget), batch) == 1 + H + 1
+    # Actor module passes: 1 for the actor loss. The CBOP rollout's H + 1 actor passes (s'
+    # and every model state) run on the plain actor's weights, not through the module.
+    swap = _swap(SACLossWithCBOPTarget)
+    assert swap.value_estimator._actor_plan is not None
+    assert _actor_passes(swap, batch) == 1
     # A stock SACLoss first bootstraps from s' itself (one more actor pass, thrown away):
     # if TorchRL stops routing its target through _compute_target_v2, the swap's count rises.
-    assert _actor_passes(_swap(SACLoss), batch) == 1 + 1 + H + 1
+    assert _actor_passes(_swap(SACLoss), batch) == 1 + 1
+    # Through the module (another actor would be run so): 1 + H + 1.
+    swap.value_estimator._actor_plan = None
+    assert _actor_passes(swap, batch) == 1 + H + 1
 
 
 def test_swap_has_no_edac_term_and_cbop_loss_adds_it():
