@@ -2,17 +2,20 @@
 
 :class:`~cbop_torchrl.objectives.estimator.CBOPValueEstimator` runs the rollout's
 actor, dynamics and Q matmuls in ``rollout_dtype`` (the posterior stays in
-float32). With ``estimator.rollout_dtype=auto`` it measures, once per run,
-whether bf16 matmuls are fast on the device (:func:`bf16_matmul_speedup`
-against :data:`BF16_MIN_SPEEDUP`) and whether bf16 moves the targets on the
-run's data by at most :data:`BF16_TOLERANCE` of their std.
+float32). With ``estimator.rollout_dtype=auto`` it measures, once per run
+(:func:`select_rollout_dtype`), whether bf16 matmuls are fast on the device
+(:func:`bf16_matmul_speedup` against :data:`BF16_MIN_SPEEDUP`) and whether bf16
+moves the targets on the run's data by at most :data:`BF16_TOLERANCE` of their
+std (:func:`measure_bf16_error`).
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
+from tensordict import TensorDictBase
 
 _DTYPES = {
     "float32": torch.float32,
@@ -46,7 +49,7 @@ def resolve_rollout_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 #: ``rollout_dtype="auto"`` picks bf16 only if it moves the targets by at most this share of
 #: their std (measured on the run's own data and networks,
-#: :meth:`~cbop_torchrl.objectives.estimator.CBOPValueEstimator.select_rollout_dtype`).
+#: :func:`select_rollout_dtype`).
 BF16_TOLERANCE = 0.01
 #: ... and if bf16 matmuls run at least this much faster than fp32 on the device.
 BF16_MIN_SPEEDUP = 1.5
@@ -74,9 +77,63 @@ def bf16_matmul_speedup(device: torch.device, n: int = 512, repeats: int = 5) ->
     return seconds[torch.float32] / seconds[torch.bfloat16]
 
 
+@torch.no_grad()
+def measure_bf16_error(estimator: Any, tensordict: TensorDictBase, seed: int = 0) -> float:
+    """``mean|y_bf16 - y_fp32| / std(y_fp32)`` of ``estimator``'s targets on ``tensordict``.
+
+    Both dtypes draw the same random numbers; the global RNG is forked (left untouched)
+    and the estimator's ``rollout_dtype`` is restored.
+    """
+    previous, previous_eager = estimator.rollout_dtype, estimator._eager_only
+    estimator._eager_only = True  # one-off calls in two dtypes: not worth two compilations
+    targets = []
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            estimator.rollout_dtype = dtype
+            device = tensordict.device or torch.device("cpu")
+            devices = [device] if device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(seed)
+                targets.append(estimator.compute_target(tensordict)[0])
+    finally:
+        estimator.rollout_dtype, estimator._eager_only = previous, previous_eager
+    y32, y16 = targets
+    return float((y16 - y32).abs().mean() / y32.std().clamp_min(1e-12))
+
+
+def select_rollout_dtype(
+    estimator: Any, tensordict: TensorDictBase, tolerance: float = BF16_TOLERANCE
+) -> dict[str, Any]:
+    """Sets ``estimator.rollout_dtype`` to bf16 if fast here and accurate on this data, else fp32.
+
+    bf16 is chosen when the device runs bf16 matmuls at least :data:`BF16_MIN_SPEEDUP` x
+    faster than fp32 (:func:`bf16_matmul_speedup`) AND the targets on ``tensordict`` (a few
+    batches of the dataset, with the current actor and Q-ensemble) move by at most
+    ``tolerance`` x their std (:func:`measure_bf16_error`). Returns what was chosen and why.
+    """
+    device = tensordict.device or torch.device("cpu")
+    speedup = bf16_matmul_speedup(device)
+    error = measure_bf16_error(estimator, tensordict)
+    fast, accurate = speedup >= BF16_MIN_SPEEDUP, error <= tolerance
+    estimator.rollout_dtype = torch.bfloat16 if fast and accurate else torch.float32
+    return {
+        "rollout_dtype": "bfloat16" if estimator.rollout_dtype == torch.bfloat16 else "float32",
+        "bf16_matmul_speedup": speedup,
+        "bf16_target_rel_error": error,
+        "bf16_tolerance": tolerance,
+        "reason": (
+            "bf16 matmuls are fast here and the targets move little"
+            if fast and accurate
+            else ("bf16 matmuls are not fast here" if not fast else "bf16 moves the targets")
+        ),
+    }
+
+
 __all__ = [
     "BF16_MIN_SPEEDUP",
     "BF16_TOLERANCE",
     "bf16_matmul_speedup",
+    "measure_bf16_error",
     "resolve_rollout_dtype",
+    "select_rollout_dtype",
 ]
