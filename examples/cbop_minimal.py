@@ -108,7 +108,8 @@ def pretrain(
         optimizer.step()
         after_step()
         history.append(float(total.detach()))
-    print(f"{name}: loss {history[0]:.3g} -> {history[-1]:.3g} after {steps} steps")
+    others = ", ".join(f"{k} {float(v):.3g}" for k, v in out.items() if not k.startswith("loss_"))
+    print(f"{name}: loss {history[0]:.3g} -> {history[-1]:.3g} after {steps} steps ({others})")
     return history
 
 
