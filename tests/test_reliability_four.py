@@ -720,3 +720,67 @@ def test_a_policy_with_complex_weights_is_refused(trained_run: dict, tmp_path: P
 
         load_policy(tmp_path / "policy.pt")
     assert load_checkpoint(tmp_path / "policy.pt")["actor"][name].is_complex()
+
+
+def test_a_swapped_fqe_result_is_trained_again(tmp_path: Path) -> None:
+    """The issue's case: another entry's FQE ``result.pt`` (here: another seed's) would have
+    changed the scores silently."""
+    from cbop_torchrl.config import FQEConfig
+    from cbop_torchrl.trainers.pretrain import load_or_train_fqe
+
+    (data, info), _ = _two_datasets(tmp_path)
+    config = FQEConfig(steps=4, batch_size=8, checkpoint_interval=2)
+
+    def fit(seed: int) -> tuple[dict, bool]:
+        return load_or_train_fqe(data, info.fingerprint, info.obs_dim, info.action_dim, [8], 2,
+                                 0.99, config, seed, progress=False)  # fmt: skip
+
+    first, _ = fit(0)
+    [own] = cache_dir("pretrain", "fqe").glob("*/result.pt")
+    fit(1)
+    [other] = [p for p in cache_dir("pretrain", "fqe").glob("*/result.pt") if p != own]
+    shutil.copy(other, own)
+    with pytest.warns(UserWarning, match="belongs to another cache entry"):
+        again, cached = fit(0)
+    assert not cached
+    assert all(torch.equal(again[k], first[k]) for k in first)  # trained again: the same
+
+
+def test_a_read_only_run_keeps_its_fits_in_the_cache(
+    trained_run: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run on a read-only file system (here: one ``os.access`` calls unwritable) gets no
+    ``selection_fqe``; its fit is cached in the package's cache, and select-psi succeeds."""
+    from cbop_torchrl.apps import select_psi
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(trained_run["run"], sweep / "run")
+    shutil.rmtree(sweep / "run" / "selection_fqe", ignore_errors=True)  # another test's fits
+    real_access = os.access
+
+    def read_only(path, mode, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if str(path).startswith(str(sweep)) and mode & os.W_OK:
+            return False
+        return real_access(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", read_only)
+    monkeypatch.setenv("CBOP_TORCHRL_CACHE", str(tmp_path / "cache"))
+    assert select_psi.main([f"sweep_dir={sweep}", "steps=4", "progress=false"]) == 0
+    assert not (sweep / "run" / "selection_fqe").exists()
+    assert list((tmp_path / "cache" / "selection_fqe").glob("*/result.pt"))
+
+
+def test_mujoco_writes_no_log_into_the_working_directory(tmp_path: Path) -> None:
+    script = (
+        "from cbop_torchrl.utils import keep_mujoco_log_out_of_cwd\n"
+        "keep_mujoco_log_out_of_cwd()\n"
+        "import mujoco\n"
+        'mujoco.MjModel.from_xml_string(\'<mujoco><compiler settotalmass="1"/><worldbody>'
+        '<body><freejoint/><geom size=".1"/></body></worldbody></mujoco>\')\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "settotalmass" in done.stdout + done.stderr  # the warning still reaches the console
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
