@@ -52,7 +52,8 @@ CASES = [
     ),
     ("cbop.py", ["train.batch_size=-3"], ["train.batch_size=-3", "an integer >= 1"]),
     ("cbop.py", ["-m", "seed=abc,1"], ["seed=abc: seed must be an integer"]),  # no multirun/ left
-    ("cbop.py", ["-m", "train.batch_size=-3,1"], ["train.batch_size=-3", "an integer >= 1"]),  # by the job
+    # refused by the job
+    ("cbop.py", ["-m", "train.batch_size=-3,1"], ["train.batch_size=-3", "an integer >= 1"]),
     ("cbop.py", ["device=cuda"], ["device=cuda", "device=auto", "device=cpu"]),
     (
         "cbop.py",

@@ -482,8 +482,8 @@ def load_or_train_dynamics(
             except Exception as error:  # a corrupt entry is retrained, not fatal
                 warnings.warn(
                     f"the dynamics cache file {model_path} cannot be read "
-                    f"({describe_load_error(error, model_path)}); the dynamics model is trained again and "
-                    "replaces it",
+                    f"({describe_load_error(error, model_path)}); the dynamics model is trained "
+                    "again and replaces it",
                     stacklevel=2,
                 )
         model, metrics = train_dynamics(
