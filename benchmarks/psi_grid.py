@@ -14,7 +14,8 @@ grid's row at the set's default psi (the paper's D4RL table), and so does ``cbop
 is the variant with the most seeds on the set's current file (ties go to ``cbop-psi<value>``,
 then ``cbop-starts``, then ``cbop``).
 
-``--select`` fits FQE to each grid policy whose run directory (the summary's ``run_dir``) is on
+``--select`` fits FQE to each grid policy whose run directory (the summary's ``run_dir``, or
+that of an identical rerun under another grid variant: the same curve to the last digit) is on
 this machine (:func:`cbop_torchrl.evaluation.selection.score_runs`: the run's own FQE settings,
 scored at the dataset's initial states) and writes ``<results>/<set>/psi_selection.json``:
 
@@ -55,7 +56,8 @@ SELECTION_NAME = "psi_selection.json"
 SELECTION_FORMAT = "cbop-torchrl-psi-selection/1"
 GRID_NAME = "psi_grid.json"
 GRID_FORMAT = "cbop-torchrl-psi-grid/1"
-SPREAD_KEYS = ("diag/q_std_pi", "diag/q_std_data")
+SPREAD_KEYS = ("q_std_pi", "q_std_data")
+"""Diagnostics (``diag/`` logs): the Q-ensemble's spread at the policy's and the data's actions."""
 DEFAULT_PSI_ROWS = ("cbop-starts", "cbop")
 """The CPU preset's own rows, which count at the set's default psi, in order of preference:
 ``cbop-starts`` (hopper's rerun with the start-state measure) before ``cbop`` (on hopper, the
@@ -81,6 +83,27 @@ def summary_psi(summary: dict) -> float | None:
     """The psi a CBOP run trained with (its resolved settings)."""
     psi = summary.get("diagnostics", {}).get("settings", {}).get("psi")
     return None if psi is None else float(psi)
+
+
+def run_dir_here(results: Path, dataset: str, psi: float, seed: int, summary: dict) -> Path | None:
+    """A run directory on this machine for the row's run ``summary`` (psi, seed), or None.
+
+    The summary's own ``run_dir`` when it is here; else that of another grid variant's run of
+    the same psi and seed on the same file whose curve is the same to the last digit (the same
+    run made again: CPU runs are deterministic for a seed, dtype and CPU kind).
+    """
+    own = Path(summary.get("run_dir", ""))
+    if (own / "config.json").is_file():
+        return own
+    file = str(summary.get("dataset_provenance", {}).get("sha256"))[:12]
+    for variant in (grid_variant(psi), *DEFAULT_PSI_ROWS):
+        other = summaries_on(results, dataset, variant, file).get(seed)
+        if other is None or summary_psi(other) != psi or other.get("curve") != summary.get("curve"):
+            continue
+        path = Path(other.get("run_dir", ""))
+        if (path / "config.json").is_file():
+            return path
+    return None
 
 
 def grid_rows(results: Path, dataset: str) -> dict[float, tuple[str, dict[int, dict]]]:
@@ -135,11 +158,11 @@ def record_spreads(results: Path, dataset: str, grid: dict) -> dict[str, Any]:
     stored = read_json(path, GRID_FORMAT)
     runs = stored.setdefault("runs", {})
     changed = False
-    for variant, found in grid.values():
+    for psi, (variant, found) in grid.items():
         for seed, summary in found.items():
-            run_dir = Path(summary.get("run_dir", ""))
+            run_dir = run_dir_here(results, dataset, psi, seed, summary)
             entry_key = f"{variant}/seed{seed}"
-            if not (run_dir / "logs").is_dir():
+            if run_dir is None:
                 continue
             entry = runs.get(entry_key, {})
             if entry.get("summary") == summary_key(summary):
@@ -169,15 +192,21 @@ def grid_table(results: Path, datasets: list[str]) -> str:
             gaps = [overestimation(s) for s in summaries]
             horizons = [s.get("diagnostics", {}).get("expected_horizon_end") for s in summaries]
             spreads = [stored.get("runs", {}).get(f"{variant}/seed{seed}", {}) for seed in seeds]
-            spread_pi = mean([s.get("diag/q_std_pi") for s in spreads])
-            spread_data = mean([s.get("diag/q_std_data") for s in spreads])
+            spread_pi = mean([s.get("q_std_pi") for s in spreads])
+            spread_data = mean([s.get("q_std_data") for s in spreads])
+            spread_seeds = [seed for seed, s in zip(seeds, spreads, strict=True) if s]
+            spread_note = (
+                f" (seed{'s' if len(spread_seeds) > 1 else ''} {', '.join(map(str, spread_seeds))})"
+                if spread_seeds and spread_seeds != seeds
+                else ""
+            )
             lines.append(
                 f"| {dataset} | {psi:g} | {variant} | {', '.join(map(str, seeds))} "
                 f"| {_show(mean([s['final_normalized_score'] for s in summaries]))} "
                 f"| {_show(mean([start_final(s) for s in summaries]))} "
                 f"| {', '.join('n/a' if g is None else f'{g:+.0f}' for g in gaps)} "
                 f"| {_show(mean(horizons), 2)} "
-                f"| {_show(spread_pi, 2)} / {_show(spread_data, 2)} |"
+                f"| {_show(spread_pi, 2)} / {_show(spread_data, 2)}{spread_note} |"
             )
     return "\n".join(lines)
 
@@ -206,8 +235,8 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
             key = f"{variant}/seed{seed}"
             if per_seed.get(key, {}).get("summary") == summary_key(summary):
                 continue
-            run_dir = Path(summary.get("run_dir", ""))
-            if not (run_dir / "config.json").is_file():
+            run_dir = run_dir_here(results, dataset, psi, seed, summary)
+            if run_dir is None:
                 continue
             print(f"[psi] {dataset} psi {psi:g} ({key}): FQE of {run_dir}", flush=True)
             (score,) = score_runs([run_dir])
@@ -215,6 +244,7 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
                 "summary": summary_key(summary),
                 "fqe_value": score.fqe_value,
                 "policy_step": score.policy_step,
+                "run_dir": str(run_dir),
             }
     candidates = []
     for psi, (variant, found) in grid.items():

@@ -100,6 +100,30 @@ def test_select_writes_the_offline_choice_with_both_orders(results, monkeypatch)
     assert calls == []
 
 
+def test_a_row_whose_run_directory_is_gone_is_scored_through_an_identical_rerun(
+    results, monkeypatch
+):
+    """psi 0.5's row is "cbop" (3 seeds); its seed 0 was made again as cbop-psi0.5 here."""
+    rerun = results / DATASET / "cbop-psi0.5" / "seed0.json"
+    cbop0 = json.loads((results / DATASET / "cbop" / "seed0.json").read_text())
+    summary = json.loads(rerun.read_text())
+    summary["curve"] = cbop0["curve"] = [[0, 10.0], [1000, 2.0]]
+    rerun.write_text(json.dumps(summary))
+    (results / DATASET / "cbop" / "seed0.json").write_text(json.dumps(cbop0))
+    gone = Path(cbop0["run_dir"])
+    (gone / "config.json").unlink()
+    assert psi_grid.run_dir_here(results, DATASET, 0.5, 0, cbop0) == Path(summary["run_dir"])
+    cbop0["curve"] = [[0, 10.0], [1000, 3.0]]  # another run: no stand-in
+    assert psi_grid.run_dir_here(results, DATASET, 0.5, 0, cbop0) is None
+    fqe = {"cbop": 100.0, "cbop-psi0.5": 100.0, "cbop-psi2": 150.0, "cbop-psi5": 300.0}
+    fqe["cbop-starts"] = 50.0
+    calls: list[Path] = []
+    monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, calls))
+    stored = psi_grid.select(results, DATASET, threads=None)
+    assert stored["fqe_per_run"]["cbop/seed0"]["run_dir"] == summary["run_dir"]
+    assert {c["psi"]: c["fqe_seeds"] for c in stored["candidates"]}[0.5] == [0, 1, 2]
+
+
 def test_the_bar_checks_each_sets_offline_choice_by_default(results, monkeypatch):
     fqe = {"cbop": 100.0, "cbop-psi2": 150.0, "cbop-psi5": 300.0, "cbop-starts": 50.0}
     monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, []))
