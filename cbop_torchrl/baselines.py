@@ -11,7 +11,7 @@ Four algorithms, each a TorchRL loss with a small config (``cbop_torchrl/configs
 
 Training runs on TorchRL's ``Trainer`` with the same hooks as the CBOP stage
 (:mod:`cbop_torchrl.trainers.hooks`, registered by
-:func:`cbop_torchrl.trainers.offline.build_offline_training`): the
+:func:`cbop_torchrl.trainers.offline_training.build_offline_training`): the
 gradient-step "collector", the replay-buffer sampler, periodic evaluation,
 metrics, the target-network updater and the atomic checkpoint, so a baseline
 run directory holds the same
@@ -49,18 +49,15 @@ from cbop_torchrl.modules.actor_critic import (
 )
 from cbop_torchrl.objectives.pretrain import ACTION_EPS, BehaviourCloningLoss
 from cbop_torchrl.trainers.checkpoint import (
-    POLICY_NAME,
     CheckpointHook,
     NonFiniteLossError,
-    save_policy,
     training_config_hash,
 )
 from cbop_torchrl.trainers.datasize import check_dataset_size, warn_about_terminals
-from cbop_torchrl.trainers.offline import (
+from cbop_torchrl.trainers.offline_run import OfflineRun, write_results
+from cbop_torchrl.trainers.offline_training import (
     CBOP_KEYS,
-    OfflineRun,
     build_offline_training,
-    common_results,
     final_evaluation,
     restore_final_records,
 )
@@ -437,32 +434,18 @@ def run_baseline(
         )
     training.train(total_steps)
     final = final_evaluation(run, training)
-    policy_path = run.run_dir / POLICY_NAME
-    save_policy(policy_path, parts.actor, _policy_metadata(run, algo, parts, total_steps))
+    metadata = _policy_metadata(run, algo, parts, total_steps)
     last_window = training.metrics.last_window
-    results = {
+    fields = {
         "algo": algo.name,
-        **common_results(
-            info,
-            run.task,
-            config,
-            final,
-            total_steps=total_steps,
-            start_step=training.start_step,
-            train_time=training.train_time,
-            wall_time=run.wall_time(),
-        ),
-        "eval_history": training.evaluation.history,
         "final_train_metrics": {k: v for k, v in last_window.items() if math.isfinite(v)},
         "settings": {
             "batch_size": config.train.batch_size,
             "hidden_sizes": run.hidden_sizes,
             "algo": asdict(algo),
         },
-        "checkpoint": str(run.checkpoint_path),
-        "policy": str(policy_path),
     }
-    return run.finish(results)
+    return write_results(run, training, final, metadata, fields)
 
 
 def _policy_metadata(

@@ -22,7 +22,7 @@ from torchrl.trainers import Trainer
 
 from cbop_torchrl.config import load_config
 from cbop_torchrl.data import load_dataset_with_info, make_replay_buffer
-from cbop_torchrl.trainers import offline
+from cbop_torchrl.trainers import cbop_stage, offline
 from cbop_torchrl.utils import HostSyncCounter
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -115,7 +115,7 @@ def test_cbop_update_stays_on_the_configured_device(tmp_path, monkeypatch, devic
         buffers.append(make_replay_buffer(*args, **kwargs))
         return buffers[-1]
 
-    monkeypatch.setattr(offline, "make_replay_buffer", recording_buffer)
+    monkeypatch.setattr(cbop_stage, "make_replay_buffer", recording_buffer)
     foreign: dict[int, dict[tuple[str, str], int]] = {}  # per step: the audit's findings
     syncs: dict[int, int] = {}
     optim_steps = Trainer.optim_steps

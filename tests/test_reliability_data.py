@@ -29,6 +29,7 @@ from d4rl_files import write_d4rl_hdf5
 import cbop_torchrl.data.hdf5 as hdf5
 import cbop_torchrl.data.transitions as transitions
 import cbop_torchrl.trainers.offline as offline
+import cbop_torchrl.trainers.offline_run as offline_run
 import cbop_torchrl.trainers.pretrain as pretrain
 import cbop_torchrl.utils as utils
 from cbop_torchrl.config import PretrainConfig, RunConfig
@@ -76,7 +77,7 @@ def test_a_run_is_never_continued_or_reported_finished_on_changed_data(
     # a finished run: its checkpoint at the last step and results.json of that budget
     total = 10
     state = {"step": total, "total_steps": total, "wall_time_s": 1.0}
-    monkeypatch.setattr(offline, "_resume_state", lambda *args: state)
+    monkeypatch.setattr(offline_run, "_resume_state", lambda *args: state)
     (run_dir / "results.json").write_text(json.dumps({"gradient_steps": total}))
     run = open_run(file, run_dir)
     assert run.finished_results() == {"gradient_steps": total}  # same data: finished
@@ -89,7 +90,7 @@ def test_a_run_is_never_continued_or_reported_finished_on_changed_data(
     assert "resume=false" in message and "started on other data" in message
     assert json.loads((run_dir / DATA_RECORD_NAME).read_text()) == recorded  # kept
 
-    monkeypatch.setattr(offline, "_resume_state", lambda *args: None)  # resume=false
+    monkeypatch.setattr(offline_run, "_resume_state", lambda *args: None)  # resume=false
     open_run(file, run_dir, resume="false").lock.release()
     assert json.loads((run_dir / DATA_RECORD_NAME).read_text())["content"] != recorded["content"]
 
@@ -101,11 +102,11 @@ def test_a_missing_data_record_comes_from_the_checkpoint_or_the_run_is_refused(
     record = data_record(load_dataset_with_info(str(file))[1])
     run_dir = tmp_path / "run"
     claim_run_dir(run_dir)  # a run whose data.json was removed: marked, no data.json
-    monkeypatch.setattr(offline, "_resume_state", lambda *args: {"step": 1, "data": record})
+    monkeypatch.setattr(offline_run, "_resume_state", lambda *args: {"step": 1, "data": record})
     open_run(file, run_dir).lock.release()
     assert json.loads((run_dir / DATA_RECORD_NAME).read_text()) == record
     (run_dir / DATA_RECORD_NAME).unlink()  # and the checkpoint records no data either
-    monkeypatch.setattr(offline, "_resume_state", lambda *args: {"step": 1})
+    monkeypatch.setattr(offline_run, "_resume_state", lambda *args: {"step": 1})
     with pytest.raises(CheckpointError, match="data.json is missing and its checkpoint records"):
         open_run(file, run_dir)
     assert not (run_dir / DATA_RECORD_NAME).exists()

@@ -4,7 +4,7 @@ A ``Trainer`` expects a data collector, an optimizer step and hooks
 registered at named points of its loop; offline training collects nothing,
 so these stand-ins and hooks turn it into a loop of gradient steps on
 dataset batches (wired together by
-:func:`cbop_torchrl.trainers.offline.build_offline_training`, for CBOP and
+:func:`cbop_torchrl.trainers.offline_training.build_offline_training`, for CBOP and
 for the baselines):
 
 - :class:`GradientSteps` is the "collector": an endless iterator of empty

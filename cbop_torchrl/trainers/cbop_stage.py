@@ -1,0 +1,317 @@
+"""The CBOP stage: the CBOP loss from the BC actor and the FQE Q-ensemble, trained on
+TorchRL's Trainer (:mod:`cbop_torchrl.trainers.offline_training`), resumable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.objectives import SoftUpdate
+
+from cbop_torchrl.config import ConfigError, RunConfig
+from cbop_torchrl.data import DatasetInfo, make_replay_buffer
+from cbop_torchrl.envs import make_eval_env
+from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
+from cbop_torchrl.objectives.loss import CBOPLoss
+from cbop_torchrl.trainers.checkpoint import CheckpointHook, training_config_hash
+from cbop_torchrl.trainers.diagnostics import LearningDiagnostics
+from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper, QValueStats
+from cbop_torchrl.trainers.offline_run import OfflineRun
+from cbop_torchrl.trainers.offline_training import (
+    CBOP_KEYS,
+    OfflineTraining,
+    build_offline_training,
+    restore_final_records,
+)
+from cbop_torchrl.utils import seed_everything
+
+CBOP_SEED_OFFSET = 3
+
+
+def critic_hidden_sizes(config: RunConfig) -> list[int]:
+    """The Q-networks' widths: ``agent.critic_hidden_sizes``, else ``agent.hidden_sizes``."""
+    sizes = config.agent.critic_hidden_sizes
+    return list(config.agent.hidden_sizes if sizes is None else sizes)
+
+
+def fqe_scheme(fqe: Any) -> dict[str, Any]:
+    """The FQE pretraining's scheme, for the run summary: soft targets, rounds, or converged."""
+    if fqe.rounds and fqe.converge:
+        scheme = "converged"  # the authors' FQE: each round fitted to held-out early stopping
+    elif fqe.rounds:
+        scheme = "rounds"
+    else:
+        scheme = "soft"
+    return {
+        "scheme": scheme,
+        "rounds": fqe.rounds,
+        "steps": None if scheme == "converged" else fqe.steps,
+        "lr": fqe.lr,
+        "batch_size": fqe.batch_size,
+    }
+
+
+def build_cbop_loss(
+    config: RunConfig, info: DatasetInfo, dynamics: Any, device: torch.device
+) -> tuple[CBOPLoss, Any]:
+    """The CBOP loss (actor, M Q-networks, the estimator on ``dynamics``) and its actor."""
+    obs_dim, action_dim = info.obs_dim, info.action_dim
+    actor = make_actor(obs_dim, action_dim, tuple(config.agent.hidden_sizes), device=device)
+    qnets = make_qvalue_ensemble(
+        config.agent.num_qvalue_nets, obs_dim, action_dim, tuple(critic_hidden_sizes(config)),
+        device=device, init=config.agent.q_init, layer_norm=config.agent.critic_layer_norm,
+        prior_scale=config.agent.critic_prior_scale, prior_seed=config.seed,
+    )  # fmt: skip
+    estimator = config.estimator
+    loss = CBOPLoss(
+        actor,
+        qnets,
+        dynamics,
+        action_spec=action_spec(action_dim, device),
+        gamma=config.agent.gamma,
+        horizon=estimator.horizon,
+        psi=estimator.psi,
+        mode=estimator.mode,
+        termination=estimator.termination,
+        # "auto" starts in float32; choose_rollout_dtype decides once the networks are loaded.
+        rollout_dtype="float32" if estimator.rollout_dtype == "auto" else estimator.rollout_dtype,
+        eta=config.agent.eta,
+        bc_weight=config.agent.bc_weight,
+        critic_penalty=config.agent.critic_penalty,
+        alpha_init=config.agent.alpha_init,
+        compile=config.compile,
+        estimator_kwargs={
+            "fixed_weighting": estimator.fixed_weighting,
+            "lmbda": estimator.lmbda,
+            "quantile": estimator.quantile,
+            "sampling": estimator.sampling,
+        },
+    )
+    return loss.to(device), actor
+
+
+def make_optimizer(loss: CBOPLoss, config: RunConfig) -> torch.optim.Optimizer:
+    """One Adam with a parameter group per part (actor, Q-ensemble, log-alpha).
+
+    The SAC losses touch disjoint parameters (the actor loss reads detached Q
+    parameters, the alpha loss a detached log-prob), so one optimizer on the
+    summed loss equals three separate ones, and the Trainer wants one.
+    """
+    agent = config.agent
+    return torch.optim.Adam(
+        [
+            {"params": list(loss.actor_network_params.values(True, True)), "lr": agent.actor_lr},
+            {"params": list(loss.qvalue_network_params.values(True, True)), "lr": agent.critic_lr},
+            {"params": [loss.log_alpha], "lr": agent.alpha_lr},
+        ],
+        # One fused kernel over all parameters (CPU and CUDA): fewer small kernels, and
+        # no per-parameter read of the step count (13 host syncs per step unfused).
+        fused=True,
+        # On CUDA the step count stays on the device, so the step can be captured in a
+        # CUDA graph (torch refuses to capture a non-capturable optimizer's step).
+        capturable=loss.log_alpha.device.type == "cuda",
+    )
+
+
+def uses_cuda_graph(config: RunConfig, device: torch.device) -> bool:
+    """Whether the CBOP step is captured as a CUDA graph (``cuda_graph``: null = on CUDA).
+
+    Raises:
+        ConfigError: ``cuda_graph=true`` on a device that is not CUDA, or with ``compile=true``
+            (the estimator's own CUDA graphs cannot nest in the step's).
+    """
+    on_cuda = device.type == "cuda"
+    if config.cuda_graph and not on_cuda:
+        raise ConfigError(
+            f"cuda_graph=true captures the CBOP step as a CUDA graph, but this run is on "
+            f"{device}; run with device=cuda on a machine with a GPU, or drop cuda_graph=true "
+            "(the default, cuda_graph=null, captures only on CUDA)."
+        )
+    if config.cuda_graph and config.compile:
+        raise ConfigError(
+            "cuda_graph=true and compile=true both ask for CUDA graphs (the whole step, and "
+            "the target's Q-ensemble inside it), which cannot nest; use one: cuda_graph=true "
+            "compile=false (faster: the whole step) or cuda_graph=false compile=true."
+        )
+    return on_cuda and not config.compile if config.cuda_graph is None else bool(config.cuda_graph)
+
+
+@dataclass
+class CBOPStage:
+    """The CBOP stage's loss, dynamics model and training state."""
+
+    loss: CBOPLoss
+    dynamics: Any
+    training: OfflineTraining
+    diagnostics: LearningDiagnostics | None = None  # eval.diagnostics=true
+    rollout_choice: dict[str, Any] | None = None  # estimator.rollout_dtype=auto
+
+
+#: Transitions on which ``estimator.rollout_dtype=auto`` measures the bf16 target error.
+ROLLOUT_CHOICE_SAMPLES = 1024
+
+
+def choose_rollout_dtype(run: OfflineRun, loss: CBOPLoss, data: TensorDictBase) -> dict | None:
+    """``estimator.rollout_dtype=auto``: bf16 if fast here and accurate on this run's data.
+
+    Measured once, with the BC actor and the FQE critic, on
+    ``ROLLOUT_CHOICE_SAMPLES`` transitions drawn with their own generator (the
+    replay buffer's and the global streams are untouched); a resumed run reuses
+    the choice stored in its checkpoint. None unless the setting is ``auto``.
+    """
+    if run.config.estimator.rollout_dtype != "auto":
+        return None
+    estimator = loss.value_estimator
+    stored = (run.resume_state or {}).get("rollout_choice")
+    if stored is not None:
+        estimator.rollout_dtype = (
+            torch.bfloat16 if stored["rollout_dtype"] == "bfloat16" else torch.float32
+        )
+        return dict(stored)
+    generator = torch.Generator().manual_seed(run.config.seed + CBOP_SEED_OFFSET)
+    rows = torch.randint(data.shape[0], (ROLLOUT_CHOICE_SAMPLES,), generator=generator)
+    sample = data.select(*CBOP_KEYS)[rows].to(run.device)
+    return estimator.select_rollout_dtype(sample)
+
+
+def copy_online_to_target(loss: Any) -> None:
+    """Copies every online parameter set of ``loss`` onto its ``target_<name>_params``.
+
+    What constructing a TorchRL target updater does (``TargetNetUpdater.init_``); here for
+    an updater constructed before the loss's parameters were loaded.
+    """
+    for name, target in loss.named_children():
+        if name.startswith("target_") and name.endswith("_params"):
+            target.data.update_(getattr(loss, name.removeprefix("target_")).data)
+
+
+def cbop_stage(
+    run: OfflineRun,
+    data: TensorDictBase,
+    dynamics: Any,
+    bc_state: dict[str, torch.Tensor],
+    fqe_state: dict[str, torch.Tensor],
+) -> CBOPStage:
+    """CBOP from the BC actor and the FQE Q-ensemble on TorchRL's Trainer (resumable)."""
+    config = run.config
+    seed_everything(config.seed + CBOP_SEED_OFFSET)
+    loss, actor = build_cbop_loss(config, run.info, dynamics, run.device)
+    cuda_graph = uses_cuda_graph(config, run.device)
+    # TorchRL's contract: the target updater is associated before the loss reads its targets.
+    # It is stepped inside the gradient step (GuardedOptimizationStepper), captured with it.
+    target_update = SoftUpdate(loss, tau=config.agent.tau)
+    actor.load_state_dict(bc_state)
+    incompatible = loss.load_state_dict(fqe_state, strict=False)  # FQE's online and target Qs
+    if incompatible.unexpected_keys:
+        raise RuntimeError(f"FQE parameters do not fit the Q-ensemble: {incompatible}")
+    rollout_choice = choose_rollout_dtype(run, loss, data)  # measured on FQE's target ensemble
+    copy_online_to_target(loss)  # CBOP's target ensemble starts as FQE's online ensemble
+    optimizer = make_optimizer(loss, config)
+    buffer = make_replay_buffer(data.select(*CBOP_KEYS), config.train.batch_size, device=run.device)
+    generator = torch.Generator(device=run.device).manual_seed(config.seed + CBOP_SEED_OFFSET)
+    buffer.set_rng(generator)
+    eval_env = make_eval_env(run.task, config.eval.episodes, config.eval.backend)
+    diagnostics = (
+        [LearningDiagnostics(
+            loss, data, run.task.gym_id, config.agent.gamma, config.eval.interval,
+            config.train.total_steps, run.logger, max_steps=config.eval.max_steps,
+            seed=config.seed, task=run.task, mc_states=config.eval.mc_states,
+        )]
+        if config.eval.diagnostics
+        else []
+    )  # fmt: skip
+    checkpoint = CheckpointHook(
+        run.checkpoint_path, config.train.checkpoint_interval, config.train.total_steps,
+        partial(cbop_checkpoint_payload, run, actor, rollout_choice),
+    )  # fmt: skip
+    training = build_offline_training(
+        run, loss=loss, optimizer=optimizer, stepper=cbop_stepper(config, checkpoint,
+        target_update, cuda_graph), checkpoint=checkpoint, buffer=buffer, generator=generator,
+        actor=actor, eval_env=eval_env, target_update=None,
+        extra_hooks=(QValueStats(loss, run.logger, config.train.log_interval), *diagnostics),
+    )  # fmt: skip
+    start = training.start_step
+    run.clock.start("cbop", f"resuming at gradient step {start}" if start else None)
+    if diagnostics and start == 0:
+        # The curves' reference point: the BC actor and the FQE critic, before any CBOP step.
+        training.evaluation.evaluate(0)
+        diagnostics[0].measure(0)
+    restore_final_records(run, training, diagnostics[0] if diagnostics else None)
+    training.train(config.train.total_steps)
+    return CBOPStage(
+        loss, dynamics, training, diagnostics[0] if diagnostics else None, rollout_choice
+    )
+
+
+def cbop_stepper(
+    config: RunConfig, checkpoint: CheckpointHook, target_update: SoftUpdate, cuda_graph: bool
+) -> GuardedOptimizationStepper:
+    """The CBOP step: eager with a finiteness read per step, or captured with one per log step."""
+    if not cuda_graph:
+        return GuardedOptimizationStepper(checkpoint, target_update)
+    return GuardedOptimizationStepper(
+        checkpoint, target_update, cuda_graph=True, check_interval=config.train.log_interval,
+        strict_capture=config.cuda_graph is True,
+    )  # fmt: skip
+
+
+def cbop_checkpoint_payload(
+    run: OfflineRun, actor: Any, rollout_choice: dict[str, Any] | None, step: int
+) -> dict[str, Any]:
+    """The non-trainer part of a CBOP checkpoint at ``step``."""
+    return {
+        "rollout_choice": rollout_choice,
+        "training_config": run.training_config,
+        "training_config_hash": training_config_hash(run.training_config),
+        "policy": run.policy_metadata(step),
+        "actor": actor.state_dict(),
+        "wall_time_s": run.wall_time(),
+    }
+
+
+def cbop_result_fields(run: OfflineRun, cbop: CBOPStage, pretraining: dict[str, Any]) -> dict:
+    """CBOP's own ``results.json`` fields (:func:`~.offline_run.write_results` adds the rest)."""
+    config, training = run.config, cbop.training
+    return {
+        "stage_times": run.clock.times,
+        "expected_horizon_start": training.metrics.first_window.get("cbop/expected_horizon"),
+        "expected_horizon_end": training.metrics.last_window.get("cbop/expected_horizon"),
+        **({"diagnostics_history": cbop.diagnostics.history} if cbop.diagnostics else {}),
+        "stages": pretraining,
+        "settings": {
+            "num_elites": cbop.dynamics.num_elites,
+            "num_dynamics_members": config.dynamics.num_members,
+            "num_qvalue_nets": config.agent.num_qvalue_nets,
+            "critic_hidden_sizes": critic_hidden_sizes(config),
+            "actor_hidden_sizes": list(config.agent.hidden_sizes),
+            "q_init": config.agent.q_init,
+            "fqe": fqe_scheme(config.fqe),
+            "horizon": config.estimator.horizon,
+            "psi": config.estimator.psi,
+            "mode": config.estimator.mode,
+            "batch_size": config.train.batch_size,
+            "rollout_dtype": (
+                cbop.rollout_choice["rollout_dtype"]
+                if cbop.rollout_choice
+                else config.estimator.rollout_dtype
+            ),
+            **({"rollout_choice": cbop.rollout_choice} if cbop.rollout_choice else {}),
+        },
+    }
+
+
+__all__ = [
+    "CBOP_SEED_OFFSET",
+    "CBOPStage",
+    "build_cbop_loss",
+    "cbop_result_fields",
+    "cbop_stage",
+    "choose_rollout_dtype",
+    "critic_hidden_sizes",
+    "fqe_scheme",
+    "make_optimizer",
+    "uses_cuda_graph",
+]
