@@ -1,4 +1,4 @@
-"""The offline install bundle (issue 29): ``python -m cbop_torchrl.apps.bundle``.
+"""The offline install bundle: ``python -m tools.bundle`` from a checkout.
 
 The bundle is built once for this machine's Python, with torch (the version this
 venv has); a fresh venv installs it with ``--no-index`` and no pip configuration
@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cbop_torchrl.apps import bundle
+from tools import bundle
 
+CHECKOUT = Path(__file__).resolve().parents[1]  # tools/ is run from the checkout's root
 TORCH_SPEC = f"torch=={torch.__version__.split('+')[0]}"
 
 
@@ -35,9 +36,9 @@ def offline_env(**extra: str) -> dict[str, str]:
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
     dest = tmp_path_factory.mktemp("bundle") / "wheels"
     done = subprocess.run(
-        [sys.executable, "-m", "cbop_torchrl.apps.bundle", "--dest", str(dest),
+        [sys.executable, "-m", "tools.bundle", "--dest", str(dest),
          "--with-torch", "--torch", TORCH_SPEC],
-        capture_output=True, text=True, timeout=900,
+        cwd=CHECKOUT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return dest, json.loads((dest / "bundle.json").read_text()), done.stdout
@@ -102,8 +103,8 @@ def test_a_bundle_for_another_python_without_the_package_wheel_and_excluded_pack
             "--no-package-wheel", "--exclude", "numpy", "wandb",
             "--without", "mujoco-studio", "pyopengl"]  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "cbop_torchrl.apps.bundle", *args],
-        capture_output=True, text=True, timeout=900,
+        [sys.executable, "-m", "tools.bundle", *args],
+        cwd=CHECKOUT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((dest / "bundle.json").read_text())

@@ -1,10 +1,11 @@
 """An offline install bundle: every wheel cbop-torchrl needs on a target, in one folder.
 
-    python -m cbop_torchrl.apps.bundle --dest bundle                       # this machine
-    python -m cbop_torchrl.apps.bundle --dest bundle --python-version 3.12 --torch torch==2.11.0
-    python -m cbop_torchrl.apps.bundle --dest bundle --with-torch --torch torch==2.13.0
+    python -m tools.bundle --dest bundle                       # this machine
+    python -m tools.bundle --dest bundle --python-version 3.12 --torch torch==2.11.0
+    python -m tools.bundle --dest bundle --with-torch --torch torch==2.13.0
 
-Run it from a checkout on a machine that reaches a package index; copy the
+Run it from the root of a checkout (it is a packaging tool, not part of the installed
+package) on a machine that reaches a package index; copy the
 folder to the target (a cluster node, a GPU machine with no internet) and
 install there with::
 
@@ -56,7 +57,7 @@ from cbop_torchrl.utils import atomic_json_dump, unwritable_reason
 
 EXIT_BAD_INPUT = 2
 PACKAGE = "cbop-torchrl"
-CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT = Path(__file__).resolve().parents[1]
 #: Platform tags a manylinux tag stands for: pip matches ``--platform`` tags exactly, so a
 #: target with glibc 2.N takes every ``manylinux_2_M`` with M <= N and the legacy aliases.
 LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
@@ -448,7 +449,7 @@ def describe(manifest: dict, dest: Path) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m cbop_torchrl.apps.bundle", description=__doc__.split("\n\n")[0]
+        prog="python -m tools.bundle", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--dest", type=Path, required=True, help="the bundle folder")
     parser.add_argument(
