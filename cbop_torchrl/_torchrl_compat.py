@@ -1,4 +1,4 @@
-"""The one place that relies on TorchRL internals, each with the reason (issue 17, item 6).
+"""The one place that relies on TorchRL internals, each with the reason.
 
 Checked against TorchRL ``TORCHRL_CHECKED`` (``tests/test_torchrl_compat.py``
 checks every assumption below, the Minari conversion in

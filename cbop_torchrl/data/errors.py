@@ -5,7 +5,7 @@ from __future__ import annotations
 from cbop_torchrl.utils import program_command
 
 GENERATE_COMMAND = "cbop-collect env={family} kind={kind}"
-"""Generator command (issue 3) that writes a D4RL look-alike ``<family>-<kind>-gen.hdf5``
+"""The generator command that writes a D4RL look-alike ``<family>-<kind>-gen.hdf5``
 (``python scripts/collect.py ...`` in a checkout).
 
 Kept in one place so every error message names the same, current command.

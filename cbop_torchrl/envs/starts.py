@@ -4,7 +4,7 @@ The standard evaluation (:func:`~cbop_torchrl.envs.evaluate.evaluate_policy`) st
 every episode from ``env.reset()``: the locomotion tasks reset to one pose with
 noise of 0.005, so ten deterministic episodes are close to one trajectory and a
 score can swing several-fold between two checkpoints of the same run
-(docs/learning.md, Experiment 2). :func:`evaluate_from_states` samples the start
+(docs/learning.md). :func:`evaluate_from_states` samples the start
 instead: each of ``E`` episodes begins in the MuJoCo state of a dataset
 observation (:func:`restore_states`, the mechanism of the conservatism measure in
 :mod:`cbop_torchrl.trainers.conservatism`) and runs the deterministic policy for

@@ -234,16 +234,15 @@ def fused_mlp_ensemble(
 
     One ``baddbmm`` per layer (bias fused), activations in place. In bf16 a
     one-unit output layer is a bf16 ``bmm`` whose float32 result gets the
-    float32 bias (a float32 multiply-and-sum or matrix-vector product was 8x
-    slower at the paper's sizes). With ``chunk_rows`` the rows are processed
+    float32 bias (a float32 multiply-and-sum or matrix-vector product is much
+    slower at the paper's sizes; docs/speed.md). With ``chunk_rows`` the rows are processed
     in blocks, so the ``(M, rows, width)`` activations stay bounded instead of
     reaching GBs at the paper's sizes; the blocks' activations are written
     into two buffers allocated once per call (alternating layer by layer).
     Why: a block's activations are 84 MB (bf16) to 168 MB (fp32) at the
     paper's sizes, above glibc's largest ``mmap`` threshold (32 MB), so each
-    fresh one was a new mapping whose first touch page-faults: measured on the
-    2-core CPU, that made the first layer 2.8x and a 256 x 256 layer 1.3x
-    slower than writing into an existing buffer.
+    fresh one would be a new mapping whose first touch page-faults, which makes
+    a layer markedly slower than writing into an existing buffer (docs/speed.md).
     """
     dtype = layers[0][0].dtype
     num_rows = inputs.shape[0]
