@@ -576,7 +576,7 @@ class WriteRefusedError(OSError):
 _WRITE_REFUSALS = {
     errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.ELOOP,
     errno.ENAMETOOLONG, errno.EFBIG, errno.EMLINK, errno.ETXTBSY, errno.EEXIST, errno.EIO,
-    errno.ENXIO, errno.ENODEV, errno.EINVAL,
+    errno.ENXIO, errno.ENODEV,
 }  # fmt: skip
 
 _output_setting: str | None = None
@@ -620,13 +620,14 @@ def write_refused(error: OSError, path: str | Path | None = None) -> WriteRefuse
 _H5_ERRNO = re.compile(r"name = '(?P<name>[^']*)', errno = (?P<errno>\d+)")
 
 
-def refused_write(error: BaseException | None) -> WriteRefusedError | None:
+def refused_write(error: BaseException | None) -> OSError | None:
     """The :class:`WriteRefusedError` for ``error`` (or an error it was raised from) when
     it is a write, open or creation the operating system refused, naming the file and the
-    cause; None otherwise. h5py's errors carry the file and errno in their text only."""
+    cause (or the :class:`SpecialFileError` of a special file read as a file); None
+    otherwise. h5py's errors carry the file and errno in their text only."""
     seen = 0
     while error is not None and seen < 16:
-        if isinstance(error, WriteRefusedError):
+        if isinstance(error, (WriteRefusedError, SpecialFileError)):
             return error
         if isinstance(error, OSError):
             number, name = error.errno, error.filename
@@ -714,11 +715,26 @@ def read_regular_bytes(path: str | Path) -> bytes:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise OSError(errno.EINVAL, f"it is {special_file_kind(mode)}, not a file", str(path))
+            raise SpecialFileError(
+                errno.EINVAL, f"it is {special_file_kind(mode)}, not a file", str(path)
+            )
         with os.fdopen(os.dup(fd), "rb") as handle:
             return handle.read()
     finally:
         os.close(fd)
+
+
+class SpecialFileError(OSError):
+    """A program was to read a FIFO, socket, device or folder as a file
+    (:func:`read_regular_bytes`); every entry point refuses it with one paragraph."""
+
+    def __str__(self) -> str:
+        return (
+            f"{str(self.filename)!r} is not a regular file ({self.strerror}); a program reads "
+            "only files, never a FIFO (which would wait forever for a writer), socket or "
+            "device. Replace it with the file it stands for, or move it out of the folders "
+            "given, and run the same command again."
+        )
 
 
 def read_regular_text(path: str | Path) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -343,17 +342,15 @@ def test_the_estimate_counts_the_start_state_evaluation() -> None:
 
 def test_start_states_beyond_the_address_space_limit_are_refused(tmp_path: Path) -> None:
     workspace = pipeline_workspace(tmp_path)
-    limit = 8 * 10**9
-
-    def limited() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
+    # the limit is set by the shell (ulimit -v, in KB), not by a preexec_fn: forking this
+    # multi-threaded test process and running Python before exec can deadlock
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "cbop.py"), "preset=debug", "progress=false",
+        ["bash", "-c", 'ulimit -v 7812500 && exec "$0" "$@"', sys.executable,
+         str(ROOT / "scripts" / "cbop.py"), "preset=debug", "progress=false",
          f"env={workspace['dataset']}", "eval.start_states=100000000",
          f"hydra.run.dir={tmp_path / 'run'}"],
-        env=case_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S,
-        preexec_fn=limited, cwd=tmp_path,
+        env=case_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT_S * 2,
+        cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and "eval.start_states" in done.stderr
@@ -626,7 +623,10 @@ def _sweep_with(root: Path, name: str, make) -> Path:  # noqa: ANN001
     return sweep
 
 
-def test_select_psi_writes_only_into_marked_runs_of_its_sweep(trained_run: dict) -> None:
+@pytest.fixture(scope="module")
+def selected(trained_run: dict) -> dict:
+    """Every program call of the select-psi and working-directory cases, in two children:
+    the first batch, then the swapped fit's re-run."""
     root, run = trained_run["root"], trained_run["run"]
     victim = root / "victim"
     victim.mkdir()
@@ -649,62 +649,71 @@ def test_select_psi_writes_only_into_marked_runs_of_its_sweep(trained_run: dict)
         "linked selection_fqe": _sweep_with(root, "s_link", linked_selection),
         "unmarked run": _sweep_with(root, "s_unmarked", unmarked),
         "linked run": _sweep_with(root, "s_outside", linked_run),
+        "swap": _sweep_with(root, "s_swap", lambda sweep: shutil.copytree(run, sweep / "a")),
     }
     env = {**os.environ, **trained_run["env"]}
-    results = run_programs(
-        [Call("select_psi.py", [f"sweep_dir={sweep}", "steps=4", "progress=false"], root, env)
-         for sweep in sweeps.values()],
-        timeout_s=TIMEOUT_S * 3,
-    )  # fmt: skip
-    done = dict(zip(sweeps, results, strict=True))
+    calls = {
+        name: Call("select_psi.py", [f"sweep_dir={sweep}", "steps=4", "progress=false"], root, env)
+        for name, sweep in sweeps.items()
+    }
+    calls["swap 6"] = Call(
+        "select_psi.py", [f"sweep_dir={sweeps['swap']}", "steps=6", "progress=false"], root, env
+    )
+    cwd, out = root / "cwd", root / "outputs"
+    cwd.mkdir()
+    calls.update({
+        "evaluate": Call("evaluate.py", [f"checkpoint={run / 'policy.pt'}", "episodes=1",
+                         "max_steps=5", f"output={out / 'eval.json'}"], cwd, env),
+        "report": Call("report.py", [f"paths={run}", f"out={out / 'report'}", "analysis=false"],
+                       cwd, env),
+        "select json": Call("select_psi.py", [f"sweep_dir={run}", "steps=4", "progress=false",
+                            f"json={out / 'sel.json'}"], cwd, env),
+        "train-dynamics": Call("train_dynamics.py", [f"env={trained_run['dataset']}",
+                               "dynamics.max_epochs=1", "progress=false",
+                               f"output_dir={out / 'dyn'}"], cwd, env),
+    })  # fmt: skip
+    results = run_programs(list(calls.values()), TIMEOUT_S * len(calls))  # a loaded machine
+    done = dict(zip(calls, results, strict=True))
+    fits = sorted((sweeps["swap"] / "a" / "selection_fqe").glob("*/result.pt"))
+    if len(fits) == 2:
+        fits[0].write_bytes(fits[1].read_bytes())  # the issue's case: a swapped fit
+        again = [calls["swap"], calls["swap 6"]]
+        done["swap again"], done["swap 6 again"] = run_programs(again, TIMEOUT_S * 3)
+    return {"done": done, "sweeps": sweeps, "victim": victim, "outside": outside, "cwd": cwd,
+            "fits": fits, "root": root}  # fmt: skip
+
+
+def test_select_psi_writes_only_into_marked_runs_of_its_sweep(selected: dict) -> None:
+    done, sweeps = selected["done"], selected["sweeps"]
     link = done["linked selection_fqe"]
     assert link.returncode == 2 and "is a link" in link.stderr and "Traceback" not in link.stderr
-    assert list(victim.iterdir()) == []
+    assert list(selected["victim"].iterdir()) == []
     for name in ("unmarked run", "linked run"):
         assert done[name].returncode == 0, done[name].stderr[-2000:]
     assert not (sweeps["unmarked run"] / "run" / "selection_fqe").exists()
-    assert not (outside / "selection_fqe").exists()
-    assert list((root / "cache" / "selection_fqe").glob("*/result.pt"))  # cached there
+    assert not (selected["outside"] / "selection_fqe").exists()
+    assert list((selected["root"] / "cache" / "selection_fqe").glob("*/result.pt"))
 
 
-def test_a_swapped_selection_fit_is_fitted_again(trained_run: dict) -> None:
-    root, run = trained_run["root"], trained_run["run"]
-    sweep = root / "s_swap"
-    shutil.copytree(run, sweep / "a")
-    env = {**os.environ, **trained_run["env"]}
-    calls = [Call("select_psi.py", [f"sweep_dir={sweep}", f"steps={steps}", "progress=false"],
-                  root, env) for steps in (4, 6)]  # fmt: skip
-    first = run_programs(calls, timeout_s=TIMEOUT_S * 2)
-    assert all(done.returncode == 0 for done in first), first[0].stderr[-2000:]
-    fits = sorted((sweep / "a" / "selection_fqe").glob("*/result.pt"))
-    assert len(fits) == 2
-    fits[0].write_bytes(fits[1].read_bytes())  # the issue's case: a swapped fit
-    again = run_programs(calls, timeout_s=TIMEOUT_S * 2)
-    assert all(done.returncode == 0 for done in again), again[0].stderr[-2000:]
-    assert "belongs to another cache entry" in again[0].stderr + again[1].stderr
-    assert [done.stdout for done in again] == [done.stdout for done in first]  # same scores
+def test_a_swapped_selection_fit_is_fitted_again(selected: dict) -> None:
+    done = selected["done"]
+    assert len(selected["fits"]) == 2, done["swap"].stderr[-2000:]
+    for name in ("swap", "swap 6", "swap again", "swap 6 again"):
+        assert done[name].returncode == 0, done[name].stderr[-2000:]
+    assert (
+        "belongs to another cache entry" in done["swap again"].stderr + done["swap 6 again"].stderr
+    )
+    assert done["swap again"].stdout == done["swap"].stdout  # the scores of the right fits
+    assert done["swap 6 again"].stdout == done["swap 6"].stdout
 
 
-def test_no_program_writes_into_the_working_directory(trained_run: dict, tmp_path: Path) -> None:
+def test_no_program_writes_into_the_working_directory(selected: dict) -> None:
     """Each program given absolute output paths leaves the working directory empty
-    (MuJoCo's MUJOCO_LOG.TXT included: an evaluation on hopper warns about settotalmass)."""
-    run = trained_run["run"]
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    env = {**os.environ, **trained_run["env"]}
-    calls = [
-        Call("evaluate.py", [f"checkpoint={run / 'policy.pt'}", "episodes=1", "max_steps=5",
-                             f"output={tmp_path / 'eval.json'}"], cwd, env),
-        Call("report.py", [f"paths={run}", f"out={tmp_path / 'report'}", "analysis=false"],
-             cwd, env),
-        Call("select_psi.py", [f"sweep_dir={run}", "steps=4", "progress=false",
-                               f"json={tmp_path / 'sel.json'}"], cwd, env),
-        Call("train_dynamics.py", [f"env={trained_run['dataset']}", "dynamics.max_epochs=1",
-                                   "progress=false", f"output_dir={tmp_path / 'dyn'}"], cwd, env),
-    ]  # fmt: skip
-    for done in run_programs(calls, timeout_s=TIMEOUT_S * 3):
+    (MuJoCo's MUJOCO_LOG.TXT included)."""
+    for name in ("evaluate", "report", "select json", "train-dynamics"):
+        done = selected["done"][name]
         assert done.returncode == 0, done.stderr[-2000:]
-    assert sorted(p.name for p in cwd.iterdir()) == []
+    assert sorted(p.name for p in selected["cwd"].iterdir()) == []
 
 
 def test_a_policy_with_complex_weights_is_refused(trained_run: dict, tmp_path: Path) -> None:
