@@ -8,8 +8,9 @@ starts. Every problem found is reported at once in a :class:`ConfigError`.
 Paper settings. A ``null`` in a table-fed field (``estimator.psi``,
 ``agent.num_qvalue_nets``, ...) means "the paper's value for this dataset":
 :func:`paper_settings` supplies it from :data:`PAPER_PSI` and
-:data:`PAPER_SHARED`. ``preset=paper`` leaves every table-fed field null;
-the CPU and debug presets set the compute sizes themselves and leave only
+:data:`PAPER_SHARED` (on a generated look-alike set listed in :data:`GENERATED_PSI`, psi is
+the paper's offline choice for that set instead). ``preset=paper`` leaves every table-fed
+field null; the CPU and debug presets set the compute sizes themselves and leave only
 ``estimator.psi`` (a property of the dataset, not of the budget) to the
 table. Any value given on the command line is not null, so explicit
 overrides always win. A D4RL id with no ``preset=`` selects the paper
@@ -62,6 +63,14 @@ PAPER_PSI: dict[str, dict[str, float]] = {
     },
 }
 """The paper's LCB coefficient psi per family and D4RL dataset kind (DESIGN.md section 1)."""
+
+GENERATED_PSI: dict[str, float] = {"halfcheetah-medium-replay-gen": 3.0}
+"""psi for ``estimator.psi: null`` on the generated look-alike sets (``scripts/collect.py``,
+by the set's name) where the paper's own way of choosing it differs from its D4RL table: the
+offline choice by FQE over the paper's grid {0.5, 2, 3, 5} (appendix C), made at the CPU
+preset's sizes (``python benchmarks/psi_grid.py --select``; the choice, its candidates and
+their scores are ``benchmarks/results/<set>/psi_selection.json``; docs/results.md). Sets not
+listed keep the D4RL table's psi for their family and kind."""
 
 PAPER_QVALUE_NETS = {"hopper": 50}
 """Q-ensemble size M where it differs from :data:`PAPER_DEFAULT_QVALUE_NETS`."""
@@ -544,6 +553,8 @@ def load_config(
     else:
         kind = infer_dataset_kind(dataset_name)
         table = paper_settings(family, kind)
+        if dataset_name in GENERATED_PSI:  # the offline choice on a generated set
+            table["estimator.psi"] = GENERATED_PSI[dataset_name]
         for dotted in [*table, "estimator.psi"]:
             section, _, key = dotted.partition(".")
             if values[section].get(key) is not None:

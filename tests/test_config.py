@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from subprocess import CompletedProcess
@@ -21,6 +22,7 @@ from cbop_torchrl.cli import (
     wants_paper_preset,
 )
 from cbop_torchrl.config import (
+    GENERATED_PSI,
     PAPER_PSI,
     ConfigError,
     infer_dataset_kind,
@@ -69,6 +71,31 @@ def test_paper_table_covers_every_d4rl_id() -> None:
         assert (settings["dynamics.num_members"], settings["dynamics.num_elites"]) == (30, 20)
         assert settings["train.epochs"] * settings["train.steps_per_epoch"] == 1_000_000
     assert PAPER_PSI["halfcheetah"]["medium"] == 0.5 and PAPER_PSI["hopper"]["random"] == 5.0
+
+
+def test_a_generated_set_takes_the_offline_choice_of_psi_and_the_table_otherwise() -> None:
+    def generated(env: str):
+        return get_family(env.split("-")[0]), env
+
+    def psi(env: str, *overrides: str) -> float:
+        config, _ = load_config(composed(f"env={env}", *overrides), generated)
+        return config.estimator.psi
+
+    assert psi("halfcheetah-medium-replay-gen") == GENERATED_PSI["halfcheetah-medium-replay-gen"]
+    assert psi("halfcheetah-medium-replay-gen", "estimator.psi=0.5") == 0.5  # given: it wins
+    assert psi("hopper-medium-replay-gen") == PAPER_PSI["hopper"]["medium-replay"]
+    assert psi("halfcheetah-medium-replay-v2") == PAPER_PSI["halfcheetah"]["medium-replay"]
+
+
+def test_the_generated_sets_psi_is_the_committed_offline_choice() -> None:
+    """GENERATED_PSI lists exactly the sets whose psi_selection.json differs from the table."""
+    expected = {}
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*-gen/psi_selection.json")):
+        selection = json.loads(path.read_text())
+        family, kind = path.parent.name.split("-", 1)[0], infer_dataset_kind(path.parent.name)
+        if selection["selected_psi"] != PAPER_PSI[family][kind]:
+            expected[path.parent.name] = selection["selected_psi"]
+    assert GENERATED_PSI == expected
 
 
 def test_dataset_kind_is_read_from_names() -> None:
