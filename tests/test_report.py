@@ -298,6 +298,9 @@ def test_goal_check_is_the_bar_cbop_is_held_to() -> None:
     line, _ = goal_check(score_rows(behind), behind)
     assert "(-5.0; at least every baseline NOT met; +5 not met)" in line
     assert "Q - MC" not in line  # no analysis in the summary: not claimed either way
+    earlier = {**_summary("bc", 0, 99.0), "variant": "bc (file aaaaaaaaaaaa)"}
+    line, _ = goal_check(score_rows([*summaries, earlier]), summaries)
+    assert "best baseline bc 45.0" in line  # an earlier file's row is not a baseline here
 
 
 def test_final_score_is_the_mean_of_the_last_evaluations() -> None:

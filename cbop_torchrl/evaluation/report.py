@@ -43,6 +43,7 @@ from cbop_torchrl.evaluation.summaries import (
     BAR_KEEP,
     BAR_MARGIN,
     BAR_MARGIN_SETS,
+    BASELINES,
     CURRENT,
     FINAL_EVALUATIONS,
     group_runs,
@@ -262,7 +263,8 @@ def goal_check(
     lines, ahead, sets = [], 0, 0
     for dataset in sorted({r["dataset"] for r in rows}):
         by_variant = {r["variant"]: r for r in rows if r["dataset"] == dataset}
-        baselines = {v: r["final_mean"] for v, r in by_variant.items() if not v.startswith("cbop")}
+        # the current baselines only: an earlier file's rows are "<name> (file <sha>)"
+        baselines = {v: r["final_mean"] for v, r in by_variant.items() if v in BASELINES}
         if "cbop" not in by_variant or not baselines:
             continue
         best = max(baselines, key=baselines.get)
