@@ -202,8 +202,7 @@ def run_estimate(
     actor_hidden = [int(w) for w in agent.hidden_sizes]
     critic_hidden = [int(w) for w in (agent.critic_hidden_sizes or actor_hidden)]
     obs, act = int(obs_dim), int(action_dim)
-    q_params = M * mlp_parameters(obs + act, critic_hidden, 1)
-    actor_params = mlp_parameters(obs, actor_hidden, 2 * act)
+    q_params, actor_params = _network_parameters(config, obs, act)
     dyn_hidden = [int(dynamics.hidden_size)] * int(dynamics.num_layers)
     dyn_model, dyn_batch = _dynamics_bytes(dynamics, obs, act)
 
@@ -219,6 +218,7 @@ def run_estimate(
         widest = max(critic_hidden, default=1)
         rollout = rows * (3 * (obs + act) + 4 * M + 2) + 2 * M * block * widest
         rollout += 2 * K * int(config.train.batch_size or 1) * max(dyn_hidden, default=1)
+    environments = evaluation_environments(config.eval, num_rows)
     parts = {
         "Q-ensemble (agent.num_qvalue_nets x agent.hidden_sizes or critic_hidden_sizes)": 5
         * q_params
@@ -238,7 +238,7 @@ def run_estimate(
         # simulations as start states (envs/starts.py) and Q - MC states, each with its record
         "evaluation (the largest of eval.episodes, eval.start_states and eval.mc_states, "
         "each an environment run side by side)": evaluation_bytes(
-            evaluation_environments(config.eval, num_rows),
+            environments,
             int(config.eval.max_steps),
             obs,
             act,
@@ -253,7 +253,6 @@ def run_estimate(
         ] = M * int(num_rows) * count_bytes + 16 * int(num_rows) + training * FLOAT_BYTES
     largest = max(stages, key=stages.get)
     parts[largest] = stages[largest]  # the stages run one after another
-    environments = evaluation_environments(config.eval, num_rows)
     return Estimate(
         total=sum(parts.values()),
         parts=parts,
@@ -261,16 +260,21 @@ def run_estimate(
     )
 
 
+def _network_parameters(config, obs_dim: int, action_dim: int) -> tuple[int, int]:
+    """The parameters of the whole Q-ensemble and of the actor (its mean and log-std heads)."""
+    agent = config.agent
+    actor_hidden = [int(w) for w in agent.hidden_sizes]
+    critic_hidden = [int(w) for w in (agent.critic_hidden_sizes or actor_hidden)]
+    q_params = int(agent.num_qvalue_nets or 1) * mlp_parameters(
+        obs_dim + action_dim, critic_hidden, 1
+    )
+    return q_params, mlp_parameters(obs_dim, actor_hidden, 2 * action_dim)
+
+
 def checkpoint_bytes(config, obs_dim: int, action_dim: int) -> int:
     """About the size of a run's checkpoint: the Q-ensemble (weights, target, Adam's two
     moments) and the actor (weights and its two moments), float32."""
-    agent = config.agent
-    M = int(agent.num_qvalue_nets or 1)
-    actor_hidden = [int(w) for w in agent.hidden_sizes]
-    critic_hidden = [int(w) for w in (agent.critic_hidden_sizes or actor_hidden)]
-    obs, act = int(obs_dim), int(action_dim)
-    q_params = M * mlp_parameters(obs + act, critic_hidden, 1)
-    actor_params = mlp_parameters(obs, actor_hidden, 2 * act)
+    q_params, actor_params = _network_parameters(config, int(obs_dim), int(action_dim))
     return (4 * q_params + 3 * actor_params) * FLOAT_BYTES
 
 
