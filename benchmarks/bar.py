@@ -155,10 +155,14 @@ SELECTED = "selected"
 ``benchmarks/psi_grid.py --select``); ``cbop`` on a set without a selection."""
 
 
-def selected_row(results: Path, dataset: str) -> str:
-    """The set's row of the psi FQE chose, or ``cbop`` where no choice has been made."""
-    path = results / dataset / "psi_selection.json"
-    return str(json.loads(path.read_text())["variant"]) if path.is_file() else "cbop"
+SELECTION_NAME = "psi_selection.json"
+"""Each set's offline choice of psi, ``<results>/<set>/psi_selection.json``."""
+
+
+def selected_row(results: Path, dataset: str) -> str | None:
+    """The set's row of the psi FQE chose, or None where no choice has been made."""
+    path = results / dataset / SELECTION_NAME
+    return str(json.loads(path.read_text())["variant"]) if path.is_file() else None
 
 
 def cbop_rows(items: list[str], results: Path | None = None) -> dict[str, str]:
@@ -176,7 +180,8 @@ def cbop_rows(items: list[str], results: Path | None = None) -> dict[str, str]:
     rows = dict.fromkeys(SETS, every[0] if every else SELECTED)
     for dataset, row in rows.items():
         if row == SELECTED:
-            rows[dataset] = selected_row(results, dataset) if results is not None else "cbop"
+            chosen = selected_row(results, dataset) if results is not None else None
+            rows[dataset] = chosen or "cbop"
     for item in items:
         if "=" in item:
             dataset, row = item.split("=", 1)

@@ -47,12 +47,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python benchmarks/psi_grid.py` puts benchmarks/, not the root
 
-from benchmarks.bar import SETS, current_file, load_rows  # noqa: E402
+from benchmarks.bar import (  # noqa: E402
+    SELECTION_NAME,
+    SETS,
+    current_file,
+    load_rows,
+    seed_summaries,
+)
 from cbop_torchrl.utils import atomic_json_dump  # noqa: E402
 
 GRID = (0.5, 2.0, 3.0, 5.0)
 """The paper's psi grid (appendix, "Hyperparameters")."""
-SELECTION_NAME = "psi_selection.json"
 SELECTION_FORMAT = "cbop-torchrl-psi-selection/1"
 GRID_NAME = "psi_grid.json"
 GRID_FORMAT = "cbop-torchrl-psi-grid/1"
@@ -71,12 +76,7 @@ def grid_variant(psi: float) -> str:
 
 def summaries_on(results: Path, dataset: str, variant: str, file: str) -> dict[int, dict]:
     """The variant's summaries made on the file whose sha256 begins with ``file``, by seed."""
-    found = {}
-    for path in sorted((results / dataset / variant).glob("seed*.json")):
-        summary = json.loads(path.read_text())
-        if str(summary.get("dataset_provenance", {}).get("sha256"))[:12] == file:
-            found[int(summary["seed"])] = summary
-    return found
+    return {int(s["seed"]): s for s in seed_summaries(results, dataset, variant, file)}
 
 
 def summary_psi(summary: dict) -> float | None:

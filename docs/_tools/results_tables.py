@@ -104,9 +104,8 @@ def cbop_headline_rows() -> dict[str, str]:
 
     rows = {}
     for dataset in bar.SETS:
-        selection = RESULTS / dataset / psi_grid.SELECTION_NAME
-        if selection.is_file():
-            rows[dataset] = json.loads(selection.read_text())["variant"]
+        if chosen := bar.selected_row(RESULTS, dataset):
+            rows[dataset] = chosen
             continue
         grid = psi_grid.grid_rows(RESULTS, dataset)
         defaults = [v for v, _ in grid.values() if v in psi_grid.DEFAULT_PSI_ROWS]
