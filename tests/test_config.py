@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from programs import Call, run_programs
 
+from cbop_torchrl.apps.api import run_banner
 from cbop_torchrl.cli import (
     CONFIG_SCHEMAS,
     config_values,
@@ -82,6 +83,12 @@ def test_a_generated_set_takes_the_offline_choice_of_psi_and_the_table_otherwise
         return config.estimator.psi
 
     assert psi("halfcheetah-medium-replay-gen") == GENERATED_PSI["halfcheetah-medium-replay-gen"]
+    config, filled = load_config(composed("env=halfcheetah-medium-replay-gen"), generated)
+    banner = run_banner(config, "halfcheetah-medium-replay-gen", Path("runs/x"), filled)
+    assert "psi: the paper's offline choice" in banner.splitlines()[-1], banner
+    config, filled = load_config(composed("env=hopper-medium-replay-gen"), generated)
+    banner = run_banner(config, "hopper-medium-replay-gen", Path("runs/x"), filled)
+    assert banner.splitlines()[-1].startswith("[cbop] from the paper's table for hopper")
     assert psi("halfcheetah-medium-replay-gen", "estimator.psi=0.5") == 0.5  # given: it wins
     assert psi("hopper-medium-replay-gen") == PAPER_PSI["hopper"]["medium-replay"]
     assert psi("halfcheetah-medium-replay-v2") == PAPER_PSI["halfcheetah"]["medium-replay"]
