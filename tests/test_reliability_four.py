@@ -35,7 +35,7 @@ import torch
 from d4rl_files import pipeline_workspace, write_d4rl_hdf5
 from inprocess import train_cbop
 from programs import Call, run_programs, selected_ids
-from test_reliability_third import Case, case_env
+from test_reliability_third import Case, case_env, run_cases
 
 from cbop_torchrl.config import PretrainConfig, RunConfig, range_problems
 from cbop_torchrl.data import load_dataset_with_info
@@ -267,17 +267,7 @@ def refused(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     wanted = selected_ids(request, "test_a_bad_input_is_one_paragraph_before_any_work")
     root = tmp_path_factory.mktemp("battery4")
     cases = {id_: case for id_, case in refusal_cases(root).items() if id_ in wanted}
-    calls, folders = [], {}
-    for index, (id_, case) in enumerate(cases.items()):
-        cwd = root / f"work{index}"
-        cwd.mkdir()
-        folders[id_] = cwd
-        calls.append(Call(case.script, case.args, str(cwd), case_env(cwd)))
-    results = run_programs(calls, timeout_s=TIMEOUT_S + 30 * len(calls))
-    return {
-        id_: (done, folders[id_], case)
-        for (id_, case), done in zip(cases.items(), results, strict=True)
-    }
+    return run_cases(cases, root)
 
 
 @pytest.mark.parametrize("case_id", CASE_IDS)

@@ -380,6 +380,14 @@ def refused(
     wanted = selected_ids(request, "test_a_bad_input_is_one_paragraph_and_touches_nothing")
     root = tmp_path_factory.mktemp("battery")
     cases = {id_: case for id_, case in refusal_cases(root).items() if id_ in wanted}
+    return run_cases(cases, root)
+
+
+def run_cases(
+    cases: dict[str, Case], root: Path
+) -> dict[str, tuple[subprocess.CompletedProcess, Path, Case]]:
+    """Runs every case in one child process, each in its own empty working folder under
+    ``root``: case id -> (what it did, its folder, the case)."""
     calls, folders = [], {}
     for index, (id_, case) in enumerate(cases.items()):
         cwd = root / f"work{index}"
