@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
@@ -132,6 +135,36 @@ def episode_returns(reward: torch.Tensor, done: torch.Tensor) -> tuple[torch.Ten
     return (reward.squeeze(-1) * alive).sum(-1), alive.sum(-1)
 
 
+class DeterministicPolicy(TensorDictModuleBase):
+    """A probabilistic actor's deterministic action, whatever the global exploration type.
+
+    TorchRL's exploration type is one process-wide setting, and training sets it to RANDOM
+    around its own actor calls, so a policy called in a thread beside training cannot rely
+    on it. This writes ``action`` from the actor's ``get_dist(...).deterministic_sample``:
+    what a ``ProbabilisticActor`` writes under ``ExplorationType.DETERMINISTIC``.
+
+    Args:
+        actor: a module with ``get_dist`` (its parameters in place when called).
+    """
+
+    def __init__(self, actor: TensorDictModuleBase) -> None:
+        super().__init__()
+        self.actor = actor
+        self.in_keys = list(actor.in_keys)
+        self.out_keys = ["action"]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        dist = self.actor.get_dist(tensordict)
+        action = getattr(dist, "deterministic_sample", None)  # TorchRL's first choice
+        return tensordict.set("action", dist.mean if action is None else action)
+
+
+def deterministic_policy(actor: Any) -> Any:
+    """``actor`` wrapped in :class:`DeterministicPolicy` when it has a distribution, else as is
+    (a deterministic module, e.g. TD3+BC's actor)."""
+    return DeterministicPolicy(actor) if hasattr(actor, "get_dist") else actor
+
+
 def evaluate_policy(
     actor: TensorDictModuleBase,
     task: Task,
@@ -156,12 +189,15 @@ def evaluate_policy(
         seed: environment seed (episode i uses ``seed + i``).
     """
     devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+    policy = deterministic_policy(actor)
+    # In a thread the global exploration type is left alone: training sets it too.
+    mode = set_exploration_type(ExplorationType.DETERMINISTIC) if fork_rng else nullcontext()
     with torch.random.fork_rng(devices=devices, enabled=fork_rng), torch.no_grad():
         env.set_seed(seed)
-        with set_exploration_type(ExplorationType.DETERMINISTIC):
+        with mode:
             rollout = env.rollout(
                 max_steps,
-                actor,
+                policy,
                 break_when_all_done=True,
                 auto_cast_to_device=True,
             )

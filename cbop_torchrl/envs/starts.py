@@ -27,9 +27,8 @@ import gymnasium
 import numpy as np
 import torch
 from tensordict import TensorDict
-from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from cbop_torchrl.envs.evaluate import EvalResult
+from cbop_torchrl.envs.evaluate import EvalResult, deterministic_policy
 from cbop_torchrl.registry import Task
 
 START_STATES_SEED = 0
@@ -128,26 +127,26 @@ def rollout_restored(
     entropy = torch.zeros(count, dtype=torch.float64)
     lengths = torch.zeros(count, dtype=torch.long)
     alive = list(range(count))
+    policy = deterministic_policy(actor)  # reads no global exploration type (thread-safe)
     try:
-        with set_exploration_type(ExplorationType.DETERMINISTIC):
-            for step in range(max_steps):
-                current = batch[alive].to(device)
-                if entropy_fn is not None and step > 0:
-                    entropy[alive] += gamma**step * entropy_fn(current).double().cpu()
-                td = TensorDict({"observation": current}, batch_size=[len(alive)])
-                actions = actor(td).get("action").detach().double().cpu().numpy()
-                still = []
-                for row, index in enumerate(alive):
-                    ob, reward, terminated, truncated, _ = envs[index].step(actions[row])
-                    returns[index] += float(reward)
-                    discounted[index] += gamma**step * float(reward)
-                    lengths[index] += 1
-                    batch[index] = torch.as_tensor(ob, dtype=torch.float32)
-                    if not (terminated or truncated):
-                        still.append(index)
-                alive = still
-                if not alive:
-                    break
+        for step in range(max_steps):
+            current = batch[alive].to(device)
+            if entropy_fn is not None and step > 0:
+                entropy[alive] += gamma**step * entropy_fn(current).double().cpu()
+            td = TensorDict({"observation": current}, batch_size=[len(alive)])
+            actions = policy(td).get("action").detach().double().cpu().numpy()
+            still = []
+            for row, index in enumerate(alive):
+                ob, reward, terminated, truncated, _ = envs[index].step(actions[row])
+                returns[index] += float(reward)
+                discounted[index] += gamma**step * float(reward)
+                lengths[index] += 1
+                batch[index] = torch.as_tensor(ob, dtype=torch.float32)
+                if not (terminated or truncated):
+                    still.append(index)
+            alive = still
+            if not alive:
+                break
     finally:
         for env in envs:
             env.close()

@@ -16,6 +16,7 @@ from cbop_torchrl.data import DatasetInfo, make_replay_buffer
 from cbop_torchrl.envs import make_eval_env
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.loss import CBOPLoss
+from cbop_torchrl.runtime import seed_everything
 from cbop_torchrl.trainers.checkpoint import CheckpointHook, training_config_hash
 from cbop_torchrl.trainers.diagnostics import LearningDiagnostics
 from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper, QValueStats
@@ -26,7 +27,6 @@ from cbop_torchrl.trainers.offline_training import (
     build_offline_training,
     restore_final_records,
 )
-from cbop_torchrl.utils import seed_everything
 
 CBOP_SEED_OFFSET = 3
 
@@ -219,6 +219,7 @@ def cbop_stage(
             loss, data, run.task.gym_id, config.agent.gamma, config.eval.interval,
             config.train.total_steps, run.logger, max_steps=config.eval.max_steps,
             seed=config.seed, task=run.task, mc_states=config.eval.mc_states,
+            background=config.eval.background,
         )]
         if config.eval.diagnostics
         else []

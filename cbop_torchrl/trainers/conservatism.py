@@ -28,9 +28,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributions as D
 from tensordict import TensorDict, TensorDictBase
-from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from cbop_torchrl.envs.evaluate import deterministic_policy
 from cbop_torchrl.envs.starts import restore_states, rollout_restored
 from cbop_torchrl.registry import Task
 
@@ -97,12 +98,35 @@ def rollout_from_observations(
     return rollout.discounted.float(), rollout.lengths, rollout.entropy.float()
 
 
-def policy_entropy_fn(actor: Any) -> EntropyFn:
-    """One-sample estimates ``-log pi(a~|s)``, ``a~ ~ pi(.|s)``, of an actor's entropy."""
+def sample_with(dist: D.Distribution, generator: torch.Generator) -> torch.Tensor:
+    """One sample of a (transformed, independent) Normal drawn from ``generator``.
+
+    ``Distribution.sample`` draws from the global stream only; the diagnostics measured in a
+    thread beside training must not. Supports what the actors here produce: a
+    ``TransformedDistribution`` (e.g. a tanh-Normal) over an ``Independent`` ``Normal``.
+    """
+    base, transforms = dist, []
+    if isinstance(base, D.TransformedDistribution):
+        base, transforms = base.base_dist, list(base.transforms)
+    while isinstance(base, D.Independent):
+        base = base.base_dist
+    if not isinstance(base, D.Normal):
+        raise TypeError(f"cannot sample a {type(dist).__name__} from a generator")
+    noise = torch.randn(base.loc.shape, generator=generator, device=base.loc.device)
+    sample = base.loc + base.scale * noise.to(base.loc.dtype)
+    for transform in transforms:
+        sample = transform(sample)
+    return sample
+
+
+def policy_entropy_fn(actor: Any, generator: torch.Generator | None = None) -> EntropyFn:
+    """One-sample estimates ``-log pi(a~|s)``, ``a~ ~ pi(.|s)``, of an actor's entropy
+    (``a~`` from ``generator`` when given, else from the global stream)."""
 
     def entropy(obs: torch.Tensor) -> torch.Tensor:
         dist = actor.get_dist(TensorDict({"observation": obs}, batch_size=obs.shape[:1]))
-        return -dist.log_prob(dist.sample())
+        action = dist.sample() if generator is None else sample_with(dist, generator)
+        return -dist.log_prob(action)
 
     return entropy
 
@@ -125,6 +149,7 @@ def dataset_conservatism(
     gamma: float,
     alpha: float = 0.0,
     max_steps: int = 1000,
+    generator: torch.Generator | None = None,
 ) -> dict[str, Any]:
     """The paper's conservatism numbers for any TorchRL loss with an actor and a Q-ensemble.
 
@@ -136,6 +161,7 @@ def dataset_conservatism(
         gamma: discount of the Monte-Carlo returns.
         alpha: the entropy temperature of the critic's target (0: no entropy term).
         max_steps: episode cap.
+        generator: draws the entropy part's action samples (None: the global stream).
 
     Returns:
         Plain numbers (see the module doc): ``overestimation`` (mean of ``Q - MC``),
@@ -145,10 +171,9 @@ def dataset_conservatism(
     """
     actor = loss.actor_network
     with loss.actor_network_params.to_module(actor):
-        with set_exploration_type(ExplorationType.DETERMINISTIC):
-            td = TensorDict({"observation": start_obs}, batch_size=start_obs.shape[:1])
-            action = actor(td).get("action")
-        entropy_fn = policy_entropy_fn(actor) if alpha > 0 else None
+        td = TensorDict({"observation": start_obs}, batch_size=start_obs.shape[:1])
+        action = deterministic_policy(actor)(td).get("action")
+        entropy_fn = policy_entropy_fn(actor, generator) if alpha > 0 else None
         rollout = rollout_from_observations(
             actor, task, start_obs, gamma, max_steps, entropy_fn=entropy_fn
         )

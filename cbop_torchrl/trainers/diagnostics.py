@@ -36,21 +36,33 @@
 
 The history is checkpointed with the trainer (so a resumed run keeps it)
 and goes into ``results.json`` as ``diagnostics_history``.
+
+With ``background`` (``eval.background=true``) a measurement due at step s runs in a worker
+thread on a copy of the actor's and critics' weights taken at s, while training goes on;
+its record carries s and is written in step order by the training thread. Only the LCB per
+horizon (one batched model rollout, milliseconds) is measured in-line, because it draws from
+the global random stream under ``fork_rng``; the other random draws (uniform actions, the
+entropy samples) come from a generator of the measurement's own, so the worker never touches
+the stream training draws from, and the records equal the in-line ones.
 """
 
 from __future__ import annotations
 
+import copy
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import gymnasium
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.record.loggers import Logger
 from torchrl.trainers import Trainer, TrainerHookBase
 
+from cbop_torchrl.envs.evaluate import DeterministicPolicy
 from cbop_torchrl.objectives.posterior import gaussian_posterior
 from cbop_torchrl.objectives.pretrain import ensemble_q
 from cbop_torchrl.registry import Task
@@ -91,6 +103,7 @@ class LearningDiagnostics(TrainerHookBase):
         task: the real environment with its keyword arguments; None skips the
             dataset-state conservatism.
         mc_states: dataset states of that measurement.
+        background: measure in a worker thread beside training (module doc).
     """
 
     def __init__(
@@ -108,6 +121,7 @@ class LearningDiagnostics(TrainerHookBase):
         seed: int = 0,
         task: Task | None = None,
         mc_states: int = MC_STATES,
+        background: bool = False,
     ) -> None:
         self.loss, self.gym_id, self.gamma, self.logger = loss, gym_id, float(gamma), logger
         self.interval, self.total_steps = int(interval), int(total_steps)
@@ -119,14 +133,24 @@ class LearningDiagnostics(TrainerHookBase):
         self.mc_start = start_states(data, mc_states, STATES_SEED) if task and mc_states else None
         self.history: list[dict[str, float]] = []
         self.trainer: Trainer | None = None
+        self.background = bool(background)
+        self._worker: ThreadPoolExecutor | None = None
+        # Measurements submitted and not yet written, in step order.
+        self._pending: deque[Future] = deque()
 
     # ------------------------------------------------------------------ hook API
     def __call__(self) -> None:
         step = self.trainer.collected_frames
+        if self.background:
+            self._write_done(wait=False)
         if self.interval and step % self.interval == 0 and step < self.total_steps:
-            self.measure(step)
+            if self.background:
+                self.submit(step)
+            else:
+                self.measure(step)
 
     def state_dict(self) -> dict[str, Any]:
+        self.drain()  # a checkpoint holds every measurement up to its step
         return {"history": [dict(record) for record in self.history]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -137,47 +161,119 @@ class LearningDiagnostics(TrainerHookBase):
         trainer.register_op("post_steps", self)
         trainer.register_module(name, self)
 
-    # ------------------------------------------------------------- measurements
-    @torch.no_grad()
+    # ------------------------------------------------------------- scheduling
     def measure(self, step: int) -> dict[str, float]:
-        """All measurements at ``step``; logged under ``diag/`` and kept in ``history``."""
-        devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+        """All measurements at ``step``, in-line; logged under ``diag/`` and kept in
+        ``history`` (after any still running in the background)."""
+        self.drain()
         started = time.perf_counter()
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.seed + step)
-            record = {"step": step}
-            record.update(self._policy_drift())
-            transitions = self._real_episodes()
-            record.update(self._value_error(transitions))
-            record.update(self._model_error(transitions))
-            record.update(self._horizons())
-            record.update(self._dataset_conservatism())
-        self.history.append(record)
-        scalars = {f"diag/{k}": v for k, v in record.items() if k != "step"}
-        scalars["diag/seconds"] = time.perf_counter() - started  # logged, not in the history
-        log_scalars(self.logger, scalars, step)
+        record = self._measure(step, self._horizons_at(step), self.loss)
+        self._write(record, time.perf_counter() - started)
         return record
 
-    def _actor_call(self, obs: torch.Tensor, deterministic: bool = True) -> TensorDictBase:
-        actor = self.loss.actor_network
-        mode = ExplorationType.DETERMINISTIC if deterministic else ExplorationType.RANDOM
-        with self.loss.actor_network_params.to_module(actor), set_exploration_type(mode):
-            return actor(TensorDict({"observation": obs}, batch_size=obs.shape[:1]))
+    def submit(self, step: int) -> Future:
+        """Starts the measurement at ``step`` in the worker thread, on a copy of the weights."""
+        started = time.perf_counter()
+        horizons = self._horizons_at(step)
+        model = self._snapshot()
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diagnostics")
 
-    def _q(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        def run() -> tuple[dict[str, float], float]:
+            return self._measure(step, horizons, model), time.perf_counter() - started
+
+        future = self._worker.submit(run)
+        self._pending.append(future)
+        return future
+
+    def _write_done(self, wait: bool) -> None:
+        """Writes the finished background measurements (all of them with ``wait``), in order."""
+        while self._pending and (wait or self._pending[0].done()):
+            self._write(*self._pending.popleft().result())
+
+    def drain(self) -> None:
+        """Waits for every measurement started in the background and writes it."""
+        self._write_done(wait=True)
+
+    def close(self) -> None:
+        """Drains, then stops the worker thread."""
+        self.drain()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+    def _write(self, record: dict[str, float], seconds: float) -> None:
+        self.history.append(record)
+        scalars = {f"diag/{k}": v for k, v in record.items() if k != "step"}
+        scalars["diag/seconds"] = seconds  # logged, not in the history
+        log_scalars(self.logger, scalars, record["step"])
+
+    def _snapshot(self) -> SimpleNamespace:
+        """The parts of the loss a measurement reads, with the trained weights copied.
+
+        The dynamics ensemble is shared: CBOP never changes it.
+        """
+        loss = self.loss
+        with torch.no_grad():
+            return SimpleNamespace(
+                actor_network=copy.deepcopy(loss.actor_network),
+                actor_network_params=loss.actor_network_params.detach().clone(),
+                qvalue_network=copy.deepcopy(loss.qvalue_network),
+                qvalue_network_params=loss.qvalue_network_params.detach().clone(),
+                log_alpha=loss.log_alpha.detach().clone(),
+                min_log_alpha=getattr(loss, "min_log_alpha", None),
+                max_log_alpha=getattr(loss, "max_log_alpha", None),
+                value_estimator=loss.value_estimator,
+            )
+
+    # ------------------------------------------------------------- measurements
+    @torch.no_grad()
+    def _horizons_at(self, step: int) -> dict[str, float]:
+        """The LCB per horizon at ``step``: the one part drawing from the global stream
+        (the estimator's rollout), seeded and forked so training's draws are unchanged."""
+        devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.seed + step)
+            return self._horizons()
+
+    @torch.no_grad()
+    def _measure(self, step: int, horizons: dict[str, float], model: Any) -> dict[str, float]:
+        """Every measurement but the horizons' of ``model`` (the loss or a snapshot of it)."""
+        generator = torch.Generator(device=self.batch.device).manual_seed(self.seed + step)
+        record: dict[str, float] = {"step": step}
+        record.update(self._policy_drift(model, generator))
+        transitions = self._real_episodes(model)
+        record.update(self._value_error(model, transitions))
+        record.update(self._model_error(transitions))
+        record.update(horizons)
+        record.update(self._dataset_conservatism(model, generator))
+        return record
+
+    @staticmethod
+    def _actor_call(model: Any, obs: torch.Tensor) -> TensorDictBase:
+        """The deterministic policy's ``action`` (whatever the global exploration type)."""
+        actor = model.actor_network
+        with model.actor_network_params.to_module(actor):
+            td = TensorDict({"observation": obs}, batch_size=obs.shape[:1])
+            return DeterministicPolicy(actor)(td)
+
+    @staticmethod
+    def _q(model: Any, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """Online Q-ensemble ``[N, O], [N, A] -> [M, N]``."""
         td = TensorDict({"observation": obs, "action": action}, batch_size=obs.shape[:1])
-        q = ensemble_q(self.loss.qvalue_network, self.loss.qvalue_network_params, td)
+        q = ensemble_q(model.qvalue_network, model.qvalue_network_params, td)
         return q.squeeze(-1)
 
-    def _policy_drift(self) -> dict[str, float]:
+    def _policy_drift(self, model: Any, generator: torch.Generator) -> dict[str, float]:
         obs, data_action = self.batch.get("observation"), self.batch.get("action")
-        policy_action = self._actor_call(obs).get("action")
-        q_data, q_pi = self._q(obs, data_action), self._q(obs, policy_action)
-        uniform_action = torch.rand_like(data_action) * 2 - 1
-        q_uniform = self._q(obs, uniform_action)
-        actor = self.loss.actor_network
-        with self.loss.actor_network_params.to_module(actor):
+        policy_action = self._actor_call(model, obs).get("action")
+        q_data, q_pi = self._q(model, obs, data_action), self._q(model, obs, policy_action)
+        uniform = torch.rand(data_action.shape, generator=generator, device=data_action.device).to(
+            data_action.dtype
+        )
+        q_uniform = self._q(model, obs, uniform * 2 - 1)
+        actor = model.actor_network
+        with model.actor_network_params.to_module(actor):
             dist = actor.get_dist(TensorDict({"observation": obs}, batch_size=obs.shape[:1]))
             inside = data_action.clamp(-1 + LOGGED_ACTION_EPS, 1 - LOGGED_ACTION_EPS)
             log_prob = dist.log_prob(inside)
@@ -193,7 +289,7 @@ class LearningDiagnostics(TrainerHookBase):
             "action_distance": float((policy_action - data_action).norm(dim=-1).mean()),
         }
 
-    def _real_episodes(self) -> dict[str, torch.Tensor]:
+    def _real_episodes(self, model: Any) -> dict[str, torch.Tensor]:
         """Deterministic episodes in the real env: transitions and their return-to-go."""
         obs_list, action_list, next_obs_list, reward_list, togo_list, start_list = (
             [], [], [], [], [], []
@@ -207,7 +303,7 @@ class LearningDiagnostics(TrainerHookBase):
             terminated = False
             for _ in range(self.max_steps):
                 obs_t = torch.as_tensor(observation, dtype=torch.float32, device=device)
-                action = self._actor_call(obs_t.unsqueeze(0)).get("action")[0]
+                action = self._actor_call(model, obs_t.unsqueeze(0)).get("action")[0]
                 observation, reward, terminated, truncated, _ = env.step(
                     action.cpu().double().numpy()
                 )
@@ -246,8 +342,8 @@ class LearningDiagnostics(TrainerHookBase):
             "start": torch.cat(start_list).to(device),
         }
 
-    def _value_error(self, transitions: dict[str, torch.Tensor]) -> dict[str, float]:
-        q = self._q(transitions["obs"], transitions["action"]).mean(0)
+    def _value_error(self, model: Any, transitions: dict[str, torch.Tensor]) -> dict[str, float]:
+        q = self._q(model, transitions["obs"], transitions["action"]).mean(0)
         complete, start = transitions["complete"], transitions["start"]
         togo = transitions["togo"]
         lengths = start.nonzero().squeeze(-1).tolist() + [start.numel()]
@@ -265,12 +361,12 @@ class LearningDiagnostics(TrainerHookBase):
             else float("nan"),
         }
 
-    def _dataset_conservatism(self) -> dict[str, float]:
+    def _dataset_conservatism(self, model: Any, generator: torch.Generator) -> dict[str, float]:
         if self.mc_start is None:
             return {}
         numbers = dataset_conservatism(
-            self.loss, self.task, self.mc_start, self.gamma,
-            alpha=soft_critic_alpha(self.loss), max_steps=self.max_steps,
+            model, self.task, self.mc_start, self.gamma, alpha=soft_critic_alpha(model),
+            max_steps=self.max_steps, generator=generator,
         )  # fmt: skip
         return {
             "q_minus_mc_data": numbers["overestimation"],

@@ -17,6 +17,7 @@ from tensordict import TensorDictBase
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo
 from cbop_torchrl.data.transitions import warn_about_action_range
+from cbop_torchrl.runtime import seed_everything
 from cbop_torchrl.trainers.cbop_stage import (
     CBOP_SEED_OFFSET,
     CBOPStage,
@@ -40,7 +41,6 @@ from cbop_torchrl.trainers.offline_training import (
     restore_final_records,
 )
 from cbop_torchrl.trainers.pretrain import load_or_train_bc, load_or_train_fqe
-from cbop_torchrl.utils import seed_everything
 
 
 def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run_dir: Path) -> dict:
@@ -88,6 +88,7 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     final = final_evaluation(run, cbop.training)
     if cbop.diagnostics is not None:
         cbop.diagnostics.measure(config.train.total_steps)
+        cbop.diagnostics.close()
     pretraining = {
         "dynamics_cached": bool(dynamics_metrics.get("cached")),
         "dynamics_holdout_r2_mean": dynamics_metrics.get("holdout_r2_mean"),
