@@ -32,6 +32,7 @@ from cbop_torchrl.config import load_config
 from cbop_torchrl.data import load_dataset_with_info
 from cbop_torchrl.envs import evaluate_policy, make_eval_env
 from cbop_torchrl.objectives.pretrain import ensemble_q
+from cbop_torchrl.runtime import seed_everything
 from cbop_torchrl.trainers.offline import (
     OfflineRun,
     behaviour_cloning_stage,
@@ -39,7 +40,6 @@ from cbop_torchrl.trainers.offline import (
     dynamics_stage,
     fitted_q_evaluation_stage,
 )
-from cbop_torchrl.utils import seed_everything
 
 LOG_AT = (0, 10, 20, 50, 100)
 EDGE = 1 - 1e-4  # log pi is infinite on the box's edges, where data actions may sit

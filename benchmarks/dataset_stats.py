@@ -21,8 +21,8 @@ from cbop_torchrl.data.generate import (
     load_json,
     read_d4rl_hdf5,
 )
+from cbop_torchrl.io import cache_dir
 from cbop_torchrl.registry import get_family
-from cbop_torchrl.utils import cache_dir
 
 DEFAULT_NAMES = (
     "hopper-medium-replay-gen",

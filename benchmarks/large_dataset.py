@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--dynamics-rows must be at least {EPISODE} (or left out).", file=sys.stderr)
         return 2
     sys.path.insert(0, str(REPO))
-    from cbop_torchrl.utils import atomic_json_dump, cache_dir
+    from cbop_torchrl.io import atomic_json_dump, cache_dir
 
     path, write_s = dataset_file(
         args.data_dir or cache_dir("bench", "large_dataset"), args.transitions

@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from cbop_torchrl.evaluation.summaries import CURRENT, read_scalar_curves, summarize_run
+from cbop_torchrl.io import atomic_json_dump, cache_dir
 from cbop_torchrl.trainers.rundir import MARKER_NAME
 from cbop_torchrl.trainers.slicing import (
     DEADLINE_ENV,
@@ -91,7 +92,6 @@ from cbop_torchrl.trainers.slicing import (
     SLICE_EXIT_CODE,
     STEPS_ENV,
 )
-from cbop_torchrl.utils import atomic_json_dump, cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS: dict[str, tuple[str, list[str]]] = {

@@ -54,7 +54,7 @@ from benchmarks.bar import (  # noqa: E402
     load_rows,
     seed_summaries,
 )
-from cbop_torchrl.utils import atomic_json_dump  # noqa: E402
+from cbop_torchrl.io import atomic_json_dump  # noqa: E402
 
 GRID = (0.5, 2.0, 3.0, 5.0)
 """The paper's psi grid (appendix, "Hyperparameters")."""

@@ -48,6 +48,7 @@ from cbop_torchrl.modules.actor_critic import (
     make_qvalue_ensemble,
 )
 from cbop_torchrl.objectives.pretrain import ACTION_EPS, BehaviourCloningLoss
+from cbop_torchrl.runtime import seed_everything
 from cbop_torchrl.trainers.checkpoint import (
     CheckpointHook,
     NonFiniteLossError,
@@ -61,7 +62,6 @@ from cbop_torchrl.trainers.offline_training import (
     final_evaluation,
     restore_final_records,
 )
-from cbop_torchrl.utils import seed_everything
 
 ALGOS = ("bc", "td3bc", "iql", "cql")
 BASELINE_SEED_OFFSET = 5

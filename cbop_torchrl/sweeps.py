@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cbop_torchrl.utils import is_regular_file, read_regular_text
+from cbop_torchrl.io import is_regular_file, read_regular_text
 
 RESULTS_NAME = "results.json"
 CONFIG_NAME = "config.json"

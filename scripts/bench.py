@@ -107,7 +107,7 @@ from benchmarks.speed.sizes import (  # noqa: E402
     cpu_preset_size,
     cpu_shallow_critics_size,
 )
-from cbop_torchrl.utils import atomic_json_dump, unwritable_reason  # noqa: E402
+from cbop_torchrl.io import atomic_json_dump, unwritable_reason  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -23,7 +23,7 @@ import torch
 
 from cbop_torchrl.apps import COMMANDS
 from cbop_torchrl.cli import run_entry
-from cbop_torchrl.utils import set_running_program
+from cbop_torchrl.runtime import set_running_program
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,6 +28,7 @@ from cbop_torchrl.data import DatasetError, load_dataset
 from cbop_torchrl.envs import TaskError
 from cbop_torchrl.envs.task import override_task
 from cbop_torchrl.registry import get_family
+from cbop_torchrl.runtime import resolve_device
 from cbop_torchrl.trainers.datasize import (
     check_dataset_size,
     min_dynamics_rows,
@@ -35,7 +36,6 @@ from cbop_torchrl.trainers.datasize import (
 )
 from cbop_torchrl.trainers.dynamics import DynamicsConfig
 from cbop_torchrl.trainers.rundir import LOCK_NAME
-from cbop_torchrl.utils import resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 120  # imports on a loaded 2-core machine (up to ~60 s seen); training takes longer

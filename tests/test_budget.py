@@ -20,13 +20,13 @@ import torch
 from d4rl_files import debug_cbop_command, pipeline_workspace
 from inprocess import Finished, run_program
 
+from cbop_torchrl.io import config_hash
 from cbop_torchrl.trainers.checkpoint import (
     CheckpointError,
     check_resumable,
     load_checkpoint,
     training_config_hash,
 )
-from cbop_torchrl.utils import config_hash
 
 
 @pytest.fixture(scope="module")

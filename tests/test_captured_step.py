@@ -18,6 +18,7 @@ from tensordict import TensorDict
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchrl.objectives import SoftUpdate
 
+from benchmarks.speed.host_syncs import HostSyncCounter
 from cbop_torchrl.config import ConfigError, RunConfig
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
@@ -26,7 +27,6 @@ from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
 from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper
 from cbop_torchrl.trainers.offline import uses_cuda_graph
 from cbop_torchrl.trainers.update import CapturedStep, GradientStep
-from cbop_torchrl.utils import HostSyncCounter
 
 OBS, ACT, BATCH = 5, 2, 16
 

@@ -13,7 +13,7 @@ machine). What each one checks:
 - one CBOP update and one run of each baseline on CUDA (finite, parameters moved,
   everything on the device);
 - host synchronisations per CBOP gradient step on CUDA, counted two ways:
-  :class:`~cbop_torchrl.utils.HostSyncCounter` and CUDA's own sync debug mode;
+  :class:`~benchmarks.speed.host_syncs.HostSyncCounter` and CUDA's own sync debug mode;
 - the dynamics ensemble's training on CUDA;
 - vectorized evaluation with the policy on CUDA and the environments on the CPU;
 - a run checkpointed on CUDA resumes on the CPU and then on CUDA again;

@@ -23,7 +23,8 @@ from torchrl.data.datasets import D4RLExperienceReplay
 
 import cbop_torchrl.data.sources as sources
 from cbop_torchrl.data import DatasetError, dataset_info, load_dataset, load_dataset_with_info
-from cbop_torchrl.utils import cache_dir, program_command
+from cbop_torchrl.io import cache_dir
+from cbop_torchrl.runtime import program_command
 
 D4RL_ID = "hopper-medium-replay-v2"
 TERMINAL_ROW, TIMEOUT_ROW = 5, 10  # of write_d4rl_hdf5's default episodes (6, 5, 4)

@@ -20,10 +20,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torchrl.trainers import Trainer
 
+from benchmarks.speed.host_syncs import HostSyncCounter
 from cbop_torchrl.config import load_config
 from cbop_torchrl.data import load_dataset_with_info, make_replay_buffer
 from cbop_torchrl.trainers import cbop_stage, offline
-from cbop_torchrl.utils import HostSyncCounter
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

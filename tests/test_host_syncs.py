@@ -19,6 +19,7 @@ from tensordict import TensorDict
 from torchrl.objectives import SoftUpdate
 from torchrl.trainers import TargetNetUpdaterHook, Trainer
 
+from benchmarks.speed.host_syncs import HostSyncCounter
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
@@ -29,7 +30,6 @@ from cbop_torchrl.trainers.hooks import (
     SampleFromBuffer,
 )
 from cbop_torchrl.trainers.logging import MetricsHook
-from cbop_torchrl.utils import HostSyncCounter
 
 OBS, ACT = 5, 2
 

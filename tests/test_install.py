@@ -92,7 +92,7 @@ from importlib.metadata import distribution
 
 import cbop_torchrl
 from cbop_torchrl.__main__ import main as module_main
-from cbop_torchrl.utils import program_command
+from cbop_torchrl.runtime import program_command
 
 report = {"package": cbop_torchrl.__file__, "runs": {},
           "program_command": program_command("cbop-collect")}

@@ -12,7 +12,14 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "cbop_torchrl"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("cbop_torchrl.utils", "cbop_torchrl._torchrl_compat"),
+    # files and the cache (io), the running process (runtime); utils re-exports both
+    (
+        "cbop_torchrl.io",
+        "cbop_torchrl.runtime",
+        "cbop_torchrl.utils",
+        "cbop_torchrl._torchrl_compat",
+    ),
+    ("cbop_torchrl.config.choices",),  # the choices' allowed values: plain enums
     ("cbop_torchrl.registry",),
     ("cbop_torchrl.data",),
     ("cbop_torchrl.envs",),
@@ -31,8 +38,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "cbop_torchrl.baselines",
         "cbop_torchrl.sweeps",
     ),
+    # the programs' Hydra schemas name the baselines' and the SAC collector's sections
+    ("cbop_torchrl.config.schemas",),
     ("cbop_torchrl.evaluation",),
-    ("cbop_torchrl.cli",),  # the programs' config schemas and Hydra main
+    ("cbop_torchrl.cli",),  # Hydra main and exit codes, rephrased errors, --help
     ("cbop_torchrl.apps",),  # the programs and the Python API
     # the package's own __init__ (the public API) and `python -m cbop_torchrl` on top
     ("cbop_torchrl", "cbop_torchrl.__main__"),

@@ -20,6 +20,7 @@ from tensordict import NonTensorData, TensorDict
 
 from cbop_torchrl.data import DatasetError
 from cbop_torchrl.data.hdf5 import convert_hdf5, load_hdf5
+from cbop_torchrl.io import cache_dir
 from cbop_torchrl.trainers.checkpoint import CheckpointError
 from cbop_torchrl.trainers.rundir import (
     LOCK_NAME,
@@ -28,7 +29,6 @@ from cbop_torchrl.trainers.rundir import (
     claim_run_dir,
     clear_previous_run,
 )
-from cbop_torchrl.utils import cache_dir
 
 TIMEOUT_S = 120  # imports on a loaded 2-core machine; refusals come before any training
 

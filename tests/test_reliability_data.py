@@ -31,14 +31,20 @@ import cbop_torchrl.data.transitions as transitions
 import cbop_torchrl.trainers.offline as offline
 import cbop_torchrl.trainers.offline_run as offline_run
 import cbop_torchrl.trainers.pretrain as pretrain
-import cbop_torchrl.utils as utils
+import cbop_torchrl.io.cache as cache
 from cbop_torchrl.config import PretrainConfig, RunConfig
 from cbop_torchrl.data import DatasetError, data_record, load_dataset_with_info
+from cbop_torchrl.io import (
+    DiskFullError,
+    atomic_torch_save,
+    atomic_write,
+    cache_dir,
+    cache_entry_lock,
+)
 from cbop_torchrl.modules.dynamics import dynamics_state, load_dynamics
 from cbop_torchrl.trainers.checkpoint import CheckpointError, NonFiniteLossError, save_stage
 from cbop_torchrl.trainers.dynamics import DynamicsConfig, load_or_train_dynamics
 from cbop_torchrl.trainers.rundir import claim_run_dir
-from cbop_torchrl.utils import atomic_torch_save, atomic_write, cache_dir, cache_entry_lock
 
 # new names are read from their modules inside the tests, so that each test fails on its
 # own (not the whole module at import) where they are missing
@@ -204,7 +210,7 @@ def test_float64_values_that_overflow_float32_are_refused_with_count_and_row(
 def little_free_space(monkeypatch: pytest.MonkeyPatch, free: int = 1 << 20) -> None:
     usage = shutil.disk_usage("/")
     fake = type(usage)(usage.total, usage.total - free, free)
-    monkeypatch.setattr(utils.shutil, "disk_usage", lambda path: fake)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: fake)
 
 
 def test_the_dataset_cache_refuses_a_full_disk_before_staging(
@@ -213,7 +219,7 @@ def test_the_dataset_cache_refuses_a_full_disk_before_staging(
     file = write_d4rl_hdf5(tmp_path / "hopper-x.hdf5")
     hdf5.file_sha256(file)  # the memo is written before the disk is "full"
     little_free_space(monkeypatch)
-    with pytest.raises(utils.DiskFullError, match="not enough disk space.*CBOP_TORCHRL_CACHE"):
+    with pytest.raises(DiskFullError, match="not enough disk space.*CBOP_TORCHRL_CACHE"):
         hdf5.load_hdf5(file)
     assert [p.name for p in cache_dir("datasets").iterdir()] == ["_sha256"]
 
@@ -229,7 +235,7 @@ def test_enospc_while_writing_the_cache_leaves_nothing_half_written(
         raise OSError(errno.ENOSPC, "No space left on device", str(directory))
 
     monkeypatch.setattr(hdf5, "_write_cache_data", disk_fills_up)
-    with pytest.raises(utils.DiskFullError, match="Nothing half-written"):
+    with pytest.raises(DiskFullError, match="Nothing half-written"):
         hdf5.load_hdf5(file)
     assert [p.name for p in cache_dir("datasets").iterdir()] == ["_sha256"]
 
@@ -244,12 +250,12 @@ def test_atomic_writes_turn_enospc_into_a_message_and_keep_the_old_file(
         tmp.write_text("half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(utils.DiskFullError, match="not enough disk space"):
+    with pytest.raises(DiskFullError, match="not enough disk space"):
         atomic_write(target, full)
     assert target.read_text() == "old\n" and leftovers(tmp_path) == []
 
     little_free_space(monkeypatch)
-    with pytest.raises(utils.DiskFullError, match=r"needs about 40 MB"):
+    with pytest.raises(DiskFullError, match=r"needs about 40 MB"):
         atomic_torch_save({"w": torch.zeros(10_000_000)}, tmp_path / "checkpoint.pt")
     assert not (tmp_path / "checkpoint.pt").exists() and leftovers(tmp_path) == []
 
@@ -324,8 +330,8 @@ def test_a_file_of_another_format_is_refused_before_it_is_hashed(
 def test_a_process_waiting_for_a_cache_lock_names_the_holder_and_the_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    monkeypatch.setattr(utils, "LOCK_REPORT_INTERVAL_S", 0.3)
-    monkeypatch.setattr(utils, "_LOCK_POLL_S", 0.05)
+    monkeypatch.setattr(cache, "LOCK_REPORT_INTERVAL_S", 0.3)
+    monkeypatch.setattr(cache, "_LOCK_POLL_S", 0.05)
     entry = tmp_path / "entry"
     held, release = threading.Event(), threading.Event()
 

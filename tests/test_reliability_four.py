@@ -5,12 +5,12 @@ list:
 
 - ranges in one place (``config.SETTING_RANGES``): every numeric setting of every program
   refused before any work, with one paragraph;
-- special files skipped or refused (``sweeps.find_files``, ``utils.read_regular_bytes``):
+- special files skipped or refused (``sweeps.find_files``, ``io.read_regular_bytes``):
   no program blocks on a FIFO it found by walking a folder or was given by name;
 - output ownership by the marker alone and no write through a link (``rundir.claim_run_dir``,
-  ``utils.check_owned_output``, ``utils.check_no_link``);
+  ``io.check_owned_output``, ``io.check_no_link``);
 - stage caches with a checksum and a data record (``checkpoint.save_stage``/``read_stage``);
-- one paragraph for every refused write (``utils.WriteRefusedError``, ``utils.refused_write``,
+- one paragraph for every refused write (``io.WriteRefusedError``, ``io.refused_write``,
   ``cli.hydra_entry``).
 
 The refusals run one after another in one child process (tests/programs.py), each from its
@@ -39,17 +39,7 @@ from test_reliability_third import Case, case_env, run_cases
 
 from cbop_torchrl.config import PretrainConfig, RunConfig, range_problems
 from cbop_torchrl.data import load_dataset_with_info
-from cbop_torchrl.trainers.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    read_stage,
-    save_stage,
-)
-from cbop_torchrl.trainers.dynamics import DynamicsConfig, load_or_train_dynamics
-from cbop_torchrl.trainers.memory import run_estimate
-from cbop_torchrl.trainers.pretrain import load_or_train_bc
-from cbop_torchrl.trainers.rundir import MARKER_NAME, claim_run_dir
-from cbop_torchrl.utils import (
+from cbop_torchrl.io import (
     DiskFullError,
     ForeignFileError,
     WriteRefusedError,
@@ -62,6 +52,16 @@ from cbop_torchrl.utils import (
     read_regular_bytes,
     refused_write,
 )
+from cbop_torchrl.trainers.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    read_stage,
+    save_stage,
+)
+from cbop_torchrl.trainers.dynamics import DynamicsConfig, load_or_train_dynamics
+from cbop_torchrl.trainers.memory import run_estimate
+from cbop_torchrl.trainers.pretrain import load_or_train_bc
+from cbop_torchrl.trainers.rundir import MARKER_NAME, claim_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 120
@@ -448,16 +448,16 @@ def test_a_program_whose_write_is_refused_says_so_in_one_paragraph(
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "seed0.json").write_text(json.dumps(summary))
     out = tmp_path / "report"
-    import cbop_torchrl.utils as utils
+    import cbop_torchrl.io.atomic as atomic
 
-    real_temporary = utils.make_temporary
+    real_temporary = atomic.make_temporary
 
     def refuse_figures(directory, name, is_dir=False):  # noqa: ANN001, ANN202
         if name.endswith(".png"):  # the OS refuses the figures' files, after the tables
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(directory / name))
         return real_temporary(directory, name, is_dir)
 
-    monkeypatch.setattr(utils, "make_temporary", refuse_figures)
+    monkeypatch.setattr(atomic, "make_temporary", refuse_figures)
     from cbop_torchrl.evaluation.summaries import SUMMARY_FORMAT
 
     summary["summary_format"] = SUMMARY_FORMAT
@@ -771,7 +771,7 @@ def test_a_read_only_run_keeps_its_fits_in_the_cache(
 
 def test_mujoco_writes_no_log_into_the_working_directory(tmp_path: Path) -> None:
     script = (
-        "from cbop_torchrl.utils import keep_mujoco_log_out_of_cwd\n"
+        "from cbop_torchrl.runtime import keep_mujoco_log_out_of_cwd\n"
         "keep_mujoco_log_out_of_cwd()\n"
         "import mujoco\n"
         'mujoco.MjModel.from_xml_string(\'<mujoco><compiler settotalmass="1"/><worldbody>'

@@ -35,6 +35,16 @@ from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetError, data_record, load_dataset_with_info
 from cbop_torchrl.data.d4rl import load_d4rl
 from cbop_torchrl.data.safe_memmap import check_tensors_only
+from cbop_torchrl.io import (
+    OUTPUTS_MANIFEST,
+    ForeignFileError,
+    atomic_write,
+    cache_dir,
+    check_owned_output,
+    owned_outputs,
+    remove_stale_outputs,
+)
+from cbop_torchrl.runtime import override_word
 from cbop_torchrl.trainers.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -43,16 +53,6 @@ from cbop_torchrl.trainers.checkpoint import (
 )
 from cbop_torchrl.trainers.memory import process_limits, run_estimate
 from cbop_torchrl.trainers.rundir import LOCK_NAME, MARKER_NAME, claim_run_dir
-from cbop_torchrl.utils import (
-    OUTPUTS_MANIFEST,
-    ForeignFileError,
-    atomic_write,
-    cache_dir,
-    check_owned_output,
-    override_word,
-    owned_outputs,
-    remove_stale_outputs,
-)
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 120  # imports on a loaded 2-core machine; every refusal comes before training

@@ -320,13 +320,13 @@ def test_runs_sharing_a_cache_entry_make_it_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A second process wanting a cache entry another one is making waits for it to finish."""
-    from cbop_torchrl.utils import cache_entry_lock
+    from cbop_torchrl.io import cache_entry_lock
 
     entry, released = tmp_path / "entry", tmp_path / "released"
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time; from pathlib import Path; "
-         "from cbop_torchrl.utils import cache_entry_lock\n"
+         "from cbop_torchrl.io import cache_entry_lock\n"
          f"with cache_entry_lock({str(entry)!r}, 'stage'):\n"
          "    print('holding', flush=True); time.sleep(2)\n"
          f"    Path({str(released)!r}).touch()\n"],

@@ -32,10 +32,10 @@ from cbop_torchrl.evaluation.selection import (
     rank_runs,
     spearman_rho,
 )
+from cbop_torchrl.io import atomic_json_dump
 from cbop_torchrl.modules.actor_critic import make_actor
 from cbop_torchrl.registry import get_family
 from cbop_torchrl.trainers.checkpoint import policy_metadata, save_policy
-from cbop_torchrl.utils import atomic_json_dump
 
 ROOT = Path(__file__).resolve().parents[1]
 select_psi = select_psi_program.main

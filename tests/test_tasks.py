@@ -363,7 +363,7 @@ def test_a_suggested_command_is_the_users_own_with_the_task_named(
     """From a program: its command line with task.* set (psi for cbop-train only, the
     others have no estimator); from Python: a cbop-train command."""
     from cbop_torchrl.envs.task import example_command
-    from cbop_torchrl.utils import program_command, running_program, set_running_program
+    from cbop_torchrl.runtime import program_command, running_program, set_running_program
 
     path = write_d4rl_hdf5(tmp_path / "robot.hdf5", "swimmer")
     info = dataset_info(path)

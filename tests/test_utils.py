@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-from cbop_torchrl.utils import atomic_json_dump, atomic_write, config_hash, resolve_device
+from cbop_torchrl.io import atomic_json_dump, atomic_write, config_hash
+from cbop_torchrl.runtime import resolve_device
 
 
 def test_atomic_write_keeps_the_old_file_when_the_writer_fails(tmp_path):

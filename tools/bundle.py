@@ -53,7 +53,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from cbop_torchrl.utils import atomic_json_dump, unwritable_reason
+from cbop_torchrl.io import atomic_json_dump, unwritable_reason
 
 EXIT_BAD_INPUT = 2
 PACKAGE = "cbop-torchrl"

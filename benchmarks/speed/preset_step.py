@@ -17,6 +17,7 @@ import torch
 from torchrl.objectives import SoftUpdate
 
 from benchmarks.speed import REPO
+from benchmarks.speed.host_syncs import HostSyncCounter
 from benchmarks.speed.measure import time_interleaved
 from benchmarks.speed.models import build_models, preset_dataset
 from benchmarks.speed.sizes import Size, cpu_preset_size, env_sizes
@@ -25,7 +26,6 @@ from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qval
 from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper
 from cbop_torchrl.trainers.logging import MetricsHook, flatten_metrics
-from cbop_torchrl.utils import HostSyncCounter
 
 #: The implementation before issue 19, loaded from git for the "before" figure: its
 #: estimator/loss (TorchRL's TanhNormal actor, per-call seed read back) and, written out

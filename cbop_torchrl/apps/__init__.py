@@ -59,7 +59,7 @@ def launch(module: str) -> Any:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     warnings.filterwarnings("ignore", message=".*compiled extension.*")
     try:
-        from cbop_torchrl.utils import set_running_program  # imports torch: after OMP_WAIT_POLICY
+        from cbop_torchrl.runtime import set_running_program  # imports torch: after OMP_WAIT_POLICY
 
         set_running_program(next(c.name for c in COMMANDS if c.module == module))
         return importlib.import_module(f"cbop_torchrl.apps.{module}").main()

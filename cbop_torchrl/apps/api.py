@@ -108,8 +108,8 @@ def _check_memory(config: Any, info: Any, rollouts: bool) -> None:
     """Refuses (:class:`~cbop_torchrl.config.ConfigError`) sizes that cannot fit in memory,
     before any stage allocates them (:mod:`cbop_torchrl.trainers.memory`)."""
     from cbop_torchrl.config import ConfigError
+    from cbop_torchrl.runtime import resolve_device
     from cbop_torchrl.trainers.memory import MemoryLimitError, check_run_fits
-    from cbop_torchrl.utils import resolve_device
 
     try:
         check_run_fits(config, info.obs_dim, info.action_dim, resolve_device(config.device),
@@ -179,7 +179,7 @@ def _shown_path(path: Path) -> str:
 def _where(config: Any, dataset: str, run_dir: Path) -> str:
     import torch
 
-    from cbop_torchrl.utils import resolve_device
+    from cbop_torchrl.runtime import resolve_device
 
     threads = config.threads if config.threads is not None else torch.get_num_threads()
     return (
@@ -205,7 +205,7 @@ def _baseline_command(config: Any, total: int) -> str:
     import shlex
 
     from cbop_torchrl.baselines import cbop_pipeline_budget, preset_training
-    from cbop_torchrl.utils import override_word, program_command
+    from cbop_torchrl.runtime import override_word, program_command
 
     words = ["algo=iql"]
     if config.env != "demo":
@@ -228,7 +228,7 @@ def task_overrides(task: Any) -> list[str]:
     import dataclasses
 
     from cbop_torchrl.envs.task import TaskConfig
-    from cbop_torchrl.utils import override_word
+    from cbop_torchrl.runtime import override_word
 
     values = dataclasses.asdict(task) if dataclasses.is_dataclass(task) else dict(task or {})
     default = dataclasses.asdict(TaskConfig())
@@ -368,9 +368,10 @@ def evaluate(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
         read_env_specs,
     )
     from cbop_torchrl.envs.task import override_task
+    from cbop_torchrl.io import atomic_json_dump
+    from cbop_torchrl.runtime import resolve_device
     from cbop_torchrl.trainers.checkpoint import load_policy
     from cbop_torchrl.trainers.memory import MemoryLimitError, check_evaluation_fits
-    from cbop_torchrl.utils import atomic_json_dump, resolve_device
 
     cfg = _as_config(cfg, "evaluate")
     if cfg.episodes < 1 or cfg.max_steps < 1:

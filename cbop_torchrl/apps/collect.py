@@ -23,8 +23,8 @@ from cbop_torchrl.data.collect_env import filter_env_warnings
 from cbop_torchrl.data.collect_sac import SACConfig
 from cbop_torchrl.data.generate import GenerationRequest, generate_datasets
 from cbop_torchrl.envs.task import TaskError, collection_task
+from cbop_torchrl.io import cache_dir
 from cbop_torchrl.registry import D4RL_KINDS
-from cbop_torchrl.utils import cache_dir
 
 
 def parse_kinds(kind: str | ListConfig) -> list[str]:

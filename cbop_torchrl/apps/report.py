@@ -39,14 +39,14 @@ from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs import filter_env_warnings
 from cbop_torchrl.evaluation.report import write_report
 from cbop_torchrl.evaluation.summaries import ReportError, load_summaries
-from cbop_torchrl.trainers.checkpoint import CheckpointError
-from cbop_torchrl.utils import (
+from cbop_torchrl.io import (
     ForeignFileError,
     check_owned_output,
     deferred_replace,
     owned_outputs,
     remove_stale_outputs,
 )
+from cbop_torchrl.trainers.checkpoint import CheckpointError
 
 OLD_OPTIONS = {
     "--out": "out",

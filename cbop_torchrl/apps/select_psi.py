@@ -44,20 +44,19 @@ from cbop_torchrl.cli import (
 from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs.task import TaskConfig
 from cbop_torchrl.evaluation.selection import DatasetRanking, rank_runs, score_runs
-from cbop_torchrl.sweeps import SweepError, find_runs
-from cbop_torchrl.trainers.checkpoint import CheckpointError
-from cbop_torchrl.trainers.rundir import MARKER_NAME
-from cbop_torchrl.utils import (
+from cbop_torchrl.io import (
     ForeignFileError,
     add_write_root,
     atomic_write,
     cache_dir,
     check_owned_output,
     owned_outputs,
-    program_command,
-    resolve_device,
     unwritable_reason,
 )
+from cbop_torchrl.runtime import program_command, resolve_device
+from cbop_torchrl.sweeps import SweepError, find_runs
+from cbop_torchrl.trainers.checkpoint import CheckpointError
+from cbop_torchrl.trainers.rundir import MARKER_NAME
 
 OLD_OPTIONS = {
     "--steps": "steps",

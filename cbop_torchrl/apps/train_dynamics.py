@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from cbop_torchrl.cli import check_output_writable, hydra_entry, refuse
-from cbop_torchrl.utils import ForeignFileError, check_owned_output, refused_write
+from cbop_torchrl.io import ForeignFileError, check_owned_output, refused_write
 
 
 def train(cfg: DictConfig) -> dict:
@@ -33,17 +33,12 @@ def train(cfg: DictConfig) -> dict:
     from cbop_torchrl.data import load_dataset_with_info
     from cbop_torchrl.data.transitions import warn_about_action_range
     from cbop_torchrl.envs import check_data_fits_env, read_env_specs, resolve_task
+    from cbop_torchrl.io import atomic_json_dump, atomic_write, open_own_file, owned_outputs
     from cbop_torchrl.modules.dynamics import save_dynamics
+    from cbop_torchrl.runtime import resolve_device
     from cbop_torchrl.trainers.datasize import check_dataset_size
     from cbop_torchrl.trainers.dynamics import DynamicsConfig, load_or_train_dynamics
     from cbop_torchrl.trainers.memory import check_dynamics_fits
-    from cbop_torchrl.utils import (
-        atomic_json_dump,
-        atomic_write,
-        open_own_file,
-        owned_outputs,
-        resolve_device,
-    )
 
     if cfg.threads is not None:
         torch.set_num_threads(int(cfg.threads))

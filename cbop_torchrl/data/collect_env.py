@@ -26,7 +26,7 @@ from torchrl.data import Unbounded
 from torchrl.envs import DoubleToFloat, GymWrapper, TransformedEnv, default_info_dict_reader
 
 from cbop_torchrl.registry import Task
-from cbop_torchrl.utils import keep_mujoco_log_out_of_cwd
+from cbop_torchrl.runtime import keep_mujoco_log_out_of_cwd
 
 
 def filter_env_warnings() -> None:

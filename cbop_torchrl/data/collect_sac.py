@@ -40,9 +40,10 @@ from cbop_torchrl.data.collect_env import (
     make_collect_env,
     state_wrapper,
 )
+from cbop_torchrl.io import atomic_torch_save, config_hash
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.registry import Task
-from cbop_torchrl.utils import atomic_torch_save, config_hash, seed_everything
+from cbop_torchrl.runtime import seed_everything
 
 # Keys of a collected transition kept in the buffer (and in the datasets).
 TRANSITION_KEYS = (

@@ -35,8 +35,8 @@ from cbop_torchrl.data.hdf5 import FORMAT_VERSION, load_hdf5
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.data.safe_memmap import check_tensors_only
 from cbop_torchrl.data.transitions import build_transitions
+from cbop_torchrl.io import cache_dir, config_hash
 from cbop_torchrl.registry import parse_d4rl_id
-from cbop_torchrl.utils import cache_dir, config_hash
 
 UNZEROED_NEXT_OBS = ("next", "unzeroed_observation")
 

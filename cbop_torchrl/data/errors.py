@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cbop_torchrl.utils import program_command
+from cbop_torchrl.runtime import program_command
 
 GENERATE_COMMAND = "cbop-collect env={family} kind={kind}"
 """The generator command that writes a D4RL look-alike ``<family>-<kind>-gen.hdf5``
@@ -21,6 +21,6 @@ class DatasetError(ValueError):
 
 def generate_command(family: str = "hopper", kind: str = "medium-replay") -> str:
     """The generator command for one family and D4RL kind, as the user's shell runs it
-    (:func:`cbop_torchrl.utils.program_command`), e.g. for error messages."""
+    (:func:`cbop_torchrl.runtime.program_command`), e.g. for error messages."""
     command = GENERATE_COMMAND.format(family=family, kind=kind)
     return command.replace("cbop-collect", program_command("cbop-collect"), 1)

@@ -55,8 +55,7 @@ from tqdm import tqdm
 from cbop_torchrl.data.collect_env import make_collect_env
 from cbop_torchrl.data.collect_sac import TRANSITION_KEYS, SACConfig, SACRun, run_dir_for
 from cbop_torchrl.data.hdf5 import REQUIRED_KEYS
-from cbop_torchrl.registry import D4RL_KINDS, Task
-from cbop_torchrl.utils import (
+from cbop_torchrl.io import (
     atomic_json_dump,
     atomic_write,
     cache_root,
@@ -64,8 +63,9 @@ from cbop_torchrl.utils import (
     config_hash,
     is_within,
     owned_outputs,
-    seed_everything,
 )
+from cbop_torchrl.registry import D4RL_KINDS, Task
+from cbop_torchrl.runtime import seed_everything
 
 GENERATOR_VERSION = "2"  # 2: 10-episode evaluations, medium floor, early stop
 ROLLOUT_EXPLORATION = {

@@ -32,8 +32,7 @@ from tensordict import TensorDict
 
 from cbop_torchrl.data.errors import DatasetError
 from cbop_torchrl.data.transitions import build_transitions
-from cbop_torchrl.registry import families, family_of_gym_id
-from cbop_torchrl.utils import (
+from cbop_torchrl.io import (
     atomic_json_dump,
     atomic_write,
     cache_dir,
@@ -45,6 +44,7 @@ from cbop_torchrl.utils import (
     make_temporary,
     remove_stale_temporaries,
 )
+from cbop_torchrl.registry import families, family_of_gym_id
 
 FORMAT_VERSION = 3
 """Bump when the conversion changes so old caches are not reused (3: raw leaves, no memmap)."""
@@ -692,10 +692,10 @@ def _remove_old_staging(directory: Path) -> None:
 def _store_cache_entry(data: TensorDict, info: dict, entry: Path) -> None:
     """Writes ``data`` and ``info`` as the cache entry ``entry``, all or nothing.
 
-    The entry is built in a temporary directory (:func:`~cbop_torchrl.utils.make_temporary`)
+    The entry is built in a temporary directory (:func:`~cbop_torchrl.io.make_temporary`)
     and renamed, so a killed run never leaves a half-written entry that a later run would
     trust; the free space is checked first, and a full disk raises
-    :class:`~cbop_torchrl.utils.DiskFullError` with the temporary directory removed.
+    :class:`~cbop_torchrl.io.DiskFullError` with the temporary directory removed.
     """
     remove_stale_temporaries(entry.parent)  # left by a killed conversion
     _remove_old_staging(entry.parent)

@@ -30,7 +30,7 @@ from cbop_torchrl.data.hdf5 import FORMAT_VERSION, family_from_env_id
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.data.safe_memmap import check_tensors_only
 from cbop_torchrl.data.transitions import build_transitions
-from cbop_torchrl.utils import config_hash
+from cbop_torchrl.io import config_hash
 
 
 def local_minari_path(dataset_id: str) -> Path:

@@ -24,7 +24,7 @@ from cbop_torchrl.data.errors import DatasetError
 from cbop_torchrl.data.hdf5 import check_family_name, load_hdf5
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.registry import d4rl_ids, parse_d4rl_id
-from cbop_torchrl.utils import program_command
+from cbop_torchrl.runtime import program_command
 
 DEMO_DATASET_PATH = (
     Path(__file__).resolve().parents[1] / "assets" / "hopper-demo-medium-replay-gen.hdf5"

@@ -31,7 +31,7 @@ from torchrl.envs import (
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.envs.task import TaskError
 from cbop_torchrl.registry import Task
-from cbop_torchrl.utils import keep_mujoco_log_out_of_cwd
+from cbop_torchrl.runtime import keep_mujoco_log_out_of_cwd
 
 
 def filter_env_warnings() -> None:

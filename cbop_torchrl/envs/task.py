@@ -32,7 +32,7 @@ from cbop_torchrl.registry import (
     layout_for,
     termination_names,
 )
-from cbop_torchrl.utils import program_command, running_program
+from cbop_torchrl.runtime import program_command, running_program
 
 
 class TaskError(DatasetError):
@@ -76,9 +76,9 @@ def example_command(info: DatasetInfo, gym_id: str) -> str:
     Run from one of the package's programs, it is the user's own command line with
     ``task.gym_id``/``task.termination`` set (and psi for ``cbop-train``, whose paper
     table knows D4RL data only); from Python, a ``cbop-train`` command. Either is
-    written for the user's shell (:func:`cbop_torchrl.utils.program_command`).
+    written for the user's shell (:func:`cbop_torchrl.runtime.program_command`).
     """
-    from cbop_torchrl.utils import override_word  # quoted so that Hydra reads the value back
+    from cbop_torchrl.runtime import override_word  # quoted so that Hydra reads the value back
 
     program = running_program()
     words = [w for w in sys.argv[1:] if w.partition("=")[0].lstrip("+~") not in TASK_KEYS]

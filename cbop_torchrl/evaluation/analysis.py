@@ -45,6 +45,7 @@ from cbop_torchrl.config import RunConfig, load_config
 from cbop_torchrl.data import load_dataset_with_info
 from cbop_torchrl.envs import resolve_task
 from cbop_torchrl.envs.starts import START_STATES_SEED
+from cbop_torchrl.io import read_regular_text
 from cbop_torchrl.objectives.posterior import gaussian_posterior
 from cbop_torchrl.trainers.cbop_stage import build_cbop_loss
 from cbop_torchrl.trainers.checkpoint import (
@@ -62,7 +63,6 @@ from cbop_torchrl.trainers.conservatism import (
     start_states,
 )
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
-from cbop_torchrl.utils import read_regular_text
 
 ensemble_q = member_q_values
 """``Q_m(obs, action)`` for every member ``[M, N]`` (the name this module always exported)."""

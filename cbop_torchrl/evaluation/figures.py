@@ -25,7 +25,7 @@ from cbop_torchrl.evaluation.summaries import (
     mean_std,
     variant_order,
 )
-from cbop_torchrl.utils import atomic_write
+from cbop_torchrl.io import atomic_write
 
 
 def _pyplot():

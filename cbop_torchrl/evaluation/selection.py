@@ -39,12 +39,13 @@ from torchrl.objectives import SoftUpdate
 from cbop_torchrl.config import PretrainConfig
 from cbop_torchrl.data import load_dataset_with_info, make_replay_buffer
 from cbop_torchrl.envs.task import TaskConfig
+from cbop_torchrl.io import config_hash, make_dirs
 from cbop_torchrl.modules.actor_critic import make_qvalue_ensemble
 from cbop_torchrl.objectives.pretrain import ROW_KEY, FittedQEvaluationLoss, bootstrap_counts
+from cbop_torchrl.runtime import seed_everything
 from cbop_torchrl.sweeps import SweepError, policy_file, read_run
 from cbop_torchrl.trainers.checkpoint import load_policy, save_stage
 from cbop_torchrl.trainers.pretrain import read_cached_stage, run_supervised_stage
-from cbop_torchrl.utils import config_hash, make_dirs, seed_everything
 
 FQE_KEYS = (
     "observation",

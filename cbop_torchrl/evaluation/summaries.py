@@ -30,8 +30,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cbop_torchrl.io import read_regular_text
 from cbop_torchrl.sweeps import SweepError, check_search_root, find_files
-from cbop_torchrl.utils import read_regular_text
 
 SUMMARY_FORMAT = "cbop-torchrl-summary/1"
 FINAL_EVALUATIONS = 3

@@ -29,9 +29,9 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
+from cbop_torchrl.io import atomic_torch_save
 from cbop_torchrl.modules.ensemble import EnsembleMLP
 from cbop_torchrl.registry import get_termination
-from cbop_torchrl.utils import atomic_torch_save
 
 MAX_LOGVAR_INIT = 0.5
 MIN_LOGVAR_INIT = -10.0

@@ -34,7 +34,7 @@ last step), and TorchRL 0.14's ``torchrl.checkpoint.Checkpoint`` /
 A run here needs one file that is both the resumable state and a readable
 policy (``scripts/evaluate.py checkpoint=.../checkpoint.pt``, :func:`load_policy`),
 saved at every ``interval`` and at the last step, and read with
-``torch.load(weights_only=True)``; :func:`~cbop_torchrl.utils.atomic_write`
+``torch.load(weights_only=True)``; :func:`~cbop_torchrl.io.atomic_write`
 gives the same atomicity as ``Checkpoint.save``'s staged publish.
 """
 
@@ -53,15 +53,15 @@ from torch import nn
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.trainers import Trainer, TrainerHookBase
 
-from cbop_torchrl.modules.actor_critic import make_actor, make_deterministic_actor
-from cbop_torchrl.registry import Task, get_family
-from cbop_torchrl.utils import (
+from cbop_torchrl.io import (
     atomic_torch_save,
     atomic_write,
     config_hash,
     describe_load_error,
     file_kind,
 )
+from cbop_torchrl.modules.actor_critic import make_actor, make_deterministic_actor
+from cbop_torchrl.registry import Task, get_family
 
 CHECKPOINT_FORMAT = "cbop-torchrl/1"
 CHECKPOINT_NAME = "checkpoint.pt"

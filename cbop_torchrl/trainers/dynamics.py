@@ -35,6 +35,13 @@ from tensordict import TensorDict, TensorDictBase
 from tqdm.auto import tqdm
 
 from cbop_torchrl.config import DynamicsConfig
+from cbop_torchrl.io import (
+    atomic_json_dump,
+    cache_dir,
+    cache_entry_lock,
+    config_hash,
+    describe_load_error,
+)
 from cbop_torchrl.modules.dynamics import (
     DynamicsModel,
     GaussianEnsemble,
@@ -43,13 +50,6 @@ from cbop_torchrl.modules.dynamics import (
 )
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError, read_stage, save_stage
 from cbop_torchrl.trainers.update import CapturedStep
-from cbop_torchrl.utils import (
-    atomic_json_dump,
-    cache_dir,
-    cache_entry_lock,
-    config_hash,
-    describe_load_error,
-)
 
 EVAL_CHUNK = 2048  # holdout rows per evaluation call (bounds activation memory)
 

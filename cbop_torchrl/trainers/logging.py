@@ -23,7 +23,7 @@ from tensordict import TensorDictBase
 from torchrl.record.loggers import CSVLogger, Logger, get_logger
 from torchrl.trainers import Trainer, TrainerHookBase
 
-from cbop_torchrl.utils import atomic_write
+from cbop_torchrl.io import atomic_write
 
 #: wandb modes accepted by ``logger.mode`` (wandb.init's ``mode``).
 WANDB_MODES = ("online", "offline", "disabled")

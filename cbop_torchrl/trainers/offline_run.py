@@ -25,7 +25,9 @@ from cbop_torchrl.envs import (
     read_env_specs,
     resolve_task,
 )
+from cbop_torchrl.io import atomic_json_dump
 from cbop_torchrl.registry import Task
+from cbop_torchrl.runtime import resolve_device
 from cbop_torchrl.trainers.checkpoint import (
     CHECKPOINT_NAME,
     POLICY_NAME,
@@ -44,7 +46,6 @@ from cbop_torchrl.trainers.rundir import (
     clear_previous_run,
     read_run_json,
 )
-from cbop_torchrl.utils import atomic_json_dump, resolve_device
 
 
 class StageClock:

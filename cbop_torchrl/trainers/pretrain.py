@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from cbop_torchrl.config import FQEConfig, PretrainConfig
 from cbop_torchrl.data import make_replay_buffer
+from cbop_torchrl.io import cache_dir, cache_entry_lock, config_hash
 from cbop_torchrl.modules.actor_critic import make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.pretrain import (
     ROW_KEY,
@@ -36,14 +37,9 @@ from cbop_torchrl.objectives.pretrain import (
     FittedQEvaluationLoss,
     bootstrap_counts,
 )
+from cbop_torchrl.runtime import seed_everything
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError, read_stage, save_stage
 from cbop_torchrl.trainers.update import CapturedStep, GradientStep
-from cbop_torchrl.utils import (
-    cache_dir,
-    cache_entry_lock,
-    config_hash,
-    seed_everything,
-)
 
 LogFn = Callable[[dict[str, float], int], None]
 

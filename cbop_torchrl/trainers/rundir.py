@@ -22,18 +22,18 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from cbop_torchrl.trainers.checkpoint import (
-    DATA_RECORD_NAME,
-    CheckpointError,
-    read_data_record,
-)
-from cbop_torchrl.utils import (
+from cbop_torchrl.io import (
     add_write_root,
     atomic_json_dump,
     atomic_write,
     check_free_space,
     read_regular_json,
     remove_stale_temporaries,
+)
+from cbop_torchrl.trainers.checkpoint import (
+    DATA_RECORD_NAME,
+    CheckpointError,
+    read_data_record,
 )
 
 LOCK_NAME = ".run.lock"
@@ -163,7 +163,7 @@ def claim_run_dir(run_dir: str | Path, needed_bytes: int = 0) -> None:
     did not write. Its file system must have ``needed_bytes`` (a checkpoint) plus the
     margin every write keeps free, checked here, before any stage runs. Once claimed, the
     directory is a write root: nothing is written through a link below it
-    (:func:`cbop_torchrl.utils.check_no_link`).
+    (:func:`cbop_torchrl.io.check_no_link`).
 
     Raises:
         CheckpointError: ``run_dir`` is not a directory, or holds other files and no marker.

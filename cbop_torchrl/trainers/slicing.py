@@ -35,7 +35,7 @@ from typing import Any
 from torchrl.trainers import Trainer, TrainerHookBase
 
 from cbop_torchrl.config import ConfigError
-from cbop_torchrl.utils import atomic_json_dump
+from cbop_torchrl.io import atomic_json_dump
 
 DEADLINE_ENV = "CBOP_TORCHRL_SLICE_DEADLINE"
 STEPS_ENV = "CBOP_TORCHRL_SLICE_STEPS"
