@@ -13,14 +13,10 @@ from typing import Any
 
 import torch
 
+from cbop_torchrl.config.choices import FIXED_WEIGHTINGS, MODES, SAMPLINGS, TERMINATIONS
 from cbop_torchrl.objectives.fast_paths import DEFAULT_Q_CHUNK_ROWS
 from cbop_torchrl.objectives.posterior import VAR_FLOOR
 from cbop_torchrl.objectives.rollout_dtype import resolve_rollout_dtype
-
-MODES = ("lcb", "map", "fixed", "quantile")
-FIXED_WEIGHTINGS = ("uniform", "lambda")
-TERMINATIONS = ("zero_precision", "absorb")
-SAMPLINGS = ("shared", "independent")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,132 @@
+"""The paper's settings table and how a ``null`` in a table-fed field is resolved.
+
+A ``null`` in a table-fed field (``estimator.psi``, ``agent.num_qvalue_nets``, ...) means
+"the paper's value for this dataset": :func:`paper_settings` supplies it from
+:data:`PAPER_PSI` and :data:`PAPER_SHARED` (on a generated look-alike set listed in
+:data:`GENERATED_PSI`, psi is the paper's offline choice for that set instead), and
+:func:`fill_nulls` writes it into a config's values. ``preset=paper`` leaves every
+table-fed field null; the CPU and debug presets set the compute sizes themselves and leave
+only ``estimator.psi`` (a property of the dataset, not of the budget) to the table. Any
+value given on the command line is not null, so explicit overrides always win.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from cbop_torchrl.registry import D4RL_KINDS, Task
+
+PAPER_PSI: dict[str, dict[str, float]] = {
+    "halfcheetah": {
+        "random": 3.0,
+        "medium": 0.5,
+        "medium-replay": 0.5,
+        "medium-expert": 3.0,
+        "expert": 5.0,
+        "full-replay": 2.0,
+    },
+    "hopper": {
+        "random": 5.0,
+        "medium": 3.0,
+        "medium-replay": 2.0,
+        "medium-expert": 3.0,
+        "expert": 3.0,
+        "full-replay": 3.0,
+    },
+    "walker2d": {
+        "random": 5.0,
+        "medium": 3.0,
+        "medium-replay": 2.0,
+        "medium-expert": 3.0,
+        "expert": 3.0,
+        "full-replay": 2.0,
+    },
+}
+"""The paper's LCB coefficient psi per family and D4RL dataset kind (DESIGN.md section 1)."""
+
+GENERATED_PSI: dict[str, float] = {"halfcheetah-medium-replay-gen": 3.0}
+"""psi for ``estimator.psi: null`` on the generated look-alike sets (``scripts/collect.py``,
+by the set's name) where the paper's own way of choosing it differs from its D4RL table: the
+offline choice by FQE over the paper's grid {0.5, 2, 3, 5} (appendix C), made at the CPU
+preset's sizes (``python benchmarks/psi_grid.py --select``; the choice, its candidates and
+their scores are ``benchmarks/results/<set>/psi_selection.json``; docs/results.md). Sets not
+listed keep the D4RL table's psi for their family and kind."""
+
+PAPER_QVALUE_NETS = {"hopper": 50}
+"""Q-ensemble size M where it differs from :data:`PAPER_DEFAULT_QVALUE_NETS`."""
+PAPER_DEFAULT_QVALUE_NETS = 20
+
+PAPER_SHARED: dict[str, Any] = {
+    "estimator.horizon": 10,
+    "dynamics.num_members": 30,
+    "dynamics.num_elites": 20,
+    "train.epochs": 1000,
+    "train.steps_per_epoch": 1000,
+    "train.batch_size": 256,
+    "agent.actor_lr": 3e-4,
+    "agent.critic_lr": 3e-4,
+    "agent.alpha_lr": 3e-4,
+}
+"""Paper settings that do not depend on the dataset (appendix B/D)."""
+
+
+def infer_dataset_kind(name: str) -> str | None:
+    """The D4RL kind named in a dataset name (``hopper-medium-replay-gen`` -> ``medium-replay``).
+
+    Longer kinds are tried first, so ``medium-expert`` is not read as ``medium``.
+    Returns None when no kind appears in the name.
+    """
+    for kind in sorted(D4RL_KINDS, key=len, reverse=True):
+        if re.search(rf"(^|[-_/]){re.escape(kind)}($|[-_/.])", name):
+            return kind
+    return None
+
+
+def paper_settings(family: Task | str | None, kind: str | None) -> dict[str, Any]:
+    """The paper's settings for one dataset, as dotted keys (``"estimator.psi"``: 2.0).
+
+    ``estimator.psi`` is present only when ``kind`` is one of the D4RL kinds.
+    """
+    family_name = family.name if isinstance(family, Task) else family
+    settings = dict(PAPER_SHARED)
+    settings["agent.num_qvalue_nets"] = PAPER_QVALUE_NETS.get(
+        family_name, PAPER_DEFAULT_QVALUE_NETS
+    )
+    if kind is not None and kind in PAPER_PSI.get(family_name, {}):
+        settings["estimator.psi"] = PAPER_PSI[family_name][kind]
+    return settings
+
+
+def fill_nulls(
+    values: dict[str, Any], family: Task | str | None, dataset_name: str
+) -> tuple[list[str], list[str]]:
+    """Fills the null table-fed fields of ``values`` (a config's sections as plain dicts, in
+    place) with the paper's settings for the dataset ``dataset_name`` of ``family``.
+
+    Returns:
+        The dotted keys filled, and the problems: a null ``estimator.psi`` where the paper
+        has no psi for the dataset.
+    """
+    filled: list[str] = []
+    problems: list[str] = []
+    kind = infer_dataset_kind(dataset_name)
+    table = paper_settings(family, kind)
+    if dataset_name in GENERATED_PSI:  # the offline choice on a generated set
+        table["estimator.psi"] = GENERATED_PSI[dataset_name]
+    for dotted in [*table, "estimator.psi"]:
+        section, _, key = dotted.partition(".")
+        if values[section].get(key) is not None:
+            continue
+        if dotted in table:
+            values[section][key] = table[dotted]
+            filled.append(dotted)
+        else:
+            family_name = getattr(family, "name", family) or "not a known one"
+            problems.append(
+                f"estimator.psi is null, which means 'the paper's psi for this dataset', "
+                f"but the paper has no psi for {dataset_name!r} (family {family_name}, "
+                f"kind {kind or 'unknown'}); pass estimator.psi=<value>, e.g. "
+                "estimator.psi=2.0"
+            )
+    return filled, problems
