@@ -16,9 +16,9 @@ from d4rl_files import write_d4rl_hdf5
 from tensordict import TensorDict
 
 from cbop_torchrl.data import DatasetError, build_transitions, load_dataset
-from cbop_torchrl.data import hdf5 as hdf5_module
 from cbop_torchrl.data import transitions as transitions_module
 from cbop_torchrl.data.hdf5 import REQUIRED_KEYS, hdf5_fingerprint
+from cbop_torchrl.data.hdf5 import validate as hdf5_validate
 
 
 def _float64_file(path):
@@ -74,7 +74,7 @@ def _assert_identical(a: TensorDict, b: TensorDict) -> None:
 def test_blockwise_load_equals_the_whole_array_build(tmp_path, monkeypatch, block):
     path = _float64_file(tmp_path / "walker2d-f64.hdf5")
     reference = _whole_array_reference(path)
-    monkeypatch.setattr(hdf5_module, "READ_BLOCK_ROWS", block)
+    monkeypatch.setattr(hdf5_validate, "READ_BLOCK_ROWS", block)
     monkeypatch.setattr(transitions_module, "COMPARE_BLOCK_ROWS", block)
     first = load_dataset(path)  # converted
     second = load_dataset(path)  # from the cache
@@ -86,7 +86,7 @@ def test_blockwise_load_equals_the_whole_array_build(tmp_path, monkeypatch, bloc
 
 
 def test_a_non_finite_value_in_a_later_block_names_its_row(tmp_path, monkeypatch):
-    monkeypatch.setattr(hdf5_module, "READ_BLOCK_ROWS", 4)
+    monkeypatch.setattr(hdf5_validate, "READ_BLOCK_ROWS", 4)
     good = write_d4rl_hdf5(tmp_path / "good.hdf5")
     with h5py.File(good, "r") as handle:
         rewards = handle["rewards"][()]

@@ -28,10 +28,10 @@ from d4rl_files import write_d4rl_hdf5
 
 import cbop_torchrl.data.hdf5 as hdf5
 import cbop_torchrl.data.transitions as transitions
+import cbop_torchrl.io.cache as cache
 import cbop_torchrl.trainers.offline as offline
 import cbop_torchrl.trainers.offline_run as offline_run
 import cbop_torchrl.trainers.pretrain as pretrain
-import cbop_torchrl.io.cache as cache
 from cbop_torchrl.config import PretrainConfig, RunConfig
 from cbop_torchrl.data import DatasetError, data_record, load_dataset_with_info
 from cbop_torchrl.io import (
@@ -234,7 +234,7 @@ def test_enospc_while_writing_the_cache_leaves_nothing_half_written(
         (directory / "observation.bin").write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device", str(directory))
 
-    monkeypatch.setattr(hdf5, "_write_cache_data", disk_fills_up)
+    monkeypatch.setattr(hdf5.cache, "_write_cache_data", disk_fills_up)
     with pytest.raises(DiskFullError, match="Nothing half-written"):
         hdf5.load_hdf5(file)
     assert [p.name for p in cache_dir("datasets").iterdir()] == ["_sha256"]
@@ -318,7 +318,7 @@ def test_a_file_of_another_format_is_refused_before_it_is_hashed(
     def never(path: Path) -> str:
         raise AssertionError("hashed before the format check")
 
-    monkeypatch.setattr(hdf5, "file_sha256", never)
+    monkeypatch.setattr(hdf5.hashing, "file_sha256", never)
     with pytest.raises(DatasetError, match="cannot be opened as an HDF5 file.*signature"):
         hdf5.load_hdf5(file)
     with_user_block = tmp_path / "hopper-ub.hdf5"

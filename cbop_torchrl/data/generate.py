@@ -30,7 +30,6 @@ keeps them from being mistaken for D4RL's), each with a
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import platform
 import re
@@ -54,10 +53,15 @@ from tqdm import tqdm
 
 from cbop_torchrl.data.collect_env import make_collect_env
 from cbop_torchrl.data.collect_sac import TRANSITION_KEYS, SACConfig, SACRun, run_dir_for
-from cbop_torchrl.data.hdf5 import REQUIRED_KEYS
+from cbop_torchrl.data.hdf5 import (
+    Arrays,
+    metadata_text,
+    read_d4rl_hdf5,
+    sha256_of_file,
+    write_d4rl_hdf5,
+)
 from cbop_torchrl.io import (
     atomic_json_dump,
-    atomic_write,
     cache_root,
     check_owned_output,
     config_hash,
@@ -74,8 +78,6 @@ ROLLOUT_EXPLORATION = {
 }
 # Seed offsets keep each rollout kind's random streams apart from SAC's and each other's.
 _ROLLOUT_SEED_OFFSET = {"random": 1_000, "medium": 2_000, "expert": 3_000}
-
-Arrays = dict[str, np.ndarray]
 
 
 #: A tag is one plain file-name part: no separator, no ``..``, so the file stays in out_dir.
@@ -163,50 +165,6 @@ def dataset_statistics(arrays: Arrays, family: Task | None = None) -> dict[str, 
 def concat_arrays(parts: Sequence[Arrays]) -> Arrays:
     """Stitches datasets one after the other (``medium-expert``)."""
     return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
-
-
-def write_d4rl_hdf5(
-    path: Path,
-    arrays: Arrays,
-    metadata: dict[str, Any],
-    compression: str | None = "gzip",
-    compression_level: int = 4,
-) -> None:
-    """Writes ``arrays`` and ``metadata/*`` atomically, chunked and compressed.
-
-    Gzip with the shuffle filter shrinks MuJoCo float32 data about 2x; any
-    HDF5 reader (h5py, D4RL's ``get_dataset``) decompresses transparently.
-    """
-    options: dict[str, Any] = {}
-    if compression:
-        options = {"compression": compression, "shuffle": True}
-        if compression == "gzip":
-            options["compression_opts"] = compression_level
-
-    def write(tmp: Path) -> None:
-        # The temporary is private and atomic_write already holds a flock on it (marking it
-        # in use); HDF5's own flock would conflict with that one, so HDF5's is turned off.
-        with h5py.File(tmp, "w", locking=False) as handle:
-            for key, value in arrays.items():
-                handle.create_dataset(key, data=value, **options)
-            for key, value in metadata.items():
-                if value is not None:  # e.g. no normalized score for a task without ref scores
-                    handle[f"metadata/{key}"] = value
-
-    atomic_write(path, write)
-
-
-def read_d4rl_hdf5(path: Path) -> tuple[Arrays, dict[str, Any]]:
-    """The arrays and ``metadata/*`` of a file written by :func:`write_d4rl_hdf5`."""
-    arrays: Arrays = {}
-    metadata: dict[str, Any] = {}
-    with h5py.File(path, "r") as handle:
-        for key in (*REQUIRED_KEYS, "infos/qpos", "infos/qvel"):
-            arrays[key] = handle[key][()]
-        for key, value in handle["metadata"].items():
-            value = value[()]
-            metadata[key] = value.decode() if isinstance(value, bytes) else value
-    return arrays, metadata
 
 
 def collect_rollouts(
@@ -448,14 +406,6 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def generate_datasets(request: GenerationRequest) -> list[Path]:
     """Trains (or resumes, or reuses) the SAC run and writes the requested kinds.
 
@@ -484,8 +434,7 @@ def generate_datasets(request: GenerationRequest) -> list[Path]:
             return False
         try:
             with h5py.File(paths[kind], "r") as handle:
-                stored = handle.get("metadata/data_key")
-                return stored is not None and stored[()].decode() == key
+                return metadata_text(handle, "data_key") == key
         except (OSError, AttributeError, UnicodeDecodeError):  # a damaged file of ours: rewritten
             return False
 
@@ -606,7 +555,7 @@ def _generate(
         provenance = {
             **fields,
             "file": paths[kind].name,
-            "sha256": _sha256(paths[kind]),
+            "sha256": sha256_of_file(paths[kind]),
             "size_bytes": paths[kind].stat().st_size,
             "wall_time_s": {
                 "sac_training": round(sac_time, 1),
