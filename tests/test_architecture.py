@@ -21,9 +21,6 @@ LONG_MODULES = {"cli.py"}
 LONG_FUNCTIONS = {
     "cli.py:hydra_entry",
     "cli.py:decorate",
-    "data/collect_sac.py:train",
-    "data/generate.py:_generate",
-    "trainers/dynamics.py:train_dynamics",
 }
 HISTORY = re.compile(r"\bissues? #?\d|\bexperiments? \d|\bexp\d|\(#\d+\)", re.IGNORECASE)
 

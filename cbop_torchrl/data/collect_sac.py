@@ -165,6 +165,24 @@ def evaluate_policy(
     return returns
 
 
+def _sac_updates(
+    loss: SACLoss,
+    optimizer: torch.optim.Optimizer,
+    target_update: SoftUpdate,
+    buffer: ReplayBuffer,
+    steps: int,
+) -> None:
+    """``steps`` SAC updates, each on a fresh batch from ``buffer``: one Adam step on the
+    actor, critic and alpha losses together, then the critics' target update."""
+    for _ in range(steps):
+        losses = loss(buffer.sample())
+        total = losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        optimizer.step()
+        target_update.step()
+
+
 class SACRun:
     """One behaviour-policy SAC run on disk: train it, then read its products.
 
@@ -277,23 +295,8 @@ class SACRun:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         seed_everything(self.seed)
 
-        actor = self.make_actor()
-        obs_dim, action_dim = env_sizes(family)
-        qvalues = make_qvalue_ensemble(2, obs_dim, action_dim, cfg.hidden_sizes)
-        loss = SACLoss(
-            actor,
-            qvalues,
-            num_qvalue_nets=2,
-            action_spec=action_spec(action_dim),
-            loss_function=cfg.loss_function,
-        )
-        loss.make_value_estimator(gamma=cfg.gamma)
-        target_update = SoftUpdate(loss, tau=cfg.tau)
-        # One Adam over actor, critics and alpha: Adam is per-parameter and the
-        # three SAC losses touch disjoint parameters, so this equals three Adams.
-        optimizer = torch.optim.Adam(loss.parameters(), lr=cfg.lr)
+        actor, loss, target_update, optimizer = self._learner()
         buffer = ReplayBuffer(storage=LazyTensorStorage(cfg.total_steps), batch_size=cfg.batch_size)
-
         env = make_collect_env(family, cfg.max_episode_steps)
         step, evaluations, wall_time = 0, [], 0.0
         if state is None:
@@ -333,13 +336,7 @@ class SACRun:
             pending.append(batch)
             step += batch.numel()
             if step > cfg.warmup_steps:
-                for _ in range(batch.numel()):
-                    losses = loss(buffer.sample())
-                    total = losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
-                    optimizer.zero_grad(set_to_none=True)
-                    total.backward()
-                    optimizer.step()
-                    target_update.step()
+                _sac_updates(loss, optimizer, target_update, buffer, batch.numel())
             bar.update(batch.numel())
             if step % cfg.checkpoint_every == 0:
                 returns = evaluate_policy(
@@ -347,21 +344,7 @@ class SACRun:
                 )
                 wall_time += time.perf_counter() - started
                 started = time.perf_counter()
-                evaluations.append(
-                    {
-                        "step": step,
-                        "return": float(np.mean(returns)),
-                        "returns": returns,
-                        "wall_time": wall_time,
-                    }
-                )
-                bar.set_postfix(eval_return=f"{evaluations[-1]['return']:.0f}")
-                if not progress:  # a log line per checkpoint for background runs
-                    print(
-                        f"[sac {family.name} seed {self.seed}] step {step} eval return "
-                        f"{evaluations[-1]['return']:.1f} wall {wall_time:.0f} s",
-                        flush=True,
-                    )
+                evaluations.append(self._evaluation(step, returns, wall_time, bar, progress))
                 self._checkpoint(
                     step, torch.cat(pending), actor, loss, optimizer, env, evaluations, wall_time
                 )
@@ -372,6 +355,45 @@ class SACRun:
                     break
         collector.shutdown()
         bar.close()
+
+    def _learner(self) -> tuple[ProbabilisticActor, SACLoss, SoftUpdate, torch.optim.Optimizer]:
+        """A fresh actor, its SAC loss (two critics), the target update and the optimizer."""
+        cfg = self.config
+        actor = self.make_actor()
+        obs_dim, action_dim = env_sizes(self.family)
+        qvalues = make_qvalue_ensemble(2, obs_dim, action_dim, cfg.hidden_sizes)
+        loss = SACLoss(
+            actor,
+            qvalues,
+            num_qvalue_nets=2,
+            action_spec=action_spec(action_dim),
+            loss_function=cfg.loss_function,
+        )
+        loss.make_value_estimator(gamma=cfg.gamma)
+        target_update = SoftUpdate(loss, tau=cfg.tau)
+        # One Adam over actor, critics and alpha: Adam is per-parameter and the
+        # three SAC losses touch disjoint parameters, so this equals three Adams.
+        optimizer = torch.optim.Adam(loss.parameters(), lr=cfg.lr)
+        return actor, loss, target_update, optimizer
+
+    def _evaluation(
+        self, step: int, returns: list[float], wall_time: float, bar: tqdm, progress: bool
+    ) -> dict[str, Any]:
+        """A checkpoint's evaluation record, shown on the bar (or as a log line without it)."""
+        evaluation = {
+            "step": step,
+            "return": float(np.mean(returns)),
+            "returns": returns,
+            "wall_time": wall_time,
+        }
+        bar.set_postfix(eval_return=f"{evaluation['return']:.0f}")
+        if not progress:  # a log line per checkpoint for background runs
+            print(
+                f"[sac {self.family.name} seed {self.seed}] step {step} eval return "
+                f"{evaluation['return']:.1f} wall {wall_time:.0f} s",
+                flush=True,
+            )
+        return evaluation
 
     def _checkpoint(
         self,

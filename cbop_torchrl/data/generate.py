@@ -51,6 +51,12 @@ from torchrl.envs.utils import ExplorationType
 from torchrl.modules import ProbabilisticActor
 from tqdm import tqdm
 
+from cbop_torchrl.data.behaviour_checkpoints import (
+    MEDIUM_REFERENCES,
+    medium_reached,
+    medium_target,
+    select_checkpoints,
+)
 from cbop_torchrl.data.collect_env import make_collect_env
 from cbop_torchrl.data.collect_sac import TRANSITION_KEYS, SACConfig, SACRun, run_dir_for
 from cbop_torchrl.data.hdf5 import (
@@ -214,94 +220,6 @@ def collect_rollouts(
     return complete_episodes(torch.cat(batches)[:num_transitions])
 
 
-MEDIUM_REFERENCES = ("best", "d4rl")
-
-
-def medium_target(
-    evaluations: Sequence[dict[str, Any]],
-    medium_fraction: float,
-    medium_reference: str = "best",
-    family: Task | None = None,
-) -> float:
-    """The return a medium policy aims at: ``medium_fraction`` of the reference.
-
-    The reference is the run's best evaluation return (``"best"``) or D4RL's
-    expert score ``family.ref_max_score`` (``"d4rl"``, D4RL's own definition
-    of medium: hopper 1/3 * 3234.3 = 1078.1).
-    """
-    if medium_reference == "d4rl":
-        if family is None or not family.has_reference_scores:
-            raise ValueError(
-                "medium_reference=d4rl needs the task's expert score (task.ref_max_score, "
-                "with task.ref_min_score); pass them, or use medium_reference=best "
-                "medium_min_normalized=null stop_at_medium=false"
-            )
-        return medium_fraction * family.ref_max_score
-    if not evaluations:
-        raise ValueError("the SAC run has no evaluated checkpoint")
-    return medium_fraction * max(e["return"] for e in evaluations)
-
-
-def medium_reached(
-    evaluation: dict[str, Any],
-    target: float,
-    family: Task,
-    min_normalized: float | None = None,
-) -> bool:
-    """Whether a checkpoint's evaluation return reaches the medium ``target``
-    and, if given, ``min_normalized`` (D4RL-normalized score, 0-100)."""
-    if evaluation["return"] < target:
-        return False
-    return min_normalized is None or family.normalized_score(evaluation["return"]) >= min_normalized
-
-
-def select_checkpoints(
-    evaluations: Sequence[dict[str, Any]],
-    medium_fraction: float,
-    medium_reference: str = "best",
-    family: Task | None = None,
-    min_normalized: float | None = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The medium and the expert checkpoint of a run.
-
-    Expert: the best evaluation return (earliest on ties). Medium: the
-    evaluation return nearest :func:`medium_target` (earliest on ties) among
-    the checkpoints whose evaluation scores at least ``min_normalized``
-    (D4RL-normalized; None: every checkpoint). The evaluation is the
-    checkpoint's mean deterministic return recorded by the run
-    (``sac.eval_episodes`` episodes), so the floor holds for the recorded score.
-
-    Raises:
-        ValueError: no checkpoint reaches ``min_normalized`` (the run is too short).
-    """
-    if not evaluations:
-        raise ValueError("the SAC run has no evaluated checkpoint")
-    expert = max(evaluations, key=lambda e: (e["return"], -e["step"]))
-    target = medium_target(evaluations, medium_fraction, medium_reference, family)
-    candidates = list(evaluations)
-    if min_normalized is not None:
-        if family is None or not family.has_reference_scores:
-            raise ValueError(
-                f"medium_min_normalized={min_normalized} needs the task's reference scores "
-                "(task.ref_min_score, task.ref_max_score); pass them or use "
-                "medium_min_normalized=null"
-            )
-        candidates = [
-            e for e in evaluations if family.normalized_score(e["return"]) >= min_normalized
-        ]
-        if not candidates:
-            last = evaluations[-1]["step"]
-            best = family.normalized_score(expert["return"])
-            raise ValueError(
-                f"no checkpoint of the SAC run scores medium_min_normalized={min_normalized}: "
-                f"its best scores {best:.1f} normalized after {last} environment steps. "
-                f"Train the same run longer (it continues where it stopped), e.g. "
-                f"sac.total_steps={2 * last}, or lower medium_min_normalized."
-            )
-    medium = min(candidates, key=lambda e: (abs(e["return"] - target), e["step"]))
-    return medium, expert
-
-
 @dataclasses.dataclass
 class GenerationRequest:
     """Everything that determines a set of generated files."""
@@ -461,27 +379,7 @@ def _generate(
     run = SACRun(
         run_dir_for(Path(request.runs_dir), family, request.seed, sac), family, request.seed, sac
     )
-    evaluations: list[dict[str, Any]] = []
-    medium: dict[str, Any] = {}
-    expert: dict[str, Any] = {}
-    if any(kind != "random" for kind in todo):
-        should_stop = None
-        if request.stop_at_medium:
-            target = medium_target([], request.medium_fraction, "d4rl", family)
-
-            def should_stop(evaluation: dict[str, Any]) -> bool:
-                return medium_reached(evaluation, target, family, request.medium_min_normalized)
-
-        run.train(progress=request.progress, should_stop=should_stop)
-        evaluations = run.evaluations()
-        medium, expert = select_checkpoints(
-            evaluations,
-            request.medium_fraction,
-            request.medium_reference,
-            family,
-            request.medium_min_normalized,
-        )
-
+    evaluations, medium, expert = _train_behaviour(request, run, todo)
     rollouts: dict[str, Arrays] = {}
 
     def rollout(kind: str) -> Arrays:
@@ -505,7 +403,6 @@ def _generate(
                 rollouts[kind] = to_d4rl_arrays(transitions)
         return rollouts[kind]
 
-    medium_ref = request.medium_reference
     for kind in todo:
         started = time.perf_counter()
         if kind in ("random", "medium", "expert"):
@@ -515,60 +412,116 @@ def _generate(
         else:
             upto = medium["step"] if kind == "medium-replay" else None
             arrays = to_d4rl_arrays(complete_episodes(run.buffer(upto)))
-
-        behaviour = {
-            "random": None,
-            "medium": medium,
-            "medium-replay": medium,
-            "expert": expert,
-            "medium-expert": medium,
-            "full-replay": evaluations[-1] if evaluations else None,  # none: random alone
-        }[kind]
-        fields: dict[str, Any] = {
-            "env_id": family.gym_id,
-            "family": family.name,
-            "kind": kind,
-            "seed": request.seed,
-            "sac_total_steps": sac.total_steps if kind != "random" else 0,
-            "sac_steps_trained": evaluations[-1]["step"] if kind != "random" else 0,
-            **dataset_statistics(arrays, family),
-            "medium_fraction": request.medium_fraction,
-            "medium_reference": request.medium_reference,
-            "medium_target_return": None
-            if kind == "random"
-            else medium_target(evaluations, request.medium_fraction, medium_ref, family),
-            "medium_min_normalized": request.medium_min_normalized,
-            "stop_at_medium": request.stop_at_medium,
-            "rollout_exploration": request.rollout_exploration,
-            "generator": GENERATOR_NAME,
-            "generator_version": GENERATOR_VERSION,
-            "command": request.command,
-            "data_key": key,
-        }
-        if behaviour is not None:
-            fields.update(_policy_fields(family, behaviour))
-        if kind == "medium-expert":
-            fields.update({f"expert_{k}": v for k, v in _policy_fields(family, expert).items()})
+        fields = _file_fields(request, kind, arrays, key, evaluations, medium, expert)
         write_d4rl_hdf5(paths[kind], arrays, fields, request.compression, request.compression_level)
-
-        sac_time = run.wall_time() if kind != "random" else 0.0
-        provenance = {
-            **fields,
-            "file": paths[kind].name,
-            "sha256": sha256_of_file(paths[kind]),
-            "size_bytes": paths[kind].stat().st_size,
-            "wall_time_s": {
-                "sac_training": round(sac_time, 1),
-                "this_file": round(time.perf_counter() - started, 1),
-                "total": round(sac_time + time.perf_counter() - started, 1),
-            },
-            "sac": {"config": dataclasses.asdict(sac), "evaluations": evaluations}
-            if kind != "random"
-            else None,
-            "versions": _versions(),
-        }
+        provenance = _provenance(paths[kind], fields, run, started, evaluations)
         atomic_json_dump(provenance, paths[kind].with_suffix(".provenance.json"))
     return [paths[kind] for kind in request.kinds]
+
+
+def _train_behaviour(
+    request: GenerationRequest, run: SACRun, todo: Sequence[str]
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """Trains (or resumes) the SAC run when a kind in ``todo`` needs it: its evaluations and
+    its medium and expert checkpoints (none for random data alone)."""
+    family = request.family
+    evaluations: list[dict[str, Any]] = []
+    medium: dict[str, Any] = {}
+    expert: dict[str, Any] = {}
+    if any(kind != "random" for kind in todo):
+        should_stop = None
+        if request.stop_at_medium:
+            target = medium_target([], request.medium_fraction, "d4rl", family)
+
+            def should_stop(evaluation: dict[str, Any]) -> bool:
+                return medium_reached(evaluation, target, family, request.medium_min_normalized)
+
+        run.train(progress=request.progress, should_stop=should_stop)
+        evaluations = run.evaluations()
+        medium, expert = select_checkpoints(
+            evaluations,
+            request.medium_fraction,
+            request.medium_reference,
+            family,
+            request.medium_min_normalized,
+        )
+    return evaluations, medium, expert
+
+
+def _file_fields(
+    request: GenerationRequest,
+    kind: str,
+    arrays: Arrays,
+    key: str,
+    evaluations: list[dict[str, Any]],
+    medium: dict[str, Any],
+    expert: dict[str, Any],
+) -> dict[str, Any]:
+    """The ``metadata/*`` of the ``kind`` file: the settings, the data's statistics and the
+    behaviour policy's checkpoint (and, for medium-expert, the expert's)."""
+    family, sac = request.family, request.sac
+    medium_ref = request.medium_reference
+    behaviour = {
+        "random": None,
+        "medium": medium,
+        "medium-replay": medium,
+        "expert": expert,
+        "medium-expert": medium,
+        "full-replay": evaluations[-1] if evaluations else None,  # none: random alone
+    }[kind]
+    fields: dict[str, Any] = {
+        "env_id": family.gym_id,
+        "family": family.name,
+        "kind": kind,
+        "seed": request.seed,
+        "sac_total_steps": sac.total_steps if kind != "random" else 0,
+        "sac_steps_trained": evaluations[-1]["step"] if kind != "random" else 0,
+        **dataset_statistics(arrays, family),
+        "medium_fraction": request.medium_fraction,
+        "medium_reference": request.medium_reference,
+        "medium_target_return": None
+        if kind == "random"
+        else medium_target(evaluations, request.medium_fraction, medium_ref, family),
+        "medium_min_normalized": request.medium_min_normalized,
+        "stop_at_medium": request.stop_at_medium,
+        "rollout_exploration": request.rollout_exploration,
+        "generator": GENERATOR_NAME,
+        "generator_version": GENERATOR_VERSION,
+        "command": request.command,
+        "data_key": key,
+    }
+    if behaviour is not None:
+        fields.update(_policy_fields(family, behaviour))
+    if kind == "medium-expert":
+        fields.update({f"expert_{k}": v for k, v in _policy_fields(family, expert).items()})
+    return fields
+
+
+def _provenance(
+    path: Path,
+    fields: dict[str, Any],
+    run: SACRun,
+    started: float,
+    evaluations: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The ``.provenance.json`` of the file just written at ``path`` (begun at ``started``)."""
+    random = fields["kind"] == "random"
+    sac_time = run.wall_time() if not random else 0.0
+    return {
+        **fields,
+        "file": path.name,
+        "sha256": sha256_of_file(path),
+        "size_bytes": path.stat().st_size,
+        "wall_time_s": {
+            "sac_training": round(sac_time, 1),
+            "this_file": round(time.perf_counter() - started, 1),
+            "total": round(sac_time + time.perf_counter() - started, 1),
+        },
+        "sac": {"config": dataclasses.asdict(run.config), "evaluations": evaluations}
+        if not random
+        else None,
+        "versions": _versions(),
+    }
 
 
 def load_json(path: Path) -> dict[str, Any]:

@@ -307,8 +307,50 @@ def train_dynamics(
     bootstrap = torch.randint(num_train, (num_members, num_train), generator=cpu_gen).to(device)
     shuffle_gen = torch.Generator(device=device).manual_seed(config.seed + 1)
     step, captured = make_minibatch_step(ensemble, train_x, train_y, config, cuda_graph)
+    epoch = _fit_with_early_stopping(
+        ensemble, (step, captured), bootstrap, shuffle_gen, (hold_x, hold_y), config,
+        progress, log_fn,
+    )  # fmt: skip
+
+    mse, nll = holdout_losses(ensemble, hold_x, hold_y)
+    elites = mse.argsort()[: config.num_elites]
+    model = DynamicsModel(ensemble, termination, elites.cpu().tolist())
+    metrics = holdout_metrics(model, holdout)
+    metrics.update(
+        elites=elites.tolist(),
+        holdout_mse_per_member=mse.tolist(),
+        holdout_nll_per_member=nll.tolist(),
+        holdout_mse_elites=mse[elites].mean().item(),
+        epochs=epoch,
+        num_train=num_train,
+        num_holdout=hold_idx.numel(),
+        wall_time_s=time.perf_counter() - start_time,
+    )
+    return model, metrics
+
+
+def _fit_with_early_stopping(
+    ensemble: GaussianEnsemble,
+    steps: tuple[Callable[[TensorDictBase], TensorDictBase], CapturedStep | None],
+    bootstrap: torch.Tensor,
+    shuffle_gen: torch.Generator,
+    holdout: tuple[torch.Tensor, torch.Tensor],
+    config: DynamicsConfig,
+    progress: bool,
+    log_fn: Callable[[dict[str, Any]], None] | None,
+) -> int:
+    """Epochs of :func:`train_epoch` until ``config.patience`` epochs pass with no member
+    improving its holdout MSE (or ``config.max_epochs``); then every member takes its best
+    snapshot. Returns the number of epochs.
+
+    Args:
+        steps: :func:`make_minibatch_step`'s step and its captured CUDA graph (or None).
+        holdout: the standardized holdout inputs and targets.
+    """
+    step, captured = steps
+    hold_x, hold_y = holdout
     best_params = {n: p.detach().clone() for n, p in ensemble.named_parameters()}
-    best_mse = torch.full((num_members,), math.inf, device=device)
+    best_mse = torch.full((config.num_members,), math.inf, device=bootstrap.device)
 
     epoch, epochs_since_improvement = 0, 0
     bar = tqdm(total=config.max_epochs, desc="dynamics", unit="epoch", disable=not progress)
@@ -341,23 +383,8 @@ def train_dynamics(
         if config.max_epochs is not None and epoch >= config.max_epochs:
             break
     bar.close()
-
     ensemble.load_state_dict(best_params, strict=False)  # each member's best snapshot
-    mse, nll = holdout_losses(ensemble, hold_x, hold_y)
-    elites = mse.argsort()[: config.num_elites]
-    model = DynamicsModel(ensemble, termination, elites.cpu().tolist())
-    metrics = holdout_metrics(model, holdout)
-    metrics.update(
-        elites=elites.tolist(),
-        holdout_mse_per_member=mse.tolist(),
-        holdout_nll_per_member=nll.tolist(),
-        holdout_mse_elites=mse[elites].mean().item(),
-        epochs=epoch,
-        num_train=num_train,
-        num_holdout=hold_idx.numel(),
-        wall_time_s=time.perf_counter() - start_time,
-    )
-    return model, metrics
+    return epoch
 
 
 def non_finite_parts(model: DynamicsModel, metrics: dict[str, Any] | None = None) -> list[str]:
