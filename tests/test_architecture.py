@@ -65,3 +65,22 @@ def test_package_comments_name_no_issue_or_experiment_numbers() -> None:
         if HISTORY.search(line)
     ]
     assert not found, found
+
+
+#: Name parts that number a round of work instead of naming a subject.
+ROUND_WORDS = {"first", "second", "third", "fourth", "fifth", "one", "two", "three", "four",
+               "five", "ii", "iii", "iv", "vi", "round", "part"}  # fmt: skip
+
+
+def test_no_test_file_is_named_after_an_issue_or_a_numbered_round() -> None:
+    """A test file says what it tests (``test_refusals_data_and_disk.py``), not which issue or
+    which numbered round of work added it (``test_issue_28.py``, ``test_checks_four.py``)."""
+    named_by_history = [
+        path.name
+        for path in sorted((PACKAGE.parent / "tests").glob("*.py"))
+        if any(
+            "issue" in part or part.isdigit() or part in ROUND_WORDS
+            for part in path.stem.lower().split("_")
+        )
+    ]
+    assert not named_by_history, named_by_history

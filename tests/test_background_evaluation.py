@@ -1,4 +1,4 @@
-"""Evaluation beside training (``eval.background=true``, issue 53).
+"""Evaluation beside training (``eval.background=true``).
 
 An evaluation due at step s runs in a worker thread on a copy of the weights taken at s;
 the gradient steps go on meanwhile; the record is logged at s once it is done, a

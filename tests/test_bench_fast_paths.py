@@ -1,4 +1,4 @@
-"""The fast-path options of the estimator and the dynamics ensemble (issue 7)."""
+"""The fast-path options of the estimator and the dynamics ensemble."""
 
 from __future__ import annotations
 

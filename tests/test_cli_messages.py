@@ -1,4 +1,4 @@
-"""What every program prints for bad input, an interrupt and a log file (issues 28 and 32).
+"""What every program prints for bad input, an interrupt and a log file.
 
 Each console program, started as ``scripts/<name>.py`` (what ``cbop-<name>`` runs), refuses
 a bad value before any stage with one paragraph and exit code 2, never a traceback (the

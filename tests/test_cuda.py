@@ -1,4 +1,4 @@
-"""CUDA (issue 29): the estimator, the updates, syncs, dynamics, evaluation and checkpoints.
+"""CUDA: the estimator, the updates, syncs, dynamics, evaluation and checkpoints.
 
 Every test here needs a CUDA device and is skipped with the reason without one
 (``pytest -m cuda`` selects them; ``docs/gpu.md`` says how to run them on a GPU

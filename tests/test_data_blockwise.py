@@ -1,4 +1,4 @@
-"""Loading in blocks (issue 19, full-size data): the same dataset as a whole-array load.
+"""Loading in blocks (full-size data): the same dataset as a whole-array load.
 
 The D4RL-format loader reads, checks and converts ``READ_BLOCK_ROWS`` rows at a
 time and compares episode chains ``COMPARE_BLOCK_ROWS`` rows at a time, so that a

@@ -1,4 +1,4 @@
-"""GPU readiness without a GPU (issue 19): the CBOP update stays on the configured device.
+"""GPU readiness without a GPU: the CBOP update stays on the configured device.
 
 ``device=cuda`` must run the whole update on the GPU: the replay buffer's storage
 there, every tensor the update touches there, no host transfers per step. These

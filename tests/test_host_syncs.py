@@ -1,4 +1,4 @@
-"""Host synchronisations per CBOP gradient step (issue 19): at most one outside log steps.
+"""Host synchronisations per CBOP gradient step: at most one outside log steps.
 
 A GPU run stalls at every ``.item()``/``bool(tensor)``/device-to-host copy;
 :class:`HostSyncCounter` counts the same calls on CPU. The step here is the

@@ -1,4 +1,4 @@
-"""A checkpoint written on CUDA resumes on a CPU (issue 29), checked without a GPU.
+"""A checkpoint written on CUDA resumes on a CPU, checked without a GPU.
 
 A CUDA run's checkpoint holds CUDA generator states: TorchRL's ``GlobalRNGState``
 saves them (and refuses them where CUDA is unavailable) and the replay buffer's

@@ -1,4 +1,4 @@
-"""Runs in slices (issue 29): ``benchmarks/learning.py --slice-steps``/``--max-minutes``.
+"""Runs in slices: ``benchmarks/learning.py --slice-steps``/``--max-minutes``.
 
 Three slices of a tiny CBOP run (debug preset, 30 gradient steps, a checkpoint
 every 10) end with the same checkpoint tensors and the same logged metrics as

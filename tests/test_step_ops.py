@@ -1,4 +1,4 @@
-"""The CBOP step dispatches fewer operations and computes the same numbers (issue 53).
+"""The CBOP step dispatches fewer operations and computes the same numbers.
 
 The reference is the step as it was before its operations were cut
 (``benchmarks.speed.step_ops.OPS_BASE_COMMIT``, its estimator, loss and step function

@@ -1,5 +1,5 @@
 """The TorchRL internals the package relies on (``cbop_torchrl/_torchrl_compat.py``) and the
-SACLoss swap (issue 17, items 6 and 7)."""
+SACLoss swap."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The CBOP step's fast paths compute the same numbers as the straightforward ones (issue 19).
+"""The CBOP step's fast paths compute the same numbers as the straightforward ones.
 
 CBOPLoss runs one Q-ensemble pass for the critic MSE and EDAC's action
 gradients, reuses the actor loss's policy for the BC term, and evaluates plain-MLP

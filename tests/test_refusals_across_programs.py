@@ -1,7 +1,6 @@
-"""Reliability IV (issue 54): each guarantee holds for every program and every cause.
+"""Refusals across programs: each guarantee holds for every program and every cause.
 
-One mechanism per class, each tested on the issue's cases and on forms the issue does not
-list:
+One mechanism per class, each tested on the reported cases and on forms not reported:
 
 - ranges in one place (``config.SETTING_RANGES``): every numeric setting of every program
   refused before any work, with one paragraph;
@@ -35,7 +34,7 @@ import torch
 from d4rl_files import pipeline_workspace, write_d4rl_hdf5
 from inprocess import train_cbop
 from programs import Call, run_programs, selected_ids
-from test_reliability_third import Case, case_env, run_cases
+from refusals import TIMEOUT_S, Case, case_env, run_cases
 
 from cbop_torchrl.config import PretrainConfig, RunConfig, range_problems
 from cbop_torchrl.data import load_dataset_with_info
@@ -64,7 +63,6 @@ from cbop_torchrl.trainers.pretrain import load_or_train_bc
 from cbop_torchrl.trainers.rundir import MARKER_NAME, claim_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT_S = 120
 TINY_DYNAMICS = {"num_members": 3, "num_elites": 2, "hidden_size": 8, "num_layers": 1,
                  "weight_decay": (0.0, 0.0), "batch_size": 32, "max_epochs": 1}  # fmt: skip
 
@@ -83,7 +81,7 @@ def _replace(path: Path, key: str, **create) -> Path:  # noqa: ANN003
 
 
 def refusal_cases(root: Path) -> dict[str, Case]:
-    """Every refusal of the battery: the issue's cases, then forms it does not list."""
+    """Every refusal of the battery: the reported cases, then forms not reported."""
     data = root / "data"
     data.mkdir()
 
@@ -134,7 +132,7 @@ def refusal_cases(root: Path) -> dict[str, Case]:
     unchained = "the observation of the next row is not this row's next observation"
 
     cases = {
-        # A: tracebacks instead of one paragraph (the issue's cases)
+        # tracebacks instead of one paragraph (the reported cases)
         "hidden_sizes=[]": Case(
             "cbop.py", [*debug, "agent.hidden_sizes=[]"],
             ["agent.hidden_sizes=[]", "at least 1 item"], ["max()"],
@@ -142,7 +140,7 @@ def refusal_cases(root: Path) -> dict[str, Case]:
         "fqe.target_tau=5": Case(
             "cbop.py", [*debug, "fqe.target_tau=5"], ["fqe.target_tau=5", "(0, 1]"], ["eps"]
         ),
-        # A: forms not listed
+        # forms not listed
         "critic_hidden_sizes=[]": Case(
             "cbop.py", [*debug, "agent.critic_hidden_sizes=[]"], ["agent.critic_hidden_sizes=[]"]
         ),
@@ -158,7 +156,7 @@ def refusal_cases(root: Path) -> dict[str, Case]:
             "baseline.py", ["algo=td3bc", *debug, "algo.policy_delay=0"],
             ["algo.policy_delay=0 must be an integer >= 1"],
         ),
-        # D: late refusals and misleading messages
+        # late refusals and misleading messages
         "collect compression_level=99": Case(
             "collect.py", [*collect, "compression_level=99"],
             ["compression_level=99", "[0, 9]"], ["GZIP setting"],
@@ -206,7 +204,7 @@ def refusal_cases(root: Path) -> dict[str, Case]:
         },
         "checkpoint= a folder": Case("evaluate.py", [f"checkpoint={folder}"], ["is a folder"]),
         "checkpoint= a FIFO": Case("evaluate.py", [f"checkpoint={fifo}"], ["is a FIFO"]),
-        # E: nonsense accepted
+        # nonsense accepted
         "dynamics.lr=0": Case("cbop.py", [*debug, "dynamics.lr=0"], ["dynamics.lr=0"]),
         "dynamics.weight_decay=[-1,0,0]": Case(
             "cbop.py", [*debug, "dynamics.weight_decay=[-1,0,0]"],
@@ -227,7 +225,7 @@ def refusal_cases(root: Path) -> dict[str, Case]:
             [f"output_dir={dyn_out}", "dynamics.weight_decay=[0,0,0,0,-1e-4]"],
             ["dynamics.weight_decay"],
         ),
-        # B: hangs (each would block forever on the FIFO; the child's timeout fails them)
+        # hangs (each would block forever on the FIFO; the child's timeout fails them)
         "report on FIFOs named *.json": Case(
             "report.py", [f"paths={fifo_report}", f"out={root / 'report_out'}"],
             ["no finished runs"],
@@ -235,7 +233,7 @@ def refusal_cases(root: Path) -> dict[str, Case]:
         "select-psi on a FIFO config.json": Case(
             "select_psi.py", [f"sweep_dir={fifo_sweep.parent}"], ["no trained runs"]
         ),
-        # A: sweep_dir=/ would walk every folder of the machine (and /proc/<pid>/cwd links)
+        # sweep_dir=/ would walk every folder of the machine (and /proc/<pid>/cwd links)
         "select-psi sweep_dir=/": Case(
             "select_psi.py", ["sweep_dir=/"], ["sweep_dir=/", "the whole file system"]
         ),
@@ -287,7 +285,7 @@ def test_a_bad_input_is_one_paragraph_before_any_work(case_id: str, refused: dic
     assert not (cwd / "cache" / "dynamics").exists(), "a stage ran before the refusal"
 
 
-# --------------------------------------------------------------------- E: one range table
+# -------------------------------------------------------------------------- one range table
 
 
 @pytest.mark.parametrize(
@@ -315,7 +313,7 @@ def test_the_default_configs_hold_their_ranges() -> None:
     assert range_problems({"dynamics": DynamicsConfig().to_dict()}) == []
 
 
-# ------------------------------------------------------------ A: memory of the evaluation
+# ----------------------------------------------------------------- memory of the evaluation
 
 
 def test_the_estimate_counts_the_start_state_evaluation() -> None:
@@ -348,7 +346,7 @@ def test_start_states_beyond_the_address_space_limit_are_refused(tmp_path: Path)
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
 
 
-# --------------------------------------------------------- B: special files, one walker
+# ---------------------------------------------------------------- special files, one walker
 
 
 def test_the_walker_skips_special_files_and_the_kernels_folders(tmp_path: Path) -> None:
@@ -367,7 +365,7 @@ def test_the_walker_skips_special_files_and_the_kernels_folders(tmp_path: Path) 
         read_regular_bytes(tmp_path / "a")
 
 
-# ------------------------------------------------- C: ownership by marker, never via a link
+# ---------------------------------------------------- ownership by marker, never via a link
 
 
 def test_ownership_is_the_marker_alone(tmp_path: Path) -> None:
@@ -409,7 +407,7 @@ def test_no_write_goes_through_a_linked_folder_below_a_write_root(tmp_path: Path
     assert list(victim.iterdir()) == []
 
 
-# ----------------------------------------------------- A: one paragraph for refused writes
+# --------------------------------------------------------- one paragraph for refused writes
 
 
 @pytest.mark.parametrize(
@@ -503,7 +501,7 @@ def test_low_free_space_is_refused_when_the_run_directory_is_claimed(
     assert not (tmp_path / "run" / MARKER_NAME).exists()
 
 
-# ------------------------------------------------- F: stage caches, checksum and data record
+# --------------------------------------------------- stage caches, checksum and data record
 
 
 def _two_datasets(tmp_path: Path) -> list[tuple]:
@@ -524,7 +522,7 @@ def test_a_dynamics_model_of_other_data_is_trained_again(tmp_path: Path) -> None
     path_a, path_b = Path(metrics_a["cache_path"]), Path(metrics_b["cache_path"])
     stage = torch.load(path_b, weights_only=True)["stage"]
     assert stage["data"]["content"] == info_b.sha256 and stage["entry"] == path_b.parent.name
-    shutil.copy(path_a, path_b)  # the issue's case: a model of other data in this entry
+    shutil.copy(path_a, path_b)  # the reported case: a model of other data in this entry
     with pytest.warns(UserWarning, match="belongs to another cache entry"):
         _, again = load_or_train_dynamics(data_b, info_b, config, False, termination="hopper")
     assert again["cached"] is False
@@ -588,7 +586,7 @@ def test_read_stage_checks_the_entry_and_the_data(tmp_path: Path) -> None:
         assert read_stage(tmp_path / "text.pt", None, "fit") is None
 
 
-# ------------------------------------------------ C, F: select-psi on a trained debug run
+# -------------------------------------------------------- select-psi on a trained debug run
 
 
 @pytest.fixture(scope="module")
@@ -666,7 +664,7 @@ def selected(trained_run: dict) -> dict:
     done = dict(zip(calls, results, strict=True))
     fits = sorted((sweeps["swap"] / "a" / "selection_fqe").glob("*/result.pt"))
     if len(fits) == 2:
-        fits[0].write_bytes(fits[1].read_bytes())  # the issue's case: a swapped fit
+        fits[0].write_bytes(fits[1].read_bytes())  # the reported case: a swapped fit
         again = [calls["swap"], calls["swap 6"]]
         done["swap again"], done["swap 6 again"] = run_programs(again, TIMEOUT_S * 3)
     return {"done": done, "sweeps": sweeps, "victim": victim, "outside": outside, "cwd": cwd,
@@ -722,7 +720,7 @@ def test_a_policy_with_complex_weights_is_refused(trained_run: dict, tmp_path: P
 
 
 def test_a_swapped_fqe_result_is_trained_again(tmp_path: Path) -> None:
-    """The issue's case: another entry's FQE ``result.pt`` (here: another seed's) would have
+    """The reported case: another entry's FQE ``result.pt`` (here: another seed's) would have
     changed the scores silently."""
     from cbop_torchrl.config import FQEConfig
     from cbop_torchrl.trainers.pretrain import load_or_train_fqe

@@ -1,5 +1,6 @@
-"""Reliability II (issue 28 items 5, 6, 9, 11; issue 32 item 7): checkpoints, evaluation,
-reports and sizes.
+"""Refusals of the report, evaluation, checkpoints and sizes: a report needs no cache, an
+evaluation replaces only its own output, no file makes gymnasium import code, and edited
+policies and sizes that cannot fit are refused.
 
 One finished ``scripts/cbop.py preset=debug`` run (module fixture, ~30 s on a loaded
 2-core machine) feeds the report and evaluation cases; the others refuse before any work.
@@ -77,7 +78,7 @@ def _edited_policy(finished_run: dict, tmp_path: Path, edit) -> Path:
     return path
 
 
-# ---------------------------------------------------------------- item 5: the report
+# ------------------------------------------------------------------------------- the report
 
 
 def test_report_on_a_finished_run_needs_nothing_from_a_cleared_cache(
@@ -155,7 +156,7 @@ def test_report_without_matplotlib_names_the_extra_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []  # no results.csv/md, no runs.csv
 
 
-# ------------------------------------------------------------- item 6: evaluate's output
+# ------------------------------------------------------------------------ evaluate's output
 
 
 def _evaluate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
@@ -227,7 +228,7 @@ def test_an_out_of_memory_error_while_evaluating_is_reported_not_a_closed_enviro
     assert "closed environment" not in err and "Traceback" not in err
 
 
-# --------------------------------------------- item 9: no file makes gymnasium import code
+# ------------------------------------------------------ no file makes gymnasium import code
 
 
 def test_a_module_qualified_gym_id_in_a_checkpoint_is_refused_unless_given_on_the_command_line(
@@ -295,7 +296,7 @@ def test_module_qualified_ids_in_stored_configs_and_dataset_metadata_are_refused
     assert ZEN not in capsys.readouterr().out
 
 
-# ------------------------------------------- item 11: edited policies and impossible sizes
+# ----------------------------------------------------- edited policies and impossible sizes
 
 
 def test_an_edited_policy_with_nan_weights_or_equal_reference_scores_is_refused(

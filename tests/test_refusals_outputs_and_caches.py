@@ -1,4 +1,4 @@
-"""Reliability III (issue 42): no program replaces a file it did not write, nothing in a
+"""Refusals of outputs and caches: no program replaces a file it did not write, nothing in a
 cache runs code, a run notices every change to its data and checkpoint, and every ordinary
 bad value is one paragraph with exit code 2.
 
@@ -29,6 +29,7 @@ import torch
 from d4rl_files import pipeline_workspace, write_d4rl_hdf5
 from inprocess import run_program
 from programs import Call, run_programs, selected_ids
+from refusals import TIMEOUT_S, Case, case_env, run_cases
 from tensordict import NonTensorData, TensorDict, tensorclass
 
 from cbop_torchrl.config import RunConfig
@@ -55,7 +56,6 @@ from cbop_torchrl.trainers.memory import process_limits, run_estimate
 from cbop_torchrl.trainers.rundir import LOCK_NAME, MARKER_NAME, claim_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT_S = 120  # imports on a loaded 2-core machine; every refusal comes before training
 
 
 class _RunsCodeWhenUnpickled:
@@ -125,21 +125,8 @@ def user_run_like_folder(folder: Path) -> dict[Path, bytes]:
     return files
 
 
-@dataclass
-class Case:
-    """One refused command: its script, arguments, the words its error must hold and must
-    not hold, and the files it must leave as they were."""
-
-    script: str
-    args: list[str]
-    words: list[str]
-    not_words: list[str] = field(default_factory=list)
-    kept: dict[Path, bytes] = field(default_factory=dict)
-    absent: list[Path] = field(default_factory=list)
-
-
 def refusal_cases(root: Path) -> dict[str, Case]:
-    """Every refusal of the battery (the issue's cases, then similar ones), inputs written."""
+    """Every refusal of the battery (the reported cases, then similar ones), inputs written."""
     base = write_d4rl_hdf5(root / "hopper-base.hdf5", episode_lengths=(40, 40, 40))
     with h5py.File(root / "values.h5", "w") as handle:
         handle["values"] = np.zeros((120, 11), dtype=np.float32)
@@ -193,7 +180,7 @@ def refusal_cases(root: Path) -> dict[str, Case]:
         return {path: path.read_bytes() for path in paths}
 
     cases = {
-        # D: tracebacks where one paragraph belongs
+        # tracebacks where one paragraph belongs
         "seed=-1": Case("cbop.py", [*debug, "seed=-1"], ["seed=-1 must be an integer from 0"]),
         "seed=2**70": Case(
             "cbop.py",
@@ -225,7 +212,7 @@ def refusal_cases(root: Path) -> dict[str, Case]:
             ["signature"],
             kept=kept(collect_dirs["text"] / "hopper-random-gen.hdf5"),
         ),  # fmt: skip
-        # E: nonsense accepted, or refused late
+        # nonsense accepted, or refused late
         "psi=inf": Case(
             "cbop.py", [*debug, "estimator.psi=inf"], ["estimator.psi=inf"], ["learning rate"]
         ),
@@ -234,7 +221,7 @@ def refusal_cases(root: Path) -> dict[str, Case]:
             ["algo=iql", *debug, "algo.temperature=-3"],
             ["algo.temperature=-3", "must be a number >= 0"],
         ),  # fmt: skip
-        # F: refused, but the message misled
+        # refused, but the message misled
         "rewards is a group": Case(
             "cbop.py",
             [*on_data, f"env={hdf5('hopper-group.hdf5', _as_group('rewards'))}"],
@@ -258,7 +245,7 @@ def refusal_cases(root: Path) -> dict[str, Case]:
             ["observations has values up to", "Rescale observations"],
             ["dynamics.lr="],
         ),
-        # A: files a program did not write
+        # files a program did not write
         "select-psi json onto a run's policy.pt": Case(
             "select_psi.py",
             [f"sweep_dir={sweep}", "steps=20", f"json={sweep}/run/policy.pt"],
@@ -293,7 +280,7 @@ def refusal_cases(root: Path) -> dict[str, Case]:
             )  # fmt: skip
             for resume, folder in run_like.items()
         },
-        # beyond the issue's list: the same classes, other inputs
+        # the same classes, other inputs
         "evaluate seed=-5": Case("evaluate.py", ["checkpoint=x.pt", "seed=-5"], ["seed=-5"]),
         "collect seed=2**32": Case("collect.py", ["seed=4294967296"], ["seed=4294967296"]),
         "td3bc alpha=inf": Case(
@@ -363,15 +350,6 @@ def _case_ids() -> list[str]:
 CASE_IDS = _case_ids()
 
 
-def case_env(cwd: Path, home: Path | None = None) -> dict[str, str]:
-    """This process's environment with a cache in ``cwd``, no GPU and no ``HYDRA_FULL_ERROR``."""
-    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(cwd / "cache"), "CUDA_VISIBLE_DEVICES": ""}
-    if home is not None:
-        env["HOME"] = str(home)
-    env.pop("HYDRA_FULL_ERROR", None)
-    return env
-
-
 @pytest.fixture(scope="module")
 def refused(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -381,24 +359,6 @@ def refused(
     root = tmp_path_factory.mktemp("battery")
     cases = {id_: case for id_, case in refusal_cases(root).items() if id_ in wanted}
     return run_cases(cases, root)
-
-
-def run_cases(
-    cases: dict[str, Case], root: Path
-) -> dict[str, tuple[subprocess.CompletedProcess, Path, Case]]:
-    """Runs every case in one child process, each in its own empty working folder under
-    ``root``: case id -> (what it did, its folder, the case)."""
-    calls, folders = [], {}
-    for index, (id_, case) in enumerate(cases.items()):
-        cwd = root / f"work{index}"
-        cwd.mkdir()
-        folders[id_] = cwd
-        calls.append(Call(case.script, case.args, str(cwd), case_env(cwd)))
-    results = run_programs(calls, timeout_s=TIMEOUT_S + 30 * len(calls))
-    return {
-        id_: (done, folders[id_], case)
-        for (id_, case), done in zip(cases.items(), results, strict=True)
-    }
 
 
 @pytest.mark.parametrize("case_id", CASE_IDS)
@@ -424,7 +384,7 @@ def test_a_bad_input_is_one_paragraph_and_touches_nothing(
         assert not path.exists(), path
 
 
-# --------------------------------------------------------------------- B: code in a cache
+# -------------------------------------------------------------------------- code in a cache
 
 
 def hostile_memmap(folder: Path, sentinel: Path, nested: bool = False) -> None:
@@ -496,7 +456,7 @@ def _torchrl_root_with(tmp_path: Path, name: str) -> Path:
     return root
 
 
-# ------------------------------------------------------------------------- A: owned outputs
+# ---------------------------------------------------------------------------- owned outputs
 
 
 def test_a_program_replaces_only_files_it_wrote(tmp_path: Path) -> None:
@@ -541,7 +501,7 @@ def test_only_a_programs_own_files_it_no_longer_writes_are_removed(tmp_path: Pat
     assert remove_stale_outputs(out, "cbop-report", [out / "results.md", out / "rh_cbop.png"]) == []
 
 
-# ---------------------------------------------------------------- C, D, F: a trained run
+# ---------------------------------------------------------------------------- a trained run
 
 
 def pendulum_workspace(root: Path) -> dict:
@@ -792,7 +752,7 @@ def test_a_damaged_policy_file_is_refused(tmp_path: Path) -> None:
         load_checkpoint(path)
 
 
-# -------------------------------------------------------------------------- D: memory
+# ----------------------------------------------------------------------------------- memory
 
 
 def test_the_estimate_counts_fqe_bootstrap_counts_and_reads_process_limits() -> None:
@@ -826,7 +786,7 @@ def test_sizes_beyond_the_address_space_limit_are_refused(tmp_path: Path) -> Non
     assert not (tmp_path / "run").exists()
 
 
-# ------------------------------------------------------------ beyond the issue's list
+# ---------------------------------------------------------------------------------- more cases
 
 
 def test_a_run_never_writes_through_a_link_in_its_own_directory(tmp_path: Path) -> None:

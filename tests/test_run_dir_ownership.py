@@ -1,4 +1,4 @@
-"""Reliability II (issue 28): a run only touches files it made, and links never redirect a write.
+"""A run only touches files it made, and links never redirect a write.
 
 The end-to-end cases run ``scripts/cbop.py`` at the debug preset in a folder that
 is not a run; each is refused before any data is loaded, so both take only the
@@ -92,7 +92,7 @@ def test_a_run_marks_its_directory_and_only_a_marked_one_is_a_run(tmp_path: Path
     (previous_run / MARKER_NAME).write_text("")
     claim_run_dir(previous_run)
     assert clear_previous_run(previous_run) == ["results.json", "config.json", "logs"]
-    locked_only = tmp_path / "locked"  # a stray lock file proves nothing (issue 42)
+    locked_only = tmp_path / "locked"  # a stray lock file proves nothing
     files = user_folder(locked_only)
     (locked_only / LOCK_NAME).write_text("")
     with pytest.raises(CheckpointError, match="no cbop-torchrl run wrote there"):

@@ -1,5 +1,5 @@
-"""Reliability II (issue 28), data, cache and disk: changed data, diverged stages, a full
-disk, and the smaller data checks (action range, file format, lock waits, stale temporaries,
+"""Refusals of data, cache and disk: changed data, diverged stages, a full disk, and the
+smaller data checks (action range, file format, lock waits, stale temporaries,
 complex arrays).
 
 Everything runs in-process on tiny generated files except one ``train_dynamics.py`` run
@@ -59,7 +59,7 @@ def leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.rglob(".*") if p.name.endswith(".tmp"))
 
 
-# ------------------------------------------------------------------ 3: changed data on resume
+# ------------------------------------------------------------------- changed data on resume
 
 
 def open_run(file: Path, run_dir: Path, resume: str = "auto") -> offline.OfflineRun:
@@ -118,7 +118,7 @@ def test_a_missing_data_record_comes_from_the_checkpoint_or_the_run_is_refused(
     assert not (run_dir / DATA_RECORD_NAME).exists()
 
 
-# ------------------------------------------------------------------ 4: diverged stages
+# -------------------------------------------------------------------------- diverged stages
 
 
 def hopper_data(tmp_path: Path):
@@ -204,7 +204,7 @@ def test_float64_values_that_overflow_float32_are_refused_with_count_and_row(
         hdf5.load_hdf5(file)
 
 
-# ------------------------------------------------------------------ 7: a full disk
+# ------------------------------------------------------------------------------ a full disk
 
 
 def little_free_space(monkeypatch: pytest.MonkeyPatch, free: int = 1 << 20) -> None:
@@ -286,7 +286,7 @@ def test_an_empty_sha256_memo_is_not_trusted(tmp_path: Path) -> None:
     assert hdf5.file_sha256(file) == digest
 
 
-# ------------------------------------------------------------------ 12: the smaller checks
+# ----------------------------------------------------------------------- the smaller checks
 
 
 def test_actions_outside_the_unit_box_are_reported_with_their_range(tmp_path: Path) -> None:
