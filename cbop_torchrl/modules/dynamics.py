@@ -133,13 +133,36 @@ class GaussianEnsemble(nn.Module):
             reward = self.reward_net(inputs, members, per_member=per_member).float()
             mean = torch.cat([mean, reward[..., :1]], dim=-1)
             raw_logvar = torch.cat([raw_logvar, reward[..., 1:]], dim=-1)
-        max_logvar, min_logvar = self.max_logvar, self.min_logvar
-        if members is not None:
-            max_logvar, min_logvar = max_logvar[members], min_logvar[members]
+        max_logvar, min_logvar = self._logvar_bounds(members)
         # Soft clamp into (min_logvar, max_logvar), differentiable in the bounds.
         logvar = max_logvar - F.softplus(max_logvar - raw_logvar)
         logvar = min_logvar + F.softplus(logvar - min_logvar)
         return mean, logvar
+
+    def _logvar_bounds(self, members: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(max_logvar, min_logvar)`` ``[E', 1, O + 1]`` of the selected members.
+
+        Outside autograd (rollouts: every step reads the same elites) the gathered bounds
+        are cached until the parameters or ``members`` change, as
+        :meth:`~cbop_torchrl.modules.ensemble.EnsembleLinear.member_params` caches weights.
+        """
+        max_logvar, min_logvar = self.max_logvar, self.min_logvar
+        if members is None:
+            return max_logvar, min_logvar
+        if (torch.is_grad_enabled() and max_logvar.requires_grad) or (
+            torch.compiler.is_compiling()
+        ):
+            return max_logvar[members], min_logvar[members]
+        key = (
+            max_logvar.data_ptr(), max_logvar._version, min_logvar.data_ptr(),
+            min_logvar._version, members.data_ptr(), members._version, tuple(members.shape),
+        )  # fmt: skip
+        cached = self.__dict__.get("_bounds_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        bounds = max_logvar[members], min_logvar[members]
+        self.__dict__["_bounds_cache"] = (key, *bounds)
+        return bounds
 
     def predict(
         self,
@@ -304,8 +327,10 @@ class DynamicsModel(TensorDictModuleBase):
                     f"{self.num_elites}, but observation has shape {tuple(obs.shape)}; "
                     "expand the batch to [num_elites, B] or use per_member=False"
                 )
-            flat_obs = obs.reshape(self.num_elites, -1, obs_dim)
-            flat_action = action.reshape(self.num_elites, -1, action.shape[-1])
+            flat_obs, flat_action = obs, action
+            if obs.dim() != 3:  # a reshape to the same shape is still an operation
+                flat_obs = obs.reshape(self.num_elites, -1, obs_dim)
+                flat_action = action.reshape(self.num_elites, -1, action.shape[-1])
             mean, std = self.ensemble.predict(flat_obs, flat_action, self._members(), True)
             target = mean if mode == "mean" else mean + std * self._noise(mean, generator)
         else:
@@ -324,9 +349,22 @@ class DynamicsModel(TensorDictModuleBase):
                 ).expand(1, -1, mean.shape[-1])
                 sample = mean + std * self._noise(mean, generator)
                 target = sample.gather(0, pick).squeeze(0)
-        target = target.reshape(*batch_shape, obs_dim + 1)
-        next_obs = obs.float() + target[..., :obs_dim]
-        return next_obs, target[..., obs_dim:]
+        if target.shape[:-1] != batch_shape:
+            target = target.reshape(*batch_shape, obs_dim + 1)
+        delta, reward = target.split([obs_dim, 1], dim=-1)
+        return obs.float() + delta, reward
+
+    def rollout_step(
+        self, obs: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`forward` on tensors, for model rollouts: ``(next_obs, reward, terminated)``.
+
+        ``next_obs`` ``[*batch, O]`` and ``reward`` ``[*batch, 1]`` as :meth:`forward` writes
+        them, ``terminated`` ``[*batch]`` bool (no trailing unit dimension), with the
+        constructor's mode, scheme and generator; no TensorDict in or out.
+        """
+        next_obs, reward = self.predict_next(obs, action)
+        return next_obs, reward, self.termination_fn(next_obs)
 
     def forward(
         self,

@@ -62,9 +62,22 @@ _INPLACE_ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
     nn.Tanh: torch.tanh_,
     nn.SiLU: lambda x: F.silu(x, inplace=True),
 }
+
+
+def differentiable_relu(hidden: torch.Tensor) -> torch.Tensor:
+    """``relu(hidden)`` as ``threshold(hidden, 0, 0)``: the same values and gradients.
+
+    Autograd saves ``relu``'s output, and a saved output costs a ``detach`` when it is
+    saved and another when the backward reads it; ``threshold`` saves its input, which
+    costs nothing: two operations fewer per ReLU in a step (four under EDAC's double
+    backward), on the host and in a CUDA graph.
+    """
+    return F.threshold(hidden, 0.0, 0.0)
+
+
 #: The same activations out of place, for paths that autograd differentiates.
 _ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
-    nn.ReLU: torch.relu,
+    nn.ReLU: differentiable_relu,
     nn.Tanh: torch.tanh,
     nn.SiLU: F.silu,
 }
@@ -247,43 +260,80 @@ def fused_mlp_ensemble(
     dtype = layers[0][0].dtype
     num_rows = inputs.shape[0]
     step = num_rows if not chunk_rows or chunk_rows >= num_rows else int(chunk_rows)
-    out = None
+    if inputs.dtype != dtype:  # cast once, not once per block
+        inputs = inputs.to(dtype)
+    if step == num_rows:
+        return _mlp_block(inputs, layers, None).squeeze(-1).float()
     # Outside autograd (the rollout): out= buffers cannot be differentiated.
-    reuse = step < num_rows and not torch.is_grad_enabled()
-    buffers: list[torch.Tensor | None] = [None, None]
+    buffers = _BlockBuffers(inputs.device) if not torch.is_grad_enabled() else None
+    out = torch.empty(layers[-1][0].shape[0], num_rows, 1, device=inputs.device)
     for start in range(0, num_rows, step):
-        hidden = inputs[start : start + step].to(dtype)
-        rows = hidden.shape[0]
-        first, slot = True, 0
-        for layer in layers:
-            if callable(layer):
-                hidden = layer(hidden)
-                continue
-            weight, bias = layer
-            if first:
-                hidden = hidden.expand(weight.shape[0], *hidden.shape)
-                first = False
-            if weight.dtype != bias.dtype:  # bf16 one-unit output layer: float32 bias
-                hidden = torch.bmm(hidden, weight).float() + bias
-                continue
-            if hidden.dtype != weight.dtype:
-                hidden = hidden.to(weight.dtype)
-            if not reuse:  # e.g. one block: nothing to reuse
-                hidden = torch.baddbmm(bias, hidden, weight)
-                continue
-            shape = (weight.shape[0], rows, weight.shape[2])
-            size = shape[0] * shape[1] * shape[2]
-            buffer = buffers[slot]
-            if buffer is None or buffer.numel() < size or buffer.dtype != weight.dtype:
-                buffer = buffers[slot] = torch.empty(size, dtype=weight.dtype, device=inputs.device)
-            hidden = torch.baddbmm(bias, hidden, weight, out=buffer[:size].view(shape))
-            slot = 1 - slot
-        if step == num_rows:
-            return hidden.squeeze(-1).float()
-        if out is None:
-            out = torch.empty(hidden.shape[0], num_rows, device=inputs.device)
-        out[:, start : start + step] = hidden.squeeze(-1)
-    return out
+        block = inputs[start : start + step]
+        _mlp_block(block, layers, buffers, out[:, start : start + step])
+    return out.squeeze(-1)
+
+
+class _BlockBuffers:
+    """Two activation buffers allocated once per call, and their ``[M, rows, W]`` views.
+
+    A view made once per shape and buffer serves every block of that shape: a view is an
+    operation (a node in a CUDA graph, a dispatch on the host) like any other.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.flat: list[torch.Tensor | None] = [None, None]
+        self.views: dict[tuple, torch.Tensor] = {}
+
+    def get(self, slot: int, shape: tuple[int, int, int], dtype: torch.dtype) -> torch.Tensor:
+        key = (slot, shape, dtype)
+        view = self.views.get(key)
+        if view is not None:
+            return view
+        size = shape[0] * shape[1] * shape[2]
+        buffer = self.flat[slot]
+        if buffer is None or buffer.numel() < size or buffer.dtype != dtype:
+            buffer = self.flat[slot] = torch.empty(size, dtype=dtype, device=self.device)
+            self.views = {k: v for k, v in self.views.items() if k[0] != slot}
+        view = self.views[key] = buffer[:size].view(shape)
+        return view
+
+
+def _mlp_block(
+    hidden: torch.Tensor,
+    layers: StackedMLPLayers,
+    buffers: _BlockBuffers | None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One block of rows ``[rows, in]`` through the stacked layers: ``[M, rows, 1]``.
+
+    With ``buffers`` the hidden activations are written into them; with ``out``
+    (``[M, rows, 1]`` float32) the output is written there.
+    """
+    rows = hidden.shape[0]
+    first, slot = True, 0
+    for layer in layers:
+        if callable(layer):
+            hidden = layer(hidden)
+            continue
+        weight, bias = layer
+        if first:
+            hidden = hidden.expand(weight.shape[0], *hidden.shape)
+            first = False
+        if weight.dtype != bias.dtype:  # bf16 one-unit output layer: float32 bias
+            product = torch.bmm(hidden, weight).float()
+            return product.add_(bias) if out is None else torch.add(product, bias, out=out)
+        if hidden.dtype != weight.dtype:
+            hidden = hidden.to(weight.dtype)
+        if buffers is None:  # e.g. one block: nothing to reuse
+            hidden = torch.baddbmm(bias, hidden, weight)
+            continue
+        shape = (weight.shape[0], rows, weight.shape[2])
+        hidden = torch.baddbmm(bias, hidden, weight, out=buffers.get(slot, shape, weight.dtype))
+        slot = 1 - slot
+    if out is not None:
+        out.copy_(hidden)
+    return hidden
 
 
 def stacked_mlp_forward(
@@ -336,6 +386,7 @@ __all__ = [
     "LayerNormSpec",
     "MLPPlan",
     "StackedMLPLayers",
+    "differentiable_relu",
     "fused_mlp_ensemble",
     "member_layer_norm",
     "plain_mlp_plan",

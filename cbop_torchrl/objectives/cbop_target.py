@@ -42,7 +42,7 @@ from cbop_torchrl.objectives.posterior import (
 )
 
 #: ``(obs [K, R, O], action [K, R, A]) -> (next obs [K, R, O], reward [K, R, 1],
-#: terminated [K, R, 1])``: one dynamics step, particle k with elite k.
+#: terminated [K, R] bool)``: one dynamics step, particle k with elite k.
 ModelStep = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 #: ``obs [*b, O] -> a ~ pi(.|obs) [*b, A]``.
 SampleAction = Callable[[torch.Tensor], torch.Tensor]
@@ -63,50 +63,55 @@ def shared_rollout_returns(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``returns`` ``(N, H+1, K, M)`` and ``valid`` ``(N, H+1)`` from one set of K rollouts."""
     H, K = horizon, particles
-    N = next_obs.shape[0]
+    N, obs_dim = next_obs.shape
     device = next_obs.device
-    obs = next_obs.unsqueeze(0).expand(K, N, next_obs.shape[-1])  # a view: s_1 = s'
+    obs = next_obs.unsqueeze(0).expand(K, N, obs_dim)  # a view: s_1 = s'
     action = first_action.unsqueeze(0).expand(K, *first_action.shape)
-    alive = torch.ones(K, N, dtype=torch.bool, device=device)
-    q_obs, q_action, rewards, alive_after = [], [], [], []
+    q_obs, q_action, rewards, dead_after = [], [], [], []
+    # dead [K, N, 1]: True from the step at which a particle terminated (none before step 1).
+    dead = zero = None
     for _ in range(H):
         stepped, reward, terminated = step(obs, action)
-        stepped, reward, terminated = (
-            stepped.float(),
-            reward.float().squeeze(-1),
-            terminated.squeeze(-1),
-        )
+        stepped, reward = stepped.float(), reward.float()  # [K, N, O], [K, N, 1]
+        terminated = terminated.bool().unsqueeze(-1)
         # Absorbing: no reward once terminated; the terminal step's reward counts.
-        rewards.append(torch.where(alive, reward, torch.zeros_like(reward)))
-        alive = alive & ~terminated.bool()
-        alive_after.append(alive)
+        if dead is None:
+            rewards.append(reward)
+            dead = terminated
+        else:
+            zero = reward.new_zeros(()) if zero is None else zero
+            rewards.append(torch.where(dead, zero, reward))
+            dead = dead | terminated
+        dead_after.append(dead)
         # A terminated particle stays at its last live state (as the authors freeze
         # terminated rollouts): its later rows are masked, and the model never sees a
         # terminal (possibly non-finite or out-of-range) state.
-        obs = torch.where(alive.unsqueeze(-1), stepped, obs)
+        obs = torch.where(dead, obs, stepped)
         action = sample(obs)
         q_obs.append(obs)
         q_action.append(action)
 
+    if H == 0:
+        q = q_values(next_obs, first_action)  # [M, N]
+        returns_0 = q.t()[:, None, None, :].expand(N, 1, K, q.shape[0])
+        valid = torch.ones(N, 1, dtype=torch.bool, device=device)
+        return returns_0.contiguous(), valid
     # One Q call for every horizon: rows [N] (h = 0) then [H, K, N] (h >= 1).
-    rows_obs = torch.cat([next_obs, *(o.reshape(K * N, -1) for o in q_obs)])
-    rows_action = torch.cat([first_action, *(a.reshape(K * N, -1) for a in q_action)])
+    rows_obs = torch.cat([next_obs, torch.stack(q_obs).view(H * K * N, obs_dim)])
+    rows_action = torch.cat([first_action, torch.stack(q_action).view(H * K * N, -1)])
     q = q_values(rows_obs, rows_action)  # [M, N + H*K*N]
     M = q.shape[0]
     q0 = q[:, :N]  # [M, N]
     returns_0 = q0.t()[:, None, None, :].expand(N, 1, K, M)
-    if H == 0:
-        valid = torch.ones(N, 1, dtype=torch.bool, device=device)
-        return returns_0.contiguous(), valid
-
     q_h = q[:, N:].reshape(M, H, K, N)
-    reward_h = torch.stack(rewards)  # [H, K, N]
+    reward_h = torch.stack(rewards).squeeze(-1)  # [H, K, N]
     discounts = gamma ** torch.arange(H, device=device, dtype=reward_h.dtype)  # gamma^(h-1)
-    partial = torch.cumsum(reward_h * discounts[:, None, None], dim=0)
-    alive_h = torch.stack(alive_after)  # [H, K, N]
+    discounts = discounts.view(H, 1, 1)
+    partial = torch.cumsum(reward_h * discounts, dim=0)
+    alive_h = ~torch.stack(dead_after).squeeze(-1)  # [H, K, N]
     # gamma^h Q where the particle is alive; a where, not a 0 x Q product, so a
     # terminated particle's Q (never used) cannot turn the sum into NaN.
-    bootstrap = torch.where(alive_h, gamma * discounts[:, None, None] * q_h, 0.0)
+    bootstrap = torch.where(alive_h, gamma * discounts * q_h, 0.0)
     returns_h = partial + bootstrap  # [M, H, K, N]
     returns = torch.cat([returns_0, returns_h.permute(3, 1, 2, 0)], dim=1)
     valid = torch.cat([torch.ones(1, N, dtype=torch.bool, device=device), alive_h.all(dim=1)]).t()

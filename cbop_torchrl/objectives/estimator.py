@@ -35,6 +35,7 @@ from torchrl.modules.distributions.utils import rsample_and_log_prob
 from torchrl.objectives.value import ValueEstimatorBase
 
 from cbop_torchrl._torchrl_compat import vmap_over_params
+from cbop_torchrl.modules.dynamics import DynamicsModel
 from cbop_torchrl.modules.fused_mlp import fused_mlp_ensemble, plain_mlp_plan
 from cbop_torchrl.objectives.cbop_settings import (
     FIXED_WEIGHTINGS,
@@ -65,6 +66,19 @@ from cbop_torchrl.objectives.rollout_dtype import (
     measure_bf16_error,
     select_rollout_dtype,
 )
+
+
+def sac_alpha(loss: Any) -> torch.Tensor:
+    """A ``SACLoss``'s ``exp(log_alpha)`` within its bounds, detached (SACLoss's alpha).
+
+    Read from the loss's public ``log_alpha``, ``min_log_alpha`` and ``max_log_alpha``: the
+    alpha of the actor's loss (:class:`~cbop_torchrl.objectives.loss.CBOPLoss`) and of the
+    target's entropy term.
+    """
+    log_alpha = loss.log_alpha.detach()
+    if loss.min_log_alpha is not None or loss.max_log_alpha is not None:
+        log_alpha = log_alpha.clamp(loss.min_log_alpha, loss.max_log_alpha)
+    return log_alpha.exp()
 
 
 def _q_ensemble(
@@ -159,6 +173,10 @@ class CBOPValueEstimator(ValueEstimatorBase):
         self._actor_plan = (
             plain_actor_plan(actor_network, self.obs_key) if settings.fused_q else None
         )
+        # A DynamicsModel (whose forward is its own) steps on tensors: no TensorDict per step.
+        self._tensor_dynamics = (
+            isinstance(dynamics, DynamicsModel) and type(dynamics).forward is DynamicsModel.forward
+        )
         self._compiled_q: Callable[..., torch.Tensor] | None = None
         self._compiled_target: Callable[..., Any] | None = None
         self._eager_only = False  # set while measure_bf16_error runs (no compile per dtype)
@@ -227,11 +245,8 @@ class CBOPValueEstimator(ValueEstimatorBase):
 
     def _alpha(self) -> torch.Tensor | float:
         loss = self.__dict__["_loss"]
-        if loss is not None:  # SACLoss's alpha from its public log_alpha and bounds
-            log_alpha = loss.log_alpha.detach()
-            if loss.min_log_alpha is not None or loss.max_log_alpha is not None:
-                log_alpha = log_alpha.clamp(loss.min_log_alpha, loss.max_log_alpha)
-            return log_alpha.exp()
+        if loss is not None:
+            return sac_alpha(loss)
         alpha = self._own_sources["alpha"]
         return alpha() if callable(alpha) else alpha
 
@@ -333,12 +348,17 @@ class CBOPValueEstimator(ValueEstimatorBase):
         """
         actor = self.actor_network
         if layers is not None:
-            loc, scale = plain_actor_dist_params(obs, layers, self.rollout_dtype)
+            loc, scale = plain_actor_dist_params(
+                obs, layers, self.rollout_dtype, cast=with_log_prob
+            )
             if not with_log_prob:
-                # BoxTanhNormal's draw on [-1, 1]: tanh(loc + eps * scale), eps ~ N(0, 1).
-                eps = torch.randn(loc.shape, dtype=loc.dtype, device=loc.device)
+                # BoxTanhNormal's draw on [-1, 1]: tanh(loc + eps * scale), eps ~ N(0, 1), in
+                # float32 (the fp32 eps takes a bf16 loc and scale to fp32 exactly).
+                eps = torch.randn(loc.shape, dtype=torch.float32, device=loc.device)
                 action = torch.tanh(loc + eps * scale)
-                return action.reshape(*obs.shape[:-1], action.shape[-1]), None
+                if obs.dim() == 2:
+                    return action, None
+                return action.view(*obs.shape[:-1], action.shape[-1]), None
             batch = obs.shape[:-1]
             dist_params = TensorDict(
                 {"loc": loc.reshape(*batch, -1), "scale": scale.reshape(*batch, -1)},
@@ -377,14 +397,22 @@ class CBOPValueEstimator(ValueEstimatorBase):
     def _model_step(
         self, obs: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One dynamics step of ``[K, R]`` particles: next observation, reward, terminated."""
-        step_td = TensorDict({self.obs_key: obs, self.action_key: action}, batch_size=obs.shape[:2])
+        """One dynamics step of ``[K, R]`` particles: next observation, reward, terminated.
+
+        A :class:`DynamicsModel` runs on the tensors (:meth:`DynamicsModel.rollout_step`);
+        any other dynamics module through a TensorDict.
+        """
         with self._autocast(obs.device):
+            if self._tensor_dynamics:
+                return self.dynamics.rollout_step(obs, action)
+            step_td = TensorDict(
+                {self.obs_key: obs, self.action_key: action}, batch_size=obs.shape[:2]
+            )
             step_td = self.dynamics(step_td)
         return (
             step_td.get(("next", self.obs_key)),
             step_td.get(("next", self.tensor_keys.reward)),
-            step_td.get(("next", self.tensor_keys.terminated)),
+            step_td.get(("next", self.tensor_keys.terminated)).squeeze(-1),
         )
 
     def _actor_loaded(self):
@@ -515,4 +543,5 @@ __all__ = [
     "SAMPLINGS",
     "TERMINATIONS",
     "plain_actor_plan",
+    "sac_alpha",
 ]

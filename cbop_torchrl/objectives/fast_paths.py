@@ -29,7 +29,12 @@ from cbop_torchrl.modules.actor_critic import (
     BoxTanhNormal,
     ClampedLogStdHead,
 )
-from cbop_torchrl.modules.fused_mlp import MLPPlan, fused_mlp_ensemble, stack_mlp_weights
+from cbop_torchrl.modules.fused_mlp import (
+    MLPPlan,
+    differentiable_relu,
+    fused_mlp_ensemble,
+    stack_mlp_weights,
+)
 
 #: Rows per block of the fused Q-ensemble (``q_chunk_rows``): at M = 20 and width 256 a
 #: block's fp32 activations are 20 x 8192 x 256 x 4 B = 168 MB (all 51k rows of the paper's
@@ -100,26 +105,47 @@ def actor_layers(params: TensorDictBase, plan: ActorPlan, dtype: torch.dtype) ->
     return layers
 
 
+def addmm_relu(bias: torch.Tensor, hidden: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """``relu(addmm(bias, hidden, weight_t))`` as one operation.
+
+    ``torch._addmm_activation`` is private but long-standing (it backs the fused
+    Linear + ReLU of PyTorch's own compiler): one dispatched operation instead of two, whose
+    CUDA kernel applies the ReLU in the matmul's epilogue (cuBLASLt) and whose CPU kernel is
+    ``addmm`` then an in-place ReLU, the same numbers bit for bit. It has no derivative:
+    under autograd this is ``addmm`` then :func:`differentiable_relu`.
+    """
+    fused = getattr(torch, "_addmm_activation", None)
+    needs_grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or weight_t.requires_grad or bias.requires_grad
+    )
+    if fused is None or needs_grad:  # it has no derivative
+        return differentiable_relu(torch.addmm(bias, hidden, weight_t))
+    return fused(bias, hidden, weight_t)
+
+
 def plain_actor_dist_params(
-    obs: torch.Tensor, layers: ActorLayers, dtype: torch.dtype
+    obs: torch.Tensor, layers: ActorLayers, dtype: torch.dtype, cast: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``loc``, ``scale`` ``[R, A]`` (fp32) of a plain actor on ``obs`` ``[*b, O]``.
+    """``loc``, ``scale`` ``[R, A]`` of a plain actor on ``obs`` ``[*b, O]``.
 
     The operations of the actor module under the rollout's autocast: ``addmm`` per layer on
-    the cast weights, ReLU between, then the head's split, clamp and exp in ``dtype``, cast
-    to fp32 (the same numbers as the module).
+    the cast weights, ReLU between (:func:`addmm_relu`), then the head's split, clamp and exp
+    in ``dtype``, cast to fp32 (the same numbers as the module). ``cast=False`` leaves them
+    in ``dtype``, for a caller whose next operation takes them to fp32 itself (an operation
+    with a float32 operand computes in float32, the same numbers without the two casts).
     """
-    hidden = obs.reshape(-1, obs.shape[-1])
+    hidden = obs.reshape(-1, obs.shape[-1]) if obs.dim() != 2 else obs
     if dtype != torch.float32:
         hidden = hidden.to(dtype)
     last = len(layers) - 1
     for index, (weight_t, bias) in enumerate(layers):
-        hidden = torch.addmm(bias, hidden, weight_t)
         if index < last:
-            hidden = torch.relu(hidden)
+            hidden = addmm_relu(bias, hidden, weight_t)
+        else:
+            hidden = torch.addmm(bias, hidden, weight_t)
     loc, log_std = hidden.chunk(2, dim=-1)
     scale = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp()
-    if dtype != torch.float32:
+    if cast and dtype != torch.float32:
         loc, scale = loc.float(), scale.float()
     return loc, scale
 
@@ -151,6 +177,7 @@ __all__ = [
     "ActorLayers",
     "ActorPlan",
     "actor_layers",
+    "addmm_relu",
     "fused_q_values",
     "plain_actor_dist_params",
     "plain_actor_plan",
