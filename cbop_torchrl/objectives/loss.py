@@ -66,10 +66,23 @@ from torchrl.objectives import SACLoss
 from torchrl.objectives.utils import distance_loss
 
 from cbop_torchrl._torchrl_compat import SACTargetFromEstimator, vmap_over_params
+from cbop_torchrl.modules.actor_critic import BoxTanhNormal
 from cbop_torchrl.modules.fused_mlp import plain_mlp_plan, stacked_mlp_forward
 from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
-from cbop_torchrl.objectives.estimator import CBOPValueEstimator
+from cbop_torchrl.objectives.estimator import CBOPValueEstimator, sac_alpha
+from cbop_torchrl.objectives.fast_paths import (
+    actor_layers,
+    plain_actor_dist_params,
+    plain_actor_plan,
+)
 from cbop_torchrl.objectives.pretrain import data_action_log_prob
+
+
+def _rows(x: Tensor, dims: int) -> Tensor:
+    """``x`` ``[*lead, *batch, C]`` as ``[*lead, R, C]`` (``dims`` dimensions), or as it is."""
+    if x.dim() == dims:
+        return x
+    return x.reshape(*x.shape[: dims - 2], -1, x.shape[-1])
 
 
 class CBOPLoss(SACTargetFromEstimator, SACLoss):
@@ -164,6 +177,11 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
                 self.tensor_keys.state_action_value,
                 inplace=False,
             )
+        # A plain actor (make_actor) runs as its operations on its parameters: no module
+        # swap or TensorDict per call, ReLUs that autograd saves no output of.
+        self._actor_plan = (
+            plain_actor_plan(self.actor_network, self.actor_network.in_keys[0]) if fused_q else None
+        )
         # What qvalue_v2_loss/actor_loss computed for forward() (EDAC term, BC NLL).
         self._extras: dict[str, Tensor] = {}
         estimator_kwargs = dict(estimator_kwargs or {})
@@ -194,14 +212,18 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         batch_shape = tensordict.batch_size
         per_member = action.dim() == len(batch_shape) + 2
         if self._q_plan is not None:
-            obs = tensordict.get(obs_key).reshape(-1, *tensordict.get(obs_key).shape[-1:])
+            # Rows [R, .]: a reshape is an operation even to the same shape, so only if needed.
+            obs = _rows(tensordict.get(obs_key), 2)
             if per_member:
-                flat_action = action.reshape(action.shape[0], -1, action.shape[-1])
                 obs = obs.expand(action.shape[0], *obs.shape)
-                inputs = torch.cat([obs, flat_action], dim=-1)
+                inputs = torch.cat([obs, _rows(action, 3)], dim=-1)
             else:
-                inputs = torch.cat([obs, action.reshape(-1, action.shape[-1])], dim=-1)
-            q = stacked_mlp_forward(inputs, params, self._q_plan, detach=detach)
+                inputs = torch.cat([obs, _rows(action, 2)], dim=-1)
+            if detach:
+                params = self._detached(params)
+            q = stacked_mlp_forward(inputs, params, self._q_plan)
+            if q.shape[1:] == batch_shape:
+                return q
             return q.reshape(q.shape[0], *batch_shape)
         td = tensordict.select(*self.qvalue_network.in_keys, strict=False)
         if per_member:
@@ -213,8 +235,22 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             self.vmap_randomness,
             loop=self.deactivate_vmap,
         )
-        params = params.detach() if detach else params
+        params = self._detached(params) if detach else params
         return member_q(td, params).get(self.tensor_keys.state_action_value).squeeze(-1)
+
+    def _detached(self, params: TensorDictBase) -> TensorDictBase:
+        """``params.detach()``, made once while the parameters keep their storage.
+
+        A detached tensor shares its parameter's storage and version counter, so it follows
+        every in-place update (optimizer step, ``load_state_dict``) and autograd's checks
+        still see them; new storage (``.to(device)``) makes a new one. One ``detach`` per
+        parameter tensor per step fewer.
+        """
+        key = (id(params), *(leaf.data_ptr() for leaf in params.values(True, True)))
+        cached = self.__dict__.get("_detached_cache")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_detached_cache"] = (key, params.detach())
+        return cached[1]
 
     def _q_and_action_gradients(
         self, tensordict: TensorDictBase, with_gradients: bool
@@ -272,13 +308,8 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
     def actor_loss(self, tensordict: TensorDictBase) -> tuple[Tensor, dict[str, Tensor]]:
         """SACLoss's ``alpha log pi(a~|s) - min_m Q_m(s, a~)``; the BC NLL from the same policy."""
         weights = self._maybe_get_priority_weight(tensordict)
-        with (
-            set_exploration_type(ExplorationType.RANDOM),
-            self.actor_network_params.to_module(self.actor_network),
-        ):
-            # On a selection: the actor writes its loc/scale into what it is given.
-            obs = tensordict.select(*self.actor_network.in_keys, strict=False)
-            dist = self.actor_network.get_dist(obs)
+        with set_exploration_type(ExplorationType.RANDOM):
+            dist = self._actor_dist(tensordict)
             action, log_prob = rsample_and_log_prob(dist)
             if self.bc_weight > 0:
                 self._extras["bc_nll"] = self._nll(dist, tensordict)
@@ -287,32 +318,41 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         loss_actor = self._reduce_loss(loss_actor, tensordict=tensordict, weights=weights)
         return loss_actor, {"log_prob": log_prob.detach()}
 
+    def _actor_dist(self, tensordict: TensorDictBase) -> Any:
+        """The current actor's distribution at the batch's observations.
+
+        A plain actor (:func:`~cbop_torchrl.objectives.fast_paths.plain_actor_plan`) runs as
+        its operations on :attr:`actor_network_params` (``F.linear``'s ``addmm`` per layer,
+        :func:`~cbop_torchrl.modules.fused_mlp.differentiable_relu`, the head's clamp and
+        exp: the module's numbers and gradients); any other actor as its module.
+        """
+        if self._actor_plan is None:
+            with self.actor_network_params.to_module(self.actor_network):
+                # On a selection: the actor writes its loc/scale into what it is given.
+                obs = tensordict.select(*self.actor_network.in_keys, strict=False)
+                return self.actor_network.get_dist(obs)
+        obs = tensordict.get(self.actor_network.in_keys[0])
+        layers = actor_layers(self.actor_network_params, self._actor_plan, torch.float32)
+        loc, scale = plain_actor_dist_params(obs, layers, torch.float32)
+        if obs.dim() != 2:
+            loc, scale = (x.view(*obs.shape[:-1], x.shape[-1]) for x in (loc, scale))
+        return BoxTanhNormal(loc, scale)
+
     def _policy_action(self, tensordict: TensorDictBase) -> Tensor:
         """``a ~ pi(.|s)`` ``[*batch, A]`` from the current actor, without gradient."""
-        obs = tensordict.select(*self.actor_network.in_keys, strict=False)
-        with (
-            torch.no_grad(),
-            set_exploration_type(ExplorationType.RANDOM),
-            self.actor_network_params.to_module(self.actor_network),
-        ):
-            return self.actor_network.get_dist(obs).sample()
+        with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+            return self._actor_dist(tensordict).sample()
 
     def _current_alpha(self) -> Tensor:
         """``exp(log_alpha)`` within the loss's bounds, detached (SACLoss's alpha)."""
-        log_alpha = self.log_alpha.detach()
-        if self.min_log_alpha is not None or self.max_log_alpha is not None:
-            log_alpha = log_alpha.clamp(self.min_log_alpha, self.max_log_alpha)
-        return log_alpha.exp()
+        return sac_alpha(self)
 
     def _nll(self, dist: Any, tensordict: TensorDictBase) -> Tensor:
         return -data_action_log_prob(dist, tensordict.get(self.tensor_keys.action))
 
     def behaviour_nll(self, tensordict: TensorDictBase) -> Tensor:
         """``-log pi(a|s)`` of the dataset's actions under the current actor ``[*batch]``."""
-        obs = tensordict.select(*self.actor_network.in_keys, strict=False)
-        with self.actor_network_params.to_module(self.actor_network):
-            dist = self.actor_network.get_dist(obs)
-        return self._nll(dist, tensordict)
+        return self._nll(self._actor_dist(tensordict), tensordict)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """SACLoss's losses with the EDAC term and the CBOP diagnostics (module doc)."""
