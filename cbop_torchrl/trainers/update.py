@@ -30,6 +30,7 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDictBase
 from torch import Tensor
+from torchrl.objectives import SoftUpdate
 
 
 def supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:
@@ -61,17 +62,18 @@ class StepHealth:
         self.keys: list[str] = []
 
     def record(self, finite_by_key: Tensor, keys: list[str]) -> Tensor:
-        """Adds one step; ``finite_by_key`` ``[n_keys]`` bool. Returns the step's ``found_inf``."""
+        """Adds a step; ``finite_by_key`` ``[n_keys]`` bool. Returns ``[]`` bool: it was bad."""
         if self.first_bad_keys is None:  # the first (eager) call fixes the keys
             self.keys = list(keys)
             self.first_bad_keys = torch.zeros_like(finite_by_key)
         bad = ~finite_by_key.all()
         is_first = bad & (self.first_bad < 0)
-        self.first_bad.copy_(torch.where(is_first, self.steps, self.first_bad))
-        self.first_bad_keys.copy_(torch.where(is_first, ~finite_by_key, self.first_bad_keys))
-        self.bad_steps.add_(bad.to(torch.int64))
+        # In place through out= (an elementwise operation may write over its own input).
+        torch.where(is_first, self.steps, self.first_bad, out=self.first_bad)
+        torch.where(is_first, ~finite_by_key, self.first_bad_keys, out=self.first_bad_keys)
+        self.bad_steps.add_(bad)
         self.steps.add_(1)
-        return bad.to(torch.float32)
+        return bad
 
     def read(self) -> tuple[int, int, list[str]]:
         """``(bad_steps, first_bad, names)`` on the host: one synchronisation."""
@@ -81,6 +83,43 @@ class StepHealth:
             flags = self.first_bad_keys.tolist()
             names = [key for key, flag in zip(self.keys, flags, strict=True) if flag]
         return int(values[0]), int(values[1]), names
+
+
+def target_step(target_update: object) -> None:
+    """``target_update.step()``; a TorchRL ``SoftUpdate`` as one ``torch._foreach_lerp_``.
+
+    ``SoftUpdate.step`` runs ``target.data.lerp_(source.data, 1 - eps)`` on the loss's
+    parameter TensorDicts, and each ``.data`` is a ``detach``: two operations per parameter
+    tensor before the one ``_foreach_lerp_``. The same lerp on the tensors themselves, under
+    ``no_grad``, is the same update without them. ``torch._foreach_lerp_`` is what
+    TensorDict's ``lerp_`` calls: the public multi-tensor kernel, one launch for all
+    tensors. Any other updater (or a SoftUpdate whose layout this does not know) steps
+    itself.
+    """
+    sources = getattr(target_update, "_sources", None)
+    targets = getattr(target_update, "_targets", None)
+    if (
+        type(target_update) is not SoftUpdate
+        or not getattr(target_update, "initialized", False)
+        or not isinstance(sources, TensorDictBase)
+        or not isinstance(targets, TensorDictBase)
+    ):
+        target_update.step()
+        return
+    source_leaves, target_leaves = [], []
+    for key, source in sources.items():
+        target = targets.get(f"target_{key}")
+        if isinstance(source, TensorDictBase):
+            for leaf_key, leaf in source.items(True, True):
+                source_leaves.append(leaf)
+                target_leaves.append(target.get(leaf_key))
+        else:
+            source_leaves.append(source)
+            target_leaves.append(target)
+    if any(leaf.requires_grad for leaf in target_leaves):
+        raise RuntimeError("the target parameter is part of a graph.")
+    with torch.no_grad():
+        torch._foreach_lerp_(target_leaves, source_leaves, 1 - target_update.eps)
 
 
 class GradientStep:
@@ -125,7 +164,10 @@ class GradientStep:
     def forward_backward(self, batch: TensorDictBase) -> TensorDictBase:
         """Losses, backward and the health record; parameters are not changed yet."""
         losses = self.loss(batch)
-        total = sum(value for key, value in losses.items() if key.startswith("loss_"))
+        terms = [value for key, value in losses.items() if key.startswith("loss_")]
+        total = terms[0]
+        for term in terms[1:]:  # not sum(): its 0 + the first term is one more operation
+            total = total + term
         total.backward()
         grads = [p.grad for p in self.params if p.grad is not None]
         # The total 2-norm without clip_grad_norm_'s multiply by a clip factor of 1.
@@ -136,15 +178,16 @@ class GradientStep:
             if value.numel() > 0 and value.is_floating_point()
         }
         # One finiteness test for all values: a scalar as it is, a vector as the sum of
-        # ``v * 0`` (0 if every element is finite, NaN otherwise: no overflow), stacked.
+        # ``v * 0`` (0 if every element is finite, NaN otherwise: no overflow), stacked;
+        # ``x * 0 == 0`` is ``isfinite(x)`` in two operations instead of four.
         with torch.no_grad():
             probes = [
                 value if value.dim() == 0 else (value * 0).sum() for value in checked.values()
             ]
-            finite = torch.isfinite(torch.stack([*probes, grad_norm]))
-        found_inf = self.health.record(finite, [*checked, "gradient norm"])
+            finite = torch.stack([*probes, grad_norm]).mul(0).eq(0)
+        bad = self.health.record(finite, [*checked, "gradient norm"])
         if self.skips_on_device:
-            self.optimizer.found_inf.copy_(found_inf)
+            self.optimizer.found_inf.copy_(bad)  # 1.0 skips the step
         # Only the losses carry a graph: the diagnostics are detached already.
         losses = losses.apply(lambda value: value.detach() if value.requires_grad else value)
         losses.set("grad_norm", grad_norm.detach())
@@ -154,7 +197,7 @@ class GradientStep:
         """The optimizer step (skipped on the device for a non-finite fused step), then targets."""
         self.optimizer.step()
         if self.target_update is not None:
-            self.target_update.step()
+            target_step(self.target_update)
 
     def __call__(self, batch: TensorDictBase) -> TensorDictBase:
         self.zero_grad()
