@@ -23,7 +23,7 @@ CBOP run and resumes the same way. ``results.json`` additionally names the
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
@@ -63,7 +63,6 @@ from cbop_torchrl.trainers.offline_training import (
     restore_final_records,
 )
 
-ALGOS = ("bc", "td3bc", "iql", "cql")
 BASELINE_SEED_OFFSET = 5
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -222,65 +221,81 @@ def _params(module_params: TensorDictBase) -> list[nn.Parameter]:
     return [p for p in module_params.values(True, True) if p.requires_grad]
 
 
-def build_baseline(
-    algo: AlgoConfig, config: RunConfig, info: DatasetInfo, device: torch.device
-) -> BaselineParts:
-    """The loss, actor and optimizer groups of ``algo`` for the dataset's sizes."""
-    obs, act = info.obs_dim, info.action_dim
-    hidden = tuple(config.agent.hidden_sizes)
-    agent = config.agent
-    spec = action_spec(act, device)
-    if algo.name == "bc":
-        actor = make_actor(obs, act, hidden, device=device)
-        loss = BehaviourCloningLoss(actor)
-        groups = [(("loss_bc",), list(actor.parameters()), agent.actor_lr, 1)]
-        return BaselineParts(loss, actor, groups, False, "tanh_normal")
-    if algo.name == "td3bc":
-        actor = make_deterministic_actor(obs, act, hidden, device)
-        qnets = make_qvalue_ensemble(algo.num_qvalue_nets, obs, act, hidden, device=device)
-        loss = TD3BCLoss(
-            actor,
-            qnets,
-            action_spec=spec,
-            num_qvalue_nets=algo.num_qvalue_nets,
-            policy_noise=algo.policy_noise,
-            noise_clip=algo.noise_clip,
-            alpha=algo.alpha,
-            loss_function="l2",
-        )
-        loss.make_value_estimator(gamma=agent.gamma)
-        groups = [
-            (("loss_actor",), _params(loss.actor_network_params), agent.actor_lr,
-             algo.policy_delay),
-            (("loss_qvalue",), _params(loss.qvalue_network_params), agent.critic_lr, 1),
-        ]  # fmt: skip
-        return BaselineParts(loss, actor, groups, True, "deterministic")
-    if algo.name == "iql":
-        actor = make_actor(obs, act, hidden, device=device)
-        qnets = make_qvalue_ensemble(algo.num_qvalue_nets, obs, act, hidden, device=device)
-        value = make_state_value(obs, hidden, device)
-        loss = IQLLoss(
-            actor,
-            qnets,
-            value,
-            num_qvalue_nets=algo.num_qvalue_nets,
-            temperature=algo.temperature,
-            expectile=algo.expectile,
-            loss_function="l2",
-        )
-        loss.make_value_estimator(gamma=agent.gamma)
-        groups = [
-            (("loss_actor",), _params(loss.actor_network_params), agent.actor_lr, 1),
-            (("loss_qvalue",), _params(loss.qvalue_network_params), agent.critic_lr, 1),
-            (("loss_value",), _params(loss.value_network_params), algo.value_lr, 1),
-        ]
-        return BaselineParts(loss, actor, groups, True, "tanh_normal")
-    actor = make_actor(obs, act, hidden, device=device)
-    qnets = make_qvalue_ensemble(algo.num_qvalue_nets, obs, act, hidden, device=device)
+@dataclass(frozen=True)
+class _Sizes:
+    """The networks' sizes and device, for a baseline's builder."""
+
+    obs: int
+    act: int
+    hidden: tuple[int, ...]
+    device: torch.device
+
+    def actor(self) -> TensorDictModuleBase:
+        """A tanh-Gaussian actor (:func:`make_actor`)."""
+        return make_actor(self.obs, self.act, self.hidden, device=self.device)
+
+    def critics(self, count: int) -> TensorDictModuleBase:
+        """``count`` Q-networks (:func:`make_qvalue_ensemble`)."""
+        return make_qvalue_ensemble(count, self.obs, self.act, self.hidden, device=self.device)
+
+
+def _build_bc(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
+    actor = sizes.actor()
+    loss = BehaviourCloningLoss(actor)
+    groups = [(("loss_bc",), list(actor.parameters()), agent.actor_lr, 1)]
+    return BaselineParts(loss, actor, groups, False, "tanh_normal")
+
+
+def _build_td3bc(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
+    actor = make_deterministic_actor(sizes.obs, sizes.act, sizes.hidden, sizes.device)
+    qnets = sizes.critics(algo.num_qvalue_nets)
+    loss = TD3BCLoss(
+        actor,
+        qnets,
+        action_spec=action_spec(sizes.act, sizes.device),
+        num_qvalue_nets=algo.num_qvalue_nets,
+        policy_noise=algo.policy_noise,
+        noise_clip=algo.noise_clip,
+        alpha=algo.alpha,
+        loss_function="l2",
+    )
+    loss.make_value_estimator(gamma=agent.gamma)
+    groups = [
+        (("loss_actor",), _params(loss.actor_network_params), agent.actor_lr, algo.policy_delay),
+        (("loss_qvalue",), _params(loss.qvalue_network_params), agent.critic_lr, 1),
+    ]
+    return BaselineParts(loss, actor, groups, True, "deterministic")
+
+
+def _build_iql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
+    actor = sizes.actor()
+    qnets = sizes.critics(algo.num_qvalue_nets)
+    value = make_state_value(sizes.obs, sizes.hidden, sizes.device)
+    loss = IQLLoss(
+        actor,
+        qnets,
+        value,
+        num_qvalue_nets=algo.num_qvalue_nets,
+        temperature=algo.temperature,
+        expectile=algo.expectile,
+        loss_function="l2",
+    )
+    loss.make_value_estimator(gamma=agent.gamma)
+    groups = [
+        (("loss_actor",), _params(loss.actor_network_params), agent.actor_lr, 1),
+        (("loss_qvalue",), _params(loss.qvalue_network_params), agent.critic_lr, 1),
+        (("loss_value",), _params(loss.value_network_params), algo.value_lr, 1),
+    ]
+    return BaselineParts(loss, actor, groups, True, "tanh_normal")
+
+
+def _build_cql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
+    actor = sizes.actor()
+    qnets = sizes.critics(algo.num_qvalue_nets)
     loss = CQLLoss(
         actor,
         qnets,
-        action_spec=spec,
+        action_spec=action_spec(sizes.act, sizes.device),
         alpha_init=agent.alpha_init,
         temperature=algo.cql_temperature,
         min_q_weight=algo.min_q_weight,
@@ -299,6 +314,25 @@ def build_baseline(
     if algo.with_lagrange:
         groups.append((("loss_alpha_prime",), [loss.log_alpha_prime], agent.critic_lr, 1))
     return BaselineParts(loss, actor, groups, True, "tanh_normal")
+
+
+BUILDERS: dict[str, Callable[..., BaselineParts]] = {
+    "bc": _build_bc,
+    "td3bc": _build_td3bc,
+    "iql": _build_iql,
+    "cql": _build_cql,
+}
+"""Each baseline's builder: ``(algo, agent, sizes)`` -> :class:`BaselineParts`."""
+ALGOS = tuple(BUILDERS)
+"""The baselines, by the name ``algo=`` takes."""
+
+
+def build_baseline(
+    algo: AlgoConfig, config: RunConfig, info: DatasetInfo, device: torch.device
+) -> BaselineParts:
+    """The loss, actor and optimizer groups of ``algo`` for the dataset's sizes."""
+    sizes = _Sizes(info.obs_dim, info.action_dim, tuple(config.agent.hidden_sizes), device)
+    return BUILDERS[algo.name](algo, config.agent, sizes)
 
 
 class GroupedOptimizationStepper(OptimizationStepper):

@@ -403,6 +403,25 @@ def _generate(
                 rollouts[kind] = to_d4rl_arrays(transitions)
         return rollouts[kind]
 
+    def provenance(kind: str, fields: dict[str, Any], started: float) -> dict[str, Any]:
+        """The ``.provenance.json`` of the ``kind`` file just written (begun at ``started``)."""
+        sac_time = run.wall_time() if kind != "random" else 0.0
+        return {
+            **fields,
+            "file": paths[kind].name,
+            "sha256": sha256_of_file(paths[kind]),
+            "size_bytes": paths[kind].stat().st_size,
+            "wall_time_s": {
+                "sac_training": round(sac_time, 1),
+                "this_file": round(time.perf_counter() - started, 1),
+                "total": round(sac_time + time.perf_counter() - started, 1),
+            },
+            "sac": {"config": dataclasses.asdict(sac), "evaluations": evaluations}
+            if kind != "random"
+            else None,
+            "versions": _versions(),
+        }
+
     for kind in todo:
         started = time.perf_counter()
         if kind in ("random", "medium", "expert"):
@@ -414,8 +433,8 @@ def _generate(
             arrays = to_d4rl_arrays(complete_episodes(run.buffer(upto)))
         fields = _file_fields(request, kind, arrays, key, evaluations, medium, expert)
         write_d4rl_hdf5(paths[kind], arrays, fields, request.compression, request.compression_level)
-        provenance = _provenance(paths[kind], fields, run, started, evaluations)
-        atomic_json_dump(provenance, paths[kind].with_suffix(".provenance.json"))
+        record = provenance(kind, fields, started)
+        atomic_json_dump(record, paths[kind].with_suffix(".provenance.json"))
     return [paths[kind] for kind in request.kinds]
 
 
@@ -495,33 +514,6 @@ def _file_fields(
     if kind == "medium-expert":
         fields.update({f"expert_{k}": v for k, v in _policy_fields(family, expert).items()})
     return fields
-
-
-def _provenance(
-    path: Path,
-    fields: dict[str, Any],
-    run: SACRun,
-    started: float,
-    evaluations: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """The ``.provenance.json`` of the file just written at ``path`` (begun at ``started``)."""
-    random = fields["kind"] == "random"
-    sac_time = run.wall_time() if not random else 0.0
-    return {
-        **fields,
-        "file": path.name,
-        "sha256": sha256_of_file(path),
-        "size_bytes": path.stat().st_size,
-        "wall_time_s": {
-            "sac_training": round(sac_time, 1),
-            "this_file": round(time.perf_counter() - started, 1),
-            "total": round(sac_time + time.perf_counter() - started, 1),
-        },
-        "sac": {"config": dataclasses.asdict(run.config), "evaluations": evaluations}
-        if not random
-        else None,
-        "versions": _versions(),
-    }
 
 
 def load_json(path: Path) -> dict[str, Any]:

@@ -177,19 +177,27 @@ class FittedQEvaluationLoss(LossModule):
         """``Q_m(s, a)`` for every member: ``[B]`` inputs -> ``[M, B, 1]``."""
         return ensemble_q(self.qvalue_network, params, tensordict)
 
+    @torch.no_grad()
+    def regression_target(self, tensordict: TensorDictBase) -> torch.Tensor:
+        """``y = r + gamma * (1 - terminated) * mean_m Q'_m(s', a'_data)``: ``[B]`` -> ``[B, 1]``.
+
+        ``Q'`` is the target ensemble and ``a'_data`` the batch's ``("next", "action")``;
+        no gradient flows through it.
+        """
+        next_inputs = TensorDict(
+            {
+                "observation": tensordict.get(("next", "observation")),
+                "action": tensordict.get(("next", "action")),
+            },
+            batch_size=tensordict.batch_size,
+        )
+        next_q = self.ensemble_q(next_inputs, self.target_qvalue_network_params).mean(0)
+        reward = tensordict.get(("next", "reward"))
+        continues = (~tensordict.get(("next", "terminated"))).to(reward.dtype)
+        return reward + self.gamma * continues * next_q
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        with torch.no_grad():
-            next_inputs = TensorDict(
-                {
-                    "observation": tensordict.get(("next", "observation")),
-                    "action": tensordict.get(("next", "action")),
-                },
-                batch_size=tensordict.batch_size,
-            )
-            next_q = self.ensemble_q(next_inputs, self.target_qvalue_network_params).mean(0)
-            reward = tensordict.get(("next", "reward"))
-            continues = (~tensordict.get(("next", "terminated"))).to(reward.dtype)
-            target = reward + self.gamma * continues * next_q  # [B, 1]
+        target = self.regression_target(tensordict)  # [B, 1]
         q = self.ensemble_q(tensordict, self.qvalue_network_params)  # [M, B, 1]
         squared_error = (q - target).pow(2).squeeze(-1)  # [M, B]
         if self.bootstrap_weights is not None:

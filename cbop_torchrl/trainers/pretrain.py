@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torchrl.checkpoint import GlobalRNGState
 from torchrl.data import ReplayBuffer
 from torchrl.objectives import HardUpdate, LossModule, SoftUpdate
@@ -52,6 +53,45 @@ def _sampler(data: TensorDictBase, batch_size: int, seed: int) -> tuple[ReplayBu
     generator = torch.Generator(device=data.device).manual_seed(seed)
     buffer.set_rng(generator)
     return buffer, generator
+
+
+@dataclass
+class PartialStage:
+    """A stage's ``partial.pt``: what a killed stage resumes from.
+
+    It holds the loss's parameters, the optimizer, the sampling generator, the global RNG
+    and how far the stage got (``counter``: ``"step"`` for :func:`run_supervised_stage`,
+    ``"round"`` for :func:`fit_fqe_rounds_to_convergence`).
+    """
+
+    path: Path
+    loss: LossModule
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    counter: str
+    rng: GlobalRNGState = field(default_factory=GlobalRNGState)
+
+    def resume(self) -> int:
+        """Loads the stage's state when ``partial.pt`` may be used; returns its counter (0
+        when there is none, :func:`read_cached_stage`)."""
+        if (state := read_cached_stage(self.path)) is None:
+            return 0
+        self.loss.load_state_dict(state["loss"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.rng.load_state_dict(state["rng"])
+        return int(state[self.counter])
+
+    def save(self, counter: int) -> None:
+        """Writes the stage's state, ``counter`` steps or rounds done, as ``partial.pt``."""
+        state = {
+            "loss": self.loss.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "rng": self.rng.state_dict(),
+            self.counter: counter,
+        }
+        save_stage(state, self.path, None)
 
 
 def run_supervised_stage(
@@ -87,15 +127,9 @@ def run_supervised_stage(
         captured = CapturedStep(GradientStep(loss, optimizer))
     else:
         optimizer = torch.optim.Adam(loss.parameters(), lr=config.lr)
-    rng = GlobalRNGState()
-    partial = work_dir / "partial.pt"
-    start = 0
-    if (state := read_cached_stage(partial)) is not None:
-        loss.load_state_dict(state["loss"])
-        optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
-        rng.load_state_dict(state["rng"])
-        start = int(state["step"])
+    stage = PartialStage(work_dir / "partial.pt", loss, optimizer, generator, "step")
+    partial = stage.path
+    start = stage.resume()
     last: dict[str, float] = {}
     bar = tqdm(
         range(start, config.steps),
@@ -122,17 +156,7 @@ def run_supervised_stage(
             if log_fn is not None:
                 log_fn({f"{name}/{key}": value for key, value in last.items()}, done)
         if done % config.checkpoint_interval == 0 and done < config.steps:
-            save_stage(
-                {
-                    "loss": loss.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "generator": generator.get_state(),
-                    "rng": rng.state_dict(),
-                    "step": done,
-                },
-                partial,
-                None,
-            )
+            stage.save(done)
     return last
 
 
@@ -227,6 +251,18 @@ def _stage_dir(stage: str, key: dict[str, Any]) -> Path:
     return cache_dir("pretrain", stage, config_hash(key))
 
 
+def _store_result(
+    module: torch.nn.Module, stage: str, key: str, lr: float, work_dir: Path, record: dict
+) -> dict[str, torch.Tensor]:
+    """``module``'s trained state dict (on the CPU), checked finite and cached as the
+    entry's ``result.pt`` under ``key``; the stage's ``partial.pt`` is removed."""
+    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    check_finite_state(state, stage, lr)
+    save_stage({key: state}, work_dir / "result.pt", record)
+    (work_dir / "partial.pt").unlink(missing_ok=True)
+    return state
+
+
 def load_or_train_bc(
     data: TensorDictBase,
     fingerprint: str,
@@ -266,11 +302,7 @@ def load_or_train_bc(
             "bc", loss, buffer, generator, config, work_dir, progress, log_fn,
             cuda_graph=cuda_graph,
         )  # fmt: skip
-        state = {k: v.detach().cpu() for k, v in actor.state_dict().items()}
-        check_finite_state(state, "bc", config.lr)
-        save_stage({"actor": state}, result, record)
-        (work_dir / "partial.pt").unlink(missing_ok=True)
-        return state, False
+        return _store_result(actor, "bc", "actor", config.lr, work_dir, record), False
 
 
 def fqe_target_update(loss: LossModule, config: FQEConfig) -> Callable[[int], None]:
@@ -302,22 +334,10 @@ TARGET_CHUNK = 16_384
 
 @torch.no_grad()
 def fqe_round_targets(loss: FittedQEvaluationLoss, data: TensorDictBase) -> torch.Tensor:
-    """``y = r + gamma * (1 - terminated) * mean_m Q'_m(s', a'_data)`` for every row ``[N]``."""
-    targets = []
-    for start in range(0, data.shape[0], TARGET_CHUNK):
-        chunk = data[start : start + TARGET_CHUNK]
-        next_inputs = TensorDict(
-            {
-                "observation": chunk.get(("next", "observation")),
-                "action": chunk.get(("next", "action")),
-            },
-            batch_size=chunk.batch_size,
-        )
-        next_q = loss.ensemble_q(next_inputs, loss.target_qvalue_network_params).mean(0)
-        reward = chunk.get(("next", "reward"))
-        continues = (~chunk.get(("next", "terminated"))).to(reward.dtype)
-        targets.append((reward + loss.gamma * continues * next_q).squeeze(-1))
-    return torch.cat(targets)
+    """:meth:`~cbop_torchrl.objectives.pretrain.FittedQEvaluationLoss.regression_target` of
+    every row ``[N]``, computed in chunks of :data:`TARGET_CHUNK` rows."""
+    chunks = (data[start : start + TARGET_CHUNK] for start in range(0, data.shape[0], TARGET_CHUNK))
+    return torch.cat([loss.regression_target(chunk).squeeze(-1) for chunk in chunks])
 
 
 @torch.no_grad()
@@ -371,15 +391,8 @@ def fit_fqe_rounds_to_convergence(
     params = loss.qvalue_network_params
     optimizer = torch.optim.Adam(loss.parameters(), lr=config.lr)
     copy_to_target = HardUpdate(loss, value_network_update_interval=0)  # a copy per step()
-    rng = GlobalRNGState()
-    partial = work_dir / "partial.pt"
-    first_round = 0
-    if (state := read_cached_stage(partial)) is not None:
-        loss.load_state_dict(state["loss"])
-        optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
-        rng.load_state_dict(state["rng"])
-        first_round = int(state["round"])
+    stage = PartialStage(work_dir / "partial.pt", loss, optimizer, generator, "round")
+    first_round = stage.resume()
     inputs = data.select("observation", "action")
     for round_index in range(first_round, config.rounds):
         targets = fqe_round_targets(loss, data)
@@ -425,17 +438,7 @@ def fit_fqe_rounds_to_convergence(
                 },
                 round_index + 1,
             )
-        save_stage(
-            {
-                "loss": loss.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "generator": generator.get_state(),
-                "rng": rng.state_dict(),
-                "round": round_index + 1,
-            },
-            partial,
-            None,
-        )
+        stage.save(round_index + 1)
 
 
 def load_or_train_fqe(
@@ -522,8 +525,4 @@ def load_or_train_fqe(
                 "fqe", loss, buffer, generator, config, work_dir, progress, log_fn,
                 fqe_target_update(loss, config), cuda_graph=cuda_graph,
             )  # fmt: skip
-        state = {k: v.detach().cpu() for k, v in loss.state_dict().items()}
-        check_finite_state(state, "fqe", config.lr)
-        save_stage({"qvalue": state}, result, record)
-        (work_dir / "partial.pt").unlink(missing_ok=True)
-        return state, False
+        return _store_result(loss, "fqe", "qvalue", config.lr, work_dir, record), False
