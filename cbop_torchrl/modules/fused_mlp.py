@@ -219,12 +219,9 @@ def stack_mlp_weights(
         if i == last:
             bias_dtype = torch.float32
             weight_dtype = dtype if weight.shape[1] == 1 else torch.float32
-        layers.append(
-            (
-                weight.to(weight_dtype).transpose(1, 2).contiguous(),
-                bias.to(bias_dtype).unsqueeze(1),
-            )
-        )
+        # Transposed, then cast and laid out in one copy (not a cast, then a copy).
+        weight_t = weight.transpose(1, 2).to(weight_dtype, memory_format=torch.contiguous_format)
+        layers.append((weight_t, bias.to(bias_dtype).unsqueeze(1)))
     return layers
 
 
@@ -322,7 +319,10 @@ def _mlp_block(
             first = False
         if weight.dtype != bias.dtype:  # bf16 one-unit output layer: float32 bias
             product = torch.bmm(hidden, weight).float()
-            return product.add_(bias) if out is None else torch.add(product, bias, out=out)
+            if out is None or torch.is_grad_enabled():  # out= is not differentiable
+                product = product.add_(bias)
+                return product if out is None else out.copy_(product)
+            return torch.add(product, bias, out=out)
         if hidden.dtype != weight.dtype:
             hidden = hidden.to(weight.dtype)
         if buffers is None:  # e.g. one block: nothing to reuse
@@ -336,8 +336,43 @@ def _mlp_block(
     return hidden
 
 
+def stacked_mlp_views(params: TensorDictBase, plan: MLPPlan, detach: bool = False) -> list:
+    """The plan on ``params`` as :func:`stacked_mlp_forward` reads it (views, no copies).
+
+    Each Linear as ``(weight^T [M, in, out], bias [M, 1, out])``, each LayerNorm as
+    ``(spec, weight [M, 1, W] | None, bias [M, 1, W] | None)``, activations as they are;
+    with ``detach`` the parameters detached. Views of detached parameters follow their
+    in-place updates, so a caller may keep them between steps
+    (:meth:`~cbop_torchrl.objectives.loss.CBOPLoss._member_q` does).
+    """
+    views: list = []
+    for kind, item in plan:
+        if kind == "act":
+            views.append(item)
+            continue
+        if kind == "norm":
+            affine = []
+            for part in ("weight", "bias"):
+                value = params.get(("module", item.name, part)) if getattr(item, part) else None
+                if value is not None:
+                    value = (value.detach() if detach else value).unsqueeze(1)
+                affine.append(value)
+            views.append((item, *affine))
+            continue
+        weight = params.get(("module", item, "weight"))
+        bias = params.get(("module", item, "bias"))
+        if detach:
+            weight, bias = weight.detach(), bias.detach()
+        views.append((weight.transpose(1, 2), bias.unsqueeze(1)))
+    return views
+
+
 def stacked_mlp_forward(
-    inputs: torch.Tensor, params: TensorDictBase, plan: MLPPlan, detach: bool = False
+    inputs: torch.Tensor,
+    params: TensorDictBase | None,
+    plan: MLPPlan | None,
+    detach: bool = False,
+    views: list | None = None,
 ) -> torch.Tensor:
     """M plain MLPs with stacked parameters, differentiable: ``(R, in) | (M, R, in) -> (M, R)``.
 
@@ -349,6 +384,8 @@ def stacked_mlp_forward(
             ``[M, W]`` each for a LayerNorm's affine.
         plan: from ``plain_mlp_plan(..., inplace=False)``.
         detach: use the parameters detached (gradients reach the inputs only).
+        views: :func:`stacked_mlp_views` made already (then ``params`` and ``plan`` are
+            not read).
 
     Returns:
         ``(M, R)`` for a one-unit output layer (``(M, R, out)`` otherwise), in
@@ -358,27 +395,20 @@ def stacked_mlp_forward(
     place), a LayerNorm as :func:`member_layer_norm`: the same maths as
     ``torch.vmap`` over the members' modules.
     """
+    if views is None:
+        views = stacked_mlp_views(params, plan, detach)
     hidden = inputs
-    for kind, item in plan:
-        if kind == "act":
-            hidden = item(hidden)
-            continue
-        if kind == "norm":
-            affine = []
-            for part in ("weight", "bias"):
-                value = params.get(("module", item.name, part)) if getattr(item, part) else None
-                if value is not None:
-                    value = (value.detach() if detach else value).unsqueeze(1)
-                affine.append(value)
-            hidden = member_layer_norm(hidden, item.width, item.eps, *affine)
-            continue
-        weight = params.get(("module", item, "weight"))
-        bias = params.get(("module", item, "bias"))
-        if detach:
-            weight, bias = weight.detach(), bias.detach()
-        if hidden.dim() == 2:
-            hidden = hidden.expand(weight.shape[0], *hidden.shape)
-        hidden = torch.baddbmm(bias.unsqueeze(1), hidden, weight.transpose(1, 2))
+    for layer in views:
+        if callable(layer):
+            hidden = layer(hidden)
+        elif len(layer) == 3:  # a LayerNorm: (spec, weight, bias)
+            spec, weight, bias = layer
+            hidden = member_layer_norm(hidden, spec.width, spec.eps, weight, bias)
+        else:
+            weight_t, bias = layer
+            if hidden.dim() == 2:
+                hidden = hidden.expand(weight_t.shape[0], *hidden.shape)
+            hidden = torch.baddbmm(bias, hidden, weight_t)
     return hidden.squeeze(-1)
 
 
@@ -392,4 +422,5 @@ __all__ = [
     "plain_mlp_plan",
     "stack_mlp_weights",
     "stacked_mlp_forward",
+    "stacked_mlp_views",
 ]

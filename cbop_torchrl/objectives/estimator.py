@@ -56,6 +56,7 @@ from cbop_torchrl.objectives.fast_paths import (
     DEFAULT_Q_CHUNK_ROWS,
     ActorLayers,
     actor_layers,
+    default_q_chunk_rows,
     fused_q_values,
     plain_actor_dist_params,
     plain_actor_plan,
@@ -386,8 +387,11 @@ class CBOPValueEstimator(ValueEstimatorBase):
                 if self._compiled_q is None:
                     self._compiled_q = torch.compile(fused_mlp_ensemble, mode="reduce-overhead")
                 compiled = self._compiled_q
+            rows = self.q_chunk_rows
+            if rows == "auto":
+                rows = default_q_chunk_rows(obs.device)
             return fused_q_values(
-                obs, action, params, self._mlp_plan, self.rollout_dtype, self.q_chunk_rows, compiled
+                obs, action, params, self._mlp_plan, self.rollout_dtype, rows, compiled
             )
         td = TensorDict({self.obs_key: obs, self.action_key: action}, batch_size=obs.shape[:1])
         with self._autocast(obs.device):

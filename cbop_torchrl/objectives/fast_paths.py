@@ -41,6 +41,17 @@ from cbop_torchrl.modules.fused_mlp import (
 #: sizes: 1 GB). Blocks of this size run as fast as one block; much smaller ones make
 #: smaller, slower GEMMs (docs/speed.md).
 DEFAULT_Q_CHUNK_ROWS = 8192
+#: Rows per block on CUDA: all 51,456 rows of the paper's sizes in one block (activations
+#: up to M x 65,536 x width: 1.3 GB in bf16, 3.4 GB in fp32 at M = 50 and width 256, which
+#: a training GPU holds), so the captured step launches one block's kernels, not seven.
+DEFAULT_CUDA_Q_CHUNK_ROWS = 65536
+
+
+def default_q_chunk_rows(device: torch.device) -> int:
+    """``q_chunk_rows="auto"`` on ``device``: :data:`DEFAULT_CUDA_Q_CHUNK_ROWS` on CUDA,
+    :data:`DEFAULT_Q_CHUNK_ROWS` elsewhere."""
+    return DEFAULT_CUDA_Q_CHUNK_ROWS if device.type == "cuda" else DEFAULT_Q_CHUNK_ROWS
+
 
 #: A plain actor's Linear layers, in order: the ``(weight, bias)`` keys of its parameters.
 ActorPlan = list[tuple[tuple[str, ...], tuple[str, ...]]]
@@ -173,11 +184,13 @@ def fused_q_values(
 
 
 __all__ = [
+    "DEFAULT_CUDA_Q_CHUNK_ROWS",
     "DEFAULT_Q_CHUNK_ROWS",
     "ActorLayers",
     "ActorPlan",
     "actor_layers",
     "addmm_relu",
+    "default_q_chunk_rows",
     "fused_q_values",
     "plain_actor_dist_params",
     "plain_actor_plan",

@@ -67,7 +67,7 @@ from torchrl.objectives.utils import distance_loss
 
 from cbop_torchrl._torchrl_compat import SACTargetFromEstimator, vmap_over_params
 from cbop_torchrl.modules.actor_critic import BoxTanhNormal
-from cbop_torchrl.modules.fused_mlp import plain_mlp_plan, stacked_mlp_forward
+from cbop_torchrl.modules.fused_mlp import plain_mlp_plan, stacked_mlp_forward, stacked_mlp_views
 from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator, sac_alpha
 from cbop_torchrl.objectives.fast_paths import (
@@ -219,9 +219,8 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
                 inputs = torch.cat([obs, _rows(action, 3)], dim=-1)
             else:
                 inputs = torch.cat([obs, _rows(action, 2)], dim=-1)
-            if detach:
-                params = self._detached(params)
-            q = stacked_mlp_forward(inputs, params, self._q_plan)
+            views = self._detached_views(params) if detach else None
+            q = stacked_mlp_forward(inputs, params, self._q_plan, views=views)
             if q.shape[1:] == batch_shape:
                 return q
             return q.reshape(q.shape[0], *batch_shape)
@@ -249,8 +248,15 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         key = (id(params), *(leaf.data_ptr() for leaf in params.values(True, True)))
         cached = self.__dict__.get("_detached_cache")
         if cached is None or cached[0] != key:
-            cached = self.__dict__["_detached_cache"] = (key, params.detach())
+            detached = params.detach()
+            views = None if self._q_plan is None else stacked_mlp_views(detached, self._q_plan)
+            cached = self.__dict__["_detached_cache"] = (key, detached, views)
         return cached[1]
+
+    def _detached_views(self, params: TensorDictBase) -> list:
+        """:func:`stacked_mlp_views` of :meth:`_detached`'s parameters, kept with them."""
+        self._detached(params)
+        return self.__dict__["_detached_cache"][2]
 
     def _q_and_action_gradients(
         self, tensordict: TensorDictBase, with_gradients: bool
@@ -298,12 +304,13 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             params = self.qvalue_network_params
             policy_q = self._member_q(tensordict, policy_action, params, detach=False)
             self._extras["critic_gap"] = (policy_q - pred_val).sum(0)  # [*batch]
-        td_error = (pred_val - target_value).abs()
+        with torch.no_grad():  # SACLoss's priority: no graph, so no detach
+            td_error = (pred_val - target_value).abs().amax(0)
         loss_qval = distance_loss(
             pred_val, target_value.expand_as(pred_val), loss_function=self.loss_function
         ).sum(0)
         loss_qval = self._reduce_loss(loss_qval, tensordict=tensordict, weights=weights)
-        return loss_qval, {"td_error": td_error.detach().max(0)[0]}
+        return loss_qval, {"td_error": td_error}
 
     def actor_loss(self, tensordict: TensorDictBase) -> tuple[Tensor, dict[str, Tensor]]:
         """SACLoss's ``alpha log pi(a~|s) - min_m Q_m(s, a~)``; the BC NLL from the same policy."""
