@@ -36,7 +36,7 @@ def test_the_entry_points_help_is_hydras_help(
         patch.setattr(Hydra, "app_help", not_hydras)
         fast = _help(argv)
     with monkeypatch.context() as patch:  # no help request seen: Hydra's own --help
-        patch.setattr(cli, "help_arguments", lambda argv: None)
+        patch.setattr(cli.entry, "help_arguments", lambda argv: None)
         hydras = _help(argv)
     assert fast == hydras
     code, text, _ = fast

@@ -22,7 +22,7 @@ from omegaconf import MISSING, OmegaConf
 
 from cbop_torchrl import cli
 
-CONFIGS = Path(cli.__file__).resolve().parent / "configs"
+CONFIGS = cli.CONFIG_DIR
 PROGRAMS = {  # primary config -> the console script and the script that compose it
     "config": "`cbop-train` (`scripts/cbop.py`)",
     "config_paper": "`cbop-train` with `preset=paper` or a D4RL id (`scripts/cbop.py`)",
