@@ -16,7 +16,9 @@ then ``cbop-starts``, then ``cbop``).
 
 ``--select`` fits FQE to each grid policy whose run directory (the summary's ``run_dir``, or
 that of an identical rerun under another grid variant: the same curve to the last digit) is on
-this machine (:func:`cbop_torchrl.evaluation.selection.score_runs`: the run's own FQE settings,
+this machine; where neither is, another grid variant's run of the same psi and seed (the same
+settings, a different curve) stands for it and is scored as itself, its own online finals beside
+its FQE score (``fqe_runs`` names the run scored per seed) (:func:`cbop_torchrl.evaluation.selection.score_runs`: the run's own FQE settings,
 scored at the dataset's initial states) and writes ``<results>/<set>/psi_selection.json``:
 
 - ``selected_psi`` and ``variant``: the candidate with the highest mean FQE score over its
@@ -104,6 +106,36 @@ def run_dir_here(results: Path, dataset: str, psi: float, seed: int, summary: di
         if (path / "config.json").is_file():
             return path
     return None
+
+
+def own_dir(summary: dict) -> Path | None:
+    """The summary's own run directory when it is on this machine."""
+    path = Path(summary.get("run_dir", ""))
+    return path if (path / "config.json").is_file() else None
+
+
+def seed_runs(
+    results: Path, dataset: str, psi: float, variant: str, seed: int, summary: dict, file: str
+) -> list[tuple[str, dict]]:
+    """``(key, summary)`` of the runs that can stand for the row's run at ``seed``, in order.
+
+    First the row's own run; then the other grid variants' runs of the same psi and seed on
+    the same file: the same configuration made again. Such a rerun can differ from the row's
+    run (``estimator.rollout_dtype=auto`` picks bf16 or float32 by a timing taken at the
+    start, so a loaded machine may pick the other), and is then scored as the policy it is,
+    with its own online finals beside its FQE score.
+    """
+    runs = [(f"{variant}/seed{seed}", summary)]
+    for other in (grid_variant(psi), *DEFAULT_PSI_ROWS):
+        rerun = summaries_on(results, dataset, other, file).get(seed) if other != variant else None
+        if rerun is not None and summary_psi(rerun) == psi:
+            runs.append((f"{other}/seed{seed}", rerun))
+    return runs
+
+
+def is_scored(per_seed: dict[str, dict], key: str, summary: dict) -> bool:
+    """Whether ``per_seed`` holds an FQE score of this very run."""
+    return per_seed.get(key, {}).get("summary") == summary_key(summary)
 
 
 def grid_rows(results: Path, dataset: str) -> dict[float, tuple[str, dict[int, dict]]]:
@@ -230,37 +262,49 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
     path = results / dataset / SELECTION_NAME
     stored = read_json(path, SELECTION_FORMAT)
     per_seed: dict[str, dict] = stored.get("fqe_per_run", {})
+    file = current_file(load_rows(results, dataset))
     for psi, (variant, found) in grid.items():
         for seed, summary in sorted(found.items()):
-            key = f"{variant}/seed{seed}"
-            if per_seed.get(key, {}).get("summary") == summary_key(summary):
+            runs = seed_runs(results, dataset, psi, variant, seed, summary, file)
+            if any(is_scored(per_seed, key, run) for key, run in runs):
                 continue
-            run_dir = run_dir_here(results, dataset, psi, seed, summary)
-            if run_dir is None:
-                continue
-            print(f"[psi] {dataset} psi {psi:g} ({key}): FQE of {run_dir}", flush=True)
-            (score,) = score_runs([run_dir])
-            per_seed[key] = {
-                "summary": summary_key(summary),
-                "fqe_value": score.fqe_value,
-                "policy_step": score.policy_step,
-                "run_dir": str(run_dir),
-            }
+            for index, (key, run) in enumerate(runs):
+                run_dir = (
+                    run_dir_here(results, dataset, psi, seed, run) if index == 0 else own_dir(run)
+                )
+                if run_dir is None:
+                    continue
+                print(f"[psi] {dataset} psi {psi:g} ({key}): FQE of {run_dir}", flush=True)
+                (score,) = score_runs([run_dir])
+                per_seed[key] = {
+                    "summary": summary_key(run),
+                    "fqe_value": score.fqe_value,
+                    "policy_step": score.policy_step,
+                    "run_dir": str(run_dir),
+                }
+                break
     candidates = []
     for psi, (variant, found) in grid.items():
-        scored = [s for s in sorted(found) if f"{variant}/seed{s}" in per_seed]
+        scored: dict[int, tuple[str, dict]] = {}
+        for seed, summary in sorted(found.items()):
+            runs = seed_runs(results, dataset, psi, variant, seed, summary, file)
+            first = next(((k, r) for k, r in runs if is_scored(per_seed, k, r)), None)
+            if first is not None:
+                scored[seed] = first
         if not scored:
             continue
-        fqe = {s: per_seed[f"{variant}/seed{s}"]["fqe_value"] for s in scored}
+        fqe = {s: per_seed[key]["fqe_value"] for s, (key, _) in scored.items()}
+        runs_scored = {s: run for s, (_, run) in scored.items()}
         candidates.append(
             {
                 "psi": psi,
                 "variant": variant,
-                "fqe_seeds": scored,
+                "fqe_seeds": sorted(scored),
+                "fqe_runs": {str(s): key for s, (key, _) in scored.items()},
                 "fqe_value": sum(fqe.values()) / len(fqe),
                 "fqe_per_seed": {str(s): v for s, v in fqe.items()},
-                "final": mean([found[s]["final_normalized_score"] for s in scored]),
-                "start_final": mean([start_final(found[s]) for s in scored]),
+                "final": mean([r["final_normalized_score"] for r in runs_scored.values()]),
+                "start_final": mean([start_final(r) for r in runs_scored.values()]),
                 "all_seeds": sorted(found),
                 "final_all_seeds": mean([s["final_normalized_score"] for s in found.values()]),
                 "start_final_all_seeds": mean([start_final(s) for s in found.values()]),

@@ -124,6 +124,31 @@ def test_a_row_whose_run_directory_is_gone_is_scored_through_an_identical_rerun(
     assert {c["psi"]: c["fqe_seeds"] for c in stored["candidates"]}[0.5] == [0, 1, 2]
 
 
+def test_a_gone_run_is_stood_for_by_a_different_rerun_scored_as_itself(results, monkeypatch):
+    """psi 0.5's row is "cbop"; its seed 0 is gone and cbop-psi0.5's seed 0 (the same settings,
+    another curve: e.g. another rollout dtype) is here: that policy is scored, with its own
+    online final beside its FQE score."""
+    cbop0 = json.loads((results / DATASET / "cbop" / "seed0.json").read_text())
+    cbop0["curve"] = [[0, 10.0], [1000, 2.0]]
+    (results / DATASET / "cbop" / "seed0.json").write_text(json.dumps(cbop0))
+    rerun = json.loads((results / DATASET / "cbop-psi0.5" / "seed0.json").read_text())
+    rerun["curve"] = [[0, 10.0], [1000, 2.5]]
+    (results / DATASET / "cbop-psi0.5" / "seed0.json").write_text(json.dumps(rerun))
+    (Path(cbop0["run_dir"]) / "config.json").unlink()
+    fqe = {"cbop": 100.0, "cbop-psi0.5": 400.0, "cbop-psi2": 150.0, "cbop-psi5": 300.0}
+    fqe["cbop-starts"] = 50.0
+    calls: list[Path] = []
+    monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, calls))
+    stored = psi_grid.select(results, DATASET, threads=None)
+    half = {c["psi"]: c for c in stored["candidates"]}[0.5]
+    assert half["variant"] == "cbop" and half["fqe_seeds"] == [0, 1, 2]
+    assert half["fqe_runs"] == {"0": "cbop-psi0.5/seed0", "1": "cbop/seed1", "2": "cbop/seed2"}
+    assert half["fqe_value"] == pytest.approx((400.0 + 100.0 + 100.0) / 3)
+    assert half["final"] == pytest.approx((9.0 + 3.0 + 4.0) / 3)  # the scored runs' finals
+    assert half["final_all_seeds"] == pytest.approx(3.0)  # the row's own
+    assert "cbop/seed0" not in stored["fqe_per_run"]
+
+
 def test_the_bar_checks_each_sets_offline_choice_by_default(results, monkeypatch):
     fqe = {"cbop": 100.0, "cbop-psi2": 150.0, "cbop-psi5": 300.0, "cbop-starts": 50.0}
     monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, []))
