@@ -237,8 +237,24 @@ def _q_mlp(
     device: torch.device | str | None,
     init: str,
     layer_norm: bool,
+    *,
+    prior: bool = False,
+    generator: torch.Generator | None = None,
 ) -> MLP:
-    """The Q-network's MLP ``[..., obs_dim + action_dim] -> [..., 1]`` (see :func:`make_qvalue`)."""
+    """The Q-network's MLP ``[..., obs_dim + action_dim] -> [..., 1]`` (see :func:`make_qvalue`).
+
+    ``prior=True`` builds a prior network: one draw from ``generator`` (the global CPU
+    generator if None) seeds the CPU generator while the MLP is built on the CPU (inside
+    ``fork_rng``, so the global stream is restored afterwards: with a ``generator`` it is
+    left untouched); the MLP is then moved to ``device``. The same seed gives the same prior
+    on any device.
+    """
+    if prior:
+        seed = int(torch.randint(2**62, (), generator=generator))
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            net = _q_mlp(obs_dim, action_dim, hidden_sizes, "cpu", init, layer_norm)
+        return net.to(device)
     norm_kwargs = {}
     if layer_norm:
         # TorchRL's MLP (0.14) appends, after each hidden layer, [dropout,] norm and then
@@ -260,29 +276,6 @@ def _q_mlp(
     if init == "authors":
         authors_q_init(net)
     return net
-
-
-def _prior_mlp(
-    obs_dim: int,
-    action_dim: int,
-    hidden_sizes: Sequence[int],
-    device: torch.device | str | None,
-    init: str,
-    layer_norm: bool,
-    generator: torch.Generator | None,
-) -> MLP:
-    """A prior network: :func:`_q_mlp` initialised from a seed drawn from ``generator``.
-
-    One draw from ``generator`` (the global CPU generator if None) seeds the CPU
-    generator while the MLP is built on the CPU (inside ``fork_rng``, so the global
-    stream is restored afterwards: with a ``generator`` it is left untouched); the
-    MLP is then moved to ``device``. The same seed gives the same prior on any device.
-    """
-    seed = int(torch.randint(2**62, (), generator=generator))
-    with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(seed)
-        net = _q_mlp(obs_dim, action_dim, hidden_sizes, "cpu", init, layer_norm)
-    return net.to(device)
 
 
 def make_qvalue(
@@ -318,7 +311,7 @@ def make_qvalue(
     ``f`` (``module.trainable``) is the MLP above, drawn first from the global
     generator (the same weights as with ``prior_scale=0``); ``p`` (``module.prior``)
     has the same architecture, ``layer_norm`` and ``init``, is drawn from
-    ``prior_generator`` (one seed, see :func:`_prior_mlp`; the global generator
+    ``prior_generator`` (one seed, see :func:`_q_mlp`; the global generator
     after ``f`` if None) and is held in buffers: never trained, never changed by
     target updates. Such a network is not a plain MLP, so the fused ensemble path
     (:func:`~cbop_torchrl.modules.fused_mlp.plain_mlp_plan`) leaves it to ``vmap``.
@@ -327,9 +320,10 @@ def make_qvalue(
         raise ValueError(f"prior_scale must be a finite number >= 0; got {prior_scale}.")
     net = _q_mlp(obs_dim, action_dim, hidden_sizes, device, init, layer_norm)
     if prior_scale > 0:
-        prior = _prior_mlp(
-            obs_dim, action_dim, hidden_sizes, device, init, layer_norm, prior_generator
-        )
+        prior = _q_mlp(
+            obs_dim, action_dim, hidden_sizes, device, init, layer_norm,
+            prior=True, generator=prior_generator,
+        )  # fmt: skip
         net = RandomizedPriorQ(net, prior, prior_scale)
     return ValueOperator(net, in_keys=["observation", "action"])
 
