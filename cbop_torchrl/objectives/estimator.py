@@ -35,6 +35,7 @@ from torchrl.modules.distributions.utils import rsample_and_log_prob
 from torchrl.objectives.value import ValueEstimatorBase
 
 from cbop_torchrl._torchrl_compat import vmap_over_params
+from cbop_torchrl.modules.actor_critic import BoxTanhNormal
 from cbop_torchrl.modules.dynamics import DynamicsModel
 from cbop_torchrl.modules.fused_mlp import fused_mlp_ensemble, plain_mlp_plan
 from cbop_torchrl.objectives.cbop_settings import (
@@ -360,17 +361,15 @@ class CBOPValueEstimator(ValueEstimatorBase):
                 if obs.dim() == 2:
                     return action, None
                 return action.view(*obs.shape[:-1], action.shape[-1]), None
-            batch = obs.shape[:-1]
-            dist_params = TensorDict(
-                {"loc": loc.reshape(*batch, -1), "scale": scale.reshape(*batch, -1)},
-                batch_size=batch,
-            )
-        else:
-            td = TensorDict({self.obs_key: obs}, batch_size=obs.shape[:-1])
-            with self._autocast(obs.device):
-                dist_params = actor.get_dist_params(td)
-            if self.rollout_dtype != torch.float32:
-                dist_params = dist_params.apply(lambda x: x.float() if x.is_floating_point() else x)
+            if obs.dim() != 2:
+                loc, scale = (x.view(*obs.shape[:-1], x.shape[-1]) for x in (loc, scale))
+            # A plain actor's distribution (plain_actor_plan): BoxTanhNormal on [-1, 1].
+            return rsample_and_log_prob(BoxTanhNormal(loc, scale))
+        td = TensorDict({self.obs_key: obs}, batch_size=obs.shape[:-1])
+        with self._autocast(obs.device):
+            dist_params = actor.get_dist_params(td)
+        if self.rollout_dtype != torch.float32:
+            dist_params = dist_params.apply(lambda x: x.float() if x.is_floating_point() else x)
         dist = actor.build_dist_from_params(dist_params)
         if with_log_prob:
             action, log_prob = rsample_and_log_prob(dist)
