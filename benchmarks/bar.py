@@ -162,7 +162,8 @@ SELECTION_NAME = "psi_selection.json"
 def selected_row(results: Path, dataset: str) -> str | None:
     """The set's row of the psi FQE chose, or None where no choice has been made."""
     path = results / dataset / SELECTION_NAME
-    return str(json.loads(path.read_text())["variant"]) if path.is_file() else None
+    variant = json.loads(path.read_text()).get("variant") if path.is_file() else None
+    return None if variant is None else str(variant)  # null: the grid is not complete yet
 
 
 def cbop_rows(items: list[str], results: Path | None = None) -> dict[str, str]:

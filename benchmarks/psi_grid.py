@@ -14,12 +14,16 @@ grid's row at the set's default psi (the paper's D4RL table), and so does ``cbop
 is the variant with the most seeds on the set's current file (ties go to ``cbop-psi<value>``,
 then ``cbop-starts``, then ``cbop``).
 
-``--select`` fits FQE to each grid policy whose run directory (the summary's ``run_dir``, or
-that of an identical rerun under another grid variant: the same curve to the last digit) is on
-this machine; where neither is, another grid variant's run of the same psi and seed (the same
-settings, a different curve) stands for it and is scored as itself, its own online finals beside
-its FQE score (``fqe_runs`` names the run scored per seed) (:func:`cbop_torchrl.evaluation.selection.score_runs`: the run's own FQE settings,
-scored at the dataset's initial states) and writes ``<results>/<set>/psi_selection.json``:
+A set's choice is made only once every grid value has a scored run (until then the file
+keeps the scores, ``selected_psi`` is null and ``missing_psi`` names the values without one).
+
+``--select`` fits FQE (:func:`cbop_torchrl.evaluation.selection.score_runs`: the run's own
+FQE settings, scored at the dataset's initial states) to each grid policy whose run directory
+(the summary's ``run_dir``, or that of an identical rerun under another grid variant: the same
+curve to the last digit) is on this machine; where neither is, another grid variant's run of
+the same psi and seed (the same settings, a different curve) stands for it and is scored as
+itself, its own online finals beside its FQE score (``fqe_runs`` names the run scored per
+seed). It writes ``<results>/<set>/psi_selection.json``:
 
 - ``selected_psi`` and ``variant``: the candidate with the highest mean FQE score over its
   scored seeds (offline: no episode is used);
@@ -314,6 +318,7 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
         print(f"[psi] {dataset}: fewer than 2 grid values have a scored run; nothing chosen")
         return None
     candidates.sort(key=lambda c: -c["fqe_value"])
+    missing = sorted(set(GRID) - {c["psi"] for c in candidates})
     fqe_values = [c["fqe_value"] for c in candidates]
     chosen = candidates[0]
     selection = {
@@ -322,8 +327,11 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
         "dataset_sha256": current_file(load_rows(results, dataset)),
         "statistic": "FQE: mean over the scored seeds of E_{s0 in D}[mean_m Q_m(s0, pi(s0))]; "
         "online: mean of each run's last 3 evaluations, over the same seeds",
-        "selected_psi": chosen["psi"],
-        "variant": chosen["variant"],
+        # The paper chooses among the whole grid: until every value has a scored run the
+        # file keeps the scores and names no choice (the set's default psi stands).
+        "selected_psi": chosen["psi"] if not missing else None,
+        "variant": chosen["variant"] if not missing else None,
+        "missing_psi": missing,
         "candidates": candidates,
         "spearman": {
             "reset": spearman_rho(fqe_values, [c["final"] for c in candidates]),
@@ -333,7 +341,11 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
         "fqe_per_run": per_seed,
     }
     atomic_json_dump(selection, path)
-    print(f"[psi] {dataset}: FQE chooses psi {chosen['psi']:g} ({chosen['variant']}); {path}")
+    if missing:
+        print(f"[psi] {dataset}: no choice yet, psi {', '.join(f'{m:g}' for m in missing)} "
+              f"without a scored run; the FQE scores so far are in {path}")  # fmt: skip
+    else:
+        print(f"[psi] {dataset}: FQE chooses psi {chosen['psi']:g} ({chosen['variant']}); {path}")
     return selection
 
 
@@ -363,6 +375,10 @@ def selection_table(results: Path, datasets: list[str]) -> str:
                 f"{' online best' if c['psi'] == selection['online_best_psi'] else ''} |"
             )
         rho = selection["spearman"]
+        if selection["selected_psi"] is None:
+            missing = ", ".join(f"{m:g}" for m in selection["missing_psi"])
+            notes.append(f"- {dataset}: no choice until psi {missing} have scored runs")
+            continue
         notes.append(
             f"- {dataset}: FQE chooses psi {selection['selected_psi']:g}; the online best "
             f"(reset final) is psi {selection['online_best_psi']:g}; Spearman's rho of the two "

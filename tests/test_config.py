@@ -100,7 +100,8 @@ def test_the_generated_sets_psi_is_the_committed_offline_choice() -> None:
     for path in sorted((ROOT / "benchmarks" / "results").glob("*-gen/psi_selection.json")):
         selection = json.loads(path.read_text())
         family, kind = path.parent.name.split("-", 1)[0], infer_dataset_kind(path.parent.name)
-        if selection["selected_psi"] != PAPER_PSI[family][kind]:
+        chosen = selection["selected_psi"]  # null until the whole grid has scored runs
+        if chosen is not None and chosen != PAPER_PSI[family][kind]:
             expected[path.parent.name] = selection["selected_psi"]
     assert GENERATED_PSI == expected
 

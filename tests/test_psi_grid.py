@@ -149,6 +149,20 @@ def test_a_gone_run_is_stood_for_by_a_different_rerun_scored_as_itself(results, 
     assert "cbop/seed0" not in stored["fqe_per_run"]
 
 
+def test_no_choice_is_made_until_every_grid_value_has_a_scored_run(results, monkeypatch):
+    """With psi 3 unscored (its only run is on another file), the scores are kept, nothing is
+    chosen, and the bar and the headline keep the set's default row."""
+    (results / DATASET / "cbop-starts" / "seed0.json").unlink()
+    fqe = {"cbop": 100.0, "cbop-psi0.5": 100.0, "cbop-psi2": 150.0, "cbop-psi5": 300.0}
+    monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, []))
+    stored = psi_grid.select(results, DATASET, threads=None)
+    assert stored["selected_psi"] is None and stored["variant"] is None
+    assert stored["missing_psi"] == [3.0]
+    assert {c["psi"] for c in stored["candidates"]} == {0.5, 2.0, 5.0}
+    assert bar.selected_row(results, DATASET) is None
+    assert "no choice until psi 3 have scored runs" in psi_grid.selection_table(results, [DATASET])
+
+
 def test_the_bar_checks_each_sets_offline_choice_by_default(results, monkeypatch):
     fqe = {"cbop": 100.0, "cbop-psi2": 150.0, "cbop-psi5": 300.0, "cbop-starts": 50.0}
     monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, []))
