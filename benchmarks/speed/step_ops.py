@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="count at op_structure()'s small sizes (same operations, seconds not minutes)",
     )
+    parser.add_argument("--no-counts", action="store_true", help="time the CPU preset only")
     args = parser.parse_args(argv)
     device = torch.device("cpu")
     base = load_step_modules(args.commit)
@@ -206,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     now = current_modules()
 
-    for name, paper in (("M = 20, walker2d", PAPER), ("M = 50, hopper", PAPER_HOPPER)):
+    papers = (
+        () if args.no_counts else (("M = 20, walker2d", PAPER), ("M = 50, hopper", PAPER_HOPPER))
+    )
+    for name, paper in papers:
         size, chunks = op_structure(paper) if args.small else (paper, None)
         if chunks is None:
             chunks = {"cpu": DEFAULT_Q_CHUNK_ROWS, "cuda": DEFAULT_CUDA_Q_CHUNK_ROWS}
