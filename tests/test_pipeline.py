@@ -265,7 +265,7 @@ def test_rollout_dtype_auto_records_its_choice(reference_run: Path) -> None:
     settings = json.loads((reference_run / "results.json").read_text())["settings"]
     choice = settings["rollout_choice"]
     assert settings["rollout_dtype"] == choice["rollout_dtype"]
-    fast = choice["bf16_matmul_speedup"] >= 1.5
+    fast = choice["bf16_native"]
     accurate = choice["bf16_target_rel_error"] <= choice["bf16_tolerance"]
     assert choice["rollout_dtype"] == ("bfloat16" if fast and accurate else "float32")
 
@@ -276,7 +276,7 @@ def test_actor_average_is_evaluated_beside_an_unchanged_training(workspace: dict
     Then a finished run without the average, continued to a larger budget with it, starts
     the average at its checkpoint's weights (a decay of nearly 1 keeps it there).
     """
-    fp32 = "estimator.rollout_dtype=float32"  # auto's choice depends on timing
+    fp32 = "estimator.rollout_dtype=float32"  # auto's choice depends on the CPU
     runs = {}
     for name, extra in (("plain", []), ("average", ["eval.actor_average=0.5"])):
         runs[name] = workspace["root"] / "actor_average" / name

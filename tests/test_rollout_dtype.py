@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from cbop_torchrl.modules.actor_critic import make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
 from cbop_torchrl.objectives import CBOPValueEstimator
-from cbop_torchrl.objectives.rollout_dtype import BF16_MIN_SPEEDUP, bf16_matmul_speedup
+from cbop_torchrl.objectives.rollout_dtype import native_bf16_matmul
 
 OBS, ACT = 6, 2
 
@@ -47,10 +47,11 @@ def test_bf16_error_is_measured_with_the_same_randomness_and_leaves_state_alone(
 
 
 @pytest.mark.parametrize("tolerance", [0.0, 1.0])
-def test_selection_follows_speed_and_tolerance(tolerance: float):
+def test_selection_follows_hardware_and_tolerance(tolerance: float):
     estimator = _estimator()
     choice = estimator.select_rollout_dtype(_batch(), tolerance=tolerance)
-    fast = choice["bf16_matmul_speedup"] >= BF16_MIN_SPEEDUP
+    fast = choice["bf16_native"]
+    assert (fast, choice["hardware"]) == native_bf16_matmul(torch.device("cpu"))
     expected = torch.bfloat16 if fast and tolerance > 0 else torch.float32
     assert estimator.rollout_dtype == expected
     assert (
@@ -58,5 +59,15 @@ def test_selection_follows_speed_and_tolerance(tolerance: float):
     )
 
 
-def test_bf16_speedup_is_a_positive_ratio():
-    assert bf16_matmul_speedup(torch.device("cpu"), n=64, repeats=1) > 0
+def test_native_bf16_follows_the_cpu_features(monkeypatch: pytest.MonkeyPatch):
+    """The choice reads the CPU's features, so it is the same on a busy machine."""
+    cpu = torch.device("cpu")
+    for amx, avx512_bf16, native in [
+        (True, False, True),
+        (False, True, True),
+        (False, False, False),
+    ]:
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        assert native_bf16_matmul(cpu)[0] is native
+    assert native_bf16_matmul(torch.device("meta")) == (False, "meta device")
