@@ -51,7 +51,8 @@ from __future__ import annotations
 import copy
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
@@ -60,12 +61,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.record.loggers import Logger
-from torchrl.trainers import Trainer, TrainerHookBase
 
 from cbop_torchrl.envs.evaluate import DeterministicPolicy
 from cbop_torchrl.objectives.posterior import gaussian_posterior
 from cbop_torchrl.objectives.pretrain import ensemble_q
 from cbop_torchrl.registry import Task
+from cbop_torchrl.trainers.background import BackgroundMeasurementHook
 from cbop_torchrl.trainers.conservatism import (
     MC_STATES,
     STATES_SEED,
@@ -84,7 +85,7 @@ MC_TAIL = 300
 LOGGED_ACTION_EPS = 1e-4
 
 
-class LearningDiagnostics(TrainerHookBase):
+class LearningDiagnostics(BackgroundMeasurementHook):
     """Measures value error, policy drift, model error and the LCB at evaluation steps.
 
     Args:
@@ -106,6 +107,10 @@ class LearningDiagnostics(TrainerHookBase):
         background: measure in a worker thread beside training (module doc).
     """
 
+    hook_name = "diagnostics"
+    # The measurements submitted and not yet written; each result is (record, seconds).
+    _pending: deque[Future[tuple[dict[str, float], float]]]
+
     def __init__(
         self,
         loss: Any,
@@ -123,43 +128,14 @@ class LearningDiagnostics(TrainerHookBase):
         mc_states: int = MC_STATES,
         background: bool = False,
     ) -> None:
+        super().__init__(interval, total_steps, background)
         self.loss, self.gym_id, self.gamma, self.logger = loss, gym_id, float(gamma), logger
-        self.interval, self.total_steps = int(interval), int(total_steps)
         self.episodes, self.max_steps, self.seed = int(episodes), int(max_steps), int(seed)
         generator = torch.Generator().manual_seed(seed + 7)
         rows = torch.randperm(data.shape[0], generator=generator)[:num_states]
         self.batch = data[rows.to(data.device)].clone()
         self.task = task
         self.mc_start = start_states(data, mc_states, STATES_SEED) if task and mc_states else None
-        self.history: list[dict[str, float]] = []
-        self.trainer: Trainer | None = None
-        self.background = bool(background)
-        self._worker: ThreadPoolExecutor | None = None
-        # Measurements submitted and not yet written, in step order.
-        self._pending: deque[Future] = deque()
-
-    # ------------------------------------------------------------------ hook API
-    def __call__(self) -> None:
-        step = self.trainer.collected_frames
-        if self.background:
-            self._write_done(wait=False)
-        if self.interval and step % self.interval == 0 and step < self.total_steps:
-            if self.background:
-                self.submit(step)
-            else:
-                self.measure(step)
-
-    def state_dict(self) -> dict[str, Any]:
-        self.drain()  # a checkpoint holds every measurement up to its step
-        return {"history": [dict(record) for record in self.history]}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = [dict(record) for record in state_dict.get("history", [])]
-
-    def register(self, trainer: Trainer, name: str = "diagnostics") -> None:
-        self.trainer = trainer
-        trainer.register_op("post_steps", self)
-        trainer.register_module(name, self)
 
     # ------------------------------------------------------------- scheduling
     def measure(self, step: int) -> dict[str, float]:
@@ -171,38 +147,28 @@ class LearningDiagnostics(TrainerHookBase):
         self._write(record, time.perf_counter() - started)
         return record
 
-    def submit(self, step: int) -> Future:
-        """Starts the measurement at ``step`` in the worker thread, on a copy of the weights."""
+    def _in_line(self, step: int) -> None:
+        """The measurement due at ``step``, in-line (:meth:`measure`)."""
+        self.measure(step)
+
+    def _job(self, step: int) -> Callable[[], tuple[dict[str, float], float]]:
+        """Measures the LCB per horizon and copies the weights at ``step``; the job measures
+        the rest on the copy and returns ``(record, seconds since the start)``."""
         started = time.perf_counter()
         horizons = self._horizons_at(step)
         model = self._snapshot()
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diagnostics")
 
         def run() -> tuple[dict[str, float], float]:
             return self._measure(step, horizons, model), time.perf_counter() - started
 
-        future = self._worker.submit(run)
-        self._pending.append(future)
-        return future
+        return run
 
-    def _write_done(self, wait: bool) -> None:
-        """Writes the finished background measurements (all of them with ``wait``), in order."""
-        while self._pending and (wait or self._pending[0].done()):
-            self._write(*self._pending.popleft().result())
-
-    def drain(self) -> None:
-        """Waits for every measurement started in the background and writes it."""
-        self._write_done(wait=True)
-
-    def close(self) -> None:
-        """Drains, then stops the worker thread."""
-        self.drain()
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
+    def _write_result(self, result: tuple[dict[str, float], float]) -> None:
+        """Writes a finished background measurement: ``(record, seconds)``."""
+        self._write(*result)
 
     def _write(self, record: dict[str, float], seconds: float) -> None:
+        """Keeps ``record`` in ``history`` and logs it under ``diag/`` with ``diag/seconds``."""
         self.history.append(record)
         scalars = {f"diag/{k}": v for k, v in record.items() if k != "step"}
         scalars["diag/seconds"] = seconds  # logged, not in the history

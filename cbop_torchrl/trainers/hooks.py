@@ -34,8 +34,9 @@ import copy
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ from cbop_torchrl.envs.starts import evaluate_from_states
 from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.objectives.pretrain import ensemble_q
 from cbop_torchrl.registry import Task
+from cbop_torchrl.trainers.background import BackgroundMeasurementHook
 from cbop_torchrl.trainers.checkpoint import CheckpointHook, NonFiniteLossError
 from cbop_torchrl.trainers.logging import log_scalars
 from cbop_torchrl.trainers.update import CapturedStep, GradientStep
@@ -276,7 +278,7 @@ EVAL_SCALARS = {
 }
 
 
-class EvaluationHook(TrainerHookBase):
+class EvaluationHook(BackgroundMeasurementHook):
     """Evaluates the deterministic policy every ``interval`` gradient steps (``post_steps``).
 
     Logs ``eval/return`` and, when the task has reference scores,
@@ -301,6 +303,10 @@ class EvaluationHook(TrainerHookBase):
     in-line evaluation.
     """
 
+    hook_name = "evaluation"
+    # The evaluations submitted and not yet written; each result is (record, scalars, summaries).
+    _pending: deque[Future[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]]
+
     def __init__(
         self,
         actor: Any,
@@ -313,29 +319,12 @@ class EvaluationHook(TrainerHookBase):
         start_obs: torch.Tensor | None = None,
         background: bool = False,
     ) -> None:
+        super().__init__(config.eval.interval, total_steps, background)
         self.actor, self.task, self.env, self.logger = actor, task, env, logger
-        self.background = bool(background)
-        self._worker: ThreadPoolExecutor | None = None
-        # Evaluations submitted and not yet written, in step order: (step, future).
-        self._pending: deque[tuple[int, Future]] = deque()
         self.average = average
         self.start_obs = start_obs
-        self.interval = config.eval.interval
         self.max_steps = config.eval.max_steps
         self.seed = config.seed
-        self.total_steps = total_steps
-        self.history: list[dict[str, float]] = []
-        self.trainer: Trainer | None = None
-
-    def __call__(self) -> None:
-        step = self.trainer.collected_frames  # one frame per gradient step
-        if self.background:
-            self._write_done(wait=False)
-        if self.interval and step % self.interval == 0 and step < self.total_steps:
-            if self.background:
-                self.submit(step)
-            else:
-                self.evaluate(step)
 
     def _policies(self) -> dict[str, Any]:
         policies = {"": self.actor}
@@ -343,39 +332,26 @@ class EvaluationHook(TrainerHookBase):
             policies["average_"] = self.average.averaged
         return policies
 
-    def submit(self, step: int) -> Future:
-        """Starts the evaluation at ``step`` in the worker thread, on a copy of the weights."""
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluation")
+    def _job(
+        self, step: int
+    ) -> Callable[[], tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
+        """Copies the policies' weights at ``step``; the job scores the copies and returns
+        ``(record, scalars, summaries)``."""
         with torch.no_grad():
             policies = {
                 prefix: copy.deepcopy(policy) for prefix, policy in self._policies().items()
             }
         # In the worker the global RNG is not forked: restoring it would undo the draws
         # training made meanwhile.
-        future = self._worker.submit(self._measure, step, policies, False)
-        self._pending.append((step, future))
-        return future
+        return partial(self._measure, step, policies, False)
 
-    def _write_done(self, wait: bool) -> None:
-        """Writes the finished evaluations (all of them with ``wait``) in step order."""
-        while self._pending and (wait or self._pending[0][1].done()):
-            _, future = self._pending.popleft()
-            record, scalars, _ = future.result()
-            self._write(record, scalars)
-
-    def drain(self) -> None:
-        """Waits for every evaluation started in the background and writes it."""
-        self._write_done(wait=True)
-
-    def close(self) -> None:
-        """Drains, then stops the worker thread."""
-        self.drain()
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
+    def _write_result(self, result: tuple[dict[str, Any], dict[str, Any], dict[str, Any]]) -> None:
+        """Writes a finished background evaluation: ``(record, scalars, summaries)``."""
+        record, scalars, _ = result
+        self._write(record, scalars)
 
     def _write(self, record: dict[str, Any], scalars: dict[str, Any]) -> None:
+        """Keeps ``record`` in ``history`` and logs the scalars that are not None."""
         self.history.append(record)
         log_scalars(
             self.logger, {k: v for k, v in scalars.items() if v is not None}, record["step"]
@@ -390,6 +366,10 @@ class EvaluationHook(TrainerHookBase):
         record, scalars, summaries = self._measure(step, self._policies())
         self._write(record, scalars)
         return summaries[""]
+
+    def _in_line(self, step: int) -> None:
+        """The evaluation due at ``step``, in-line (:meth:`evaluate`)."""
+        self.evaluate(step)
 
     def _measure(
         self, step: int, policies: dict[str, Any], in_line: bool = True
@@ -418,18 +398,6 @@ class EvaluationHook(TrainerHookBase):
                     record[f"{prefix}start_{key}"] = starts[key]
                     scalars[f"eval/{prefix}start_{name}"] = starts[key]
         return record, scalars, summaries
-
-    def state_dict(self) -> dict[str, Any]:
-        self.drain()  # a checkpoint holds every evaluation up to its step
-        return {"history": [dict(record) for record in self.history]}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = [dict(record) for record in state_dict.get("history", [])]
-
-    def register(self, trainer: Trainer, name: str = "evaluation") -> None:
-        self.trainer = trainer
-        trainer.register_op("post_steps", self)
-        trainer.register_module(name, self)
 
 
 class QValueStats(TrainerHookBase):

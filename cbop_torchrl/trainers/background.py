@@ -1,0 +1,130 @@
+"""Measurements beside training: the machinery of a hook that can measure in a worker thread.
+
+:class:`BackgroundMeasurementHook` is what the evaluation hook
+(:class:`~cbop_torchrl.trainers.hooks.EvaluationHook`) and the learning diagnostics
+(:class:`~cbop_torchrl.trainers.diagnostics.LearningDiagnostics`) share: the schedule (every
+``interval`` gradient steps before ``total_steps``, ``post_steps``), the one-thread worker,
+the queue of measurements submitted and not yet written, their writing in step order, the
+``history`` a checkpoint holds (``{"history": [...]}``) and the registration. Each hook
+supplies what differs: what a measurement takes in the training thread and runs in the
+worker (:meth:`~BackgroundMeasurementHook._job`), how a finished one is written
+(:meth:`~BackgroundMeasurementHook._write_result`) and the in-line measurement
+(:meth:`~BackgroundMeasurementHook._in_line`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from torchrl.trainers import Trainer, TrainerHookBase
+
+
+class BackgroundMeasurementHook(TrainerHookBase):
+    """Measures every ``interval`` gradient steps (``post_steps``), in-line or in a worker thread.
+
+    A measurement is due at every step s with ``s % interval == 0`` and ``s < total_steps``
+    (the last one is taken by the pipeline itself). In-line, :meth:`_in_line` takes and
+    writes it at once. With ``background``, :meth:`submit` takes in the training thread what
+    the measurement needs (a copy of the weights at s) and runs the rest in one worker
+    thread (named after :attr:`hook_name`) while training goes on; the finished results are
+    written by the training thread in step order, at a later step's hook or when
+    :meth:`drain` waits for them. Written records go into :attr:`history`, which the
+    checkpoint holds (:meth:`state_dict` drains first, so it is complete up to its step).
+
+    Args:
+        interval: gradient steps between measurements (0: none).
+        total_steps: the run's last step (measured by the pipeline itself).
+        background: measure in a worker thread beside training.
+    """
+
+    hook_name: str = "measurement"
+    """The name the hook registers under by default, and its worker thread's name prefix."""
+
+    def __init__(self, interval: int, total_steps: int, background: bool) -> None:
+        self.interval, self.total_steps = int(interval), int(total_steps)
+        self.background = bool(background)
+        self.history: list[dict[str, Any]] = []
+        self.trainer: Trainer | None = None
+        self._worker: ThreadPoolExecutor | None = None
+        # Measurements submitted and not yet written, in step order.
+        self._pending: deque[Future[Any]] = deque()
+
+    # ------------------------------------------------------------------ hook API
+    def __call__(self) -> None:
+        """Writes the finished background measurements, then starts the one due now, if any."""
+        step = self.trainer.collected_frames  # one frame per gradient step
+        if self.background:
+            self._write_done(wait=False)
+        if self.interval and step % self.interval == 0 and step < self.total_steps:
+            if self.background:
+                self.submit(step)
+            else:
+                self._in_line(step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"history": [...]}``, after waiting for every measurement still running."""
+        self.drain()  # a checkpoint holds every measurement up to its step
+        return {"history": [dict(record) for record in self.history]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores the history a checkpoint holds."""
+        self.history = [dict(record) for record in state_dict.get("history", [])]
+
+    def register(self, trainer: Trainer, name: str | None = None) -> None:
+        """Registers the hook at ``post_steps`` and as the Trainer module ``name``
+        (default: :attr:`hook_name`), so the checkpoint holds its history."""
+        self.trainer = trainer
+        trainer.register_op("post_steps", self)
+        trainer.register_module(self.hook_name if name is None else name, self)
+
+    # ------------------------------------------------------------- scheduling
+    def submit(self, step: int) -> Future[Any]:
+        """Starts the measurement at ``step`` in the worker thread, on a copy of the weights."""
+        job = self._job(step)
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.hook_name)
+        future = self._worker.submit(job)
+        self._pending.append(future)
+        return future
+
+    def _write_done(self, wait: bool) -> None:
+        """Writes the finished background measurements (all of them with ``wait``) in step
+        order."""
+        while self._pending and (wait or self._pending[0].done()):
+            self._write_result(self._pending.popleft().result())
+
+    def drain(self) -> None:
+        """Waits for every measurement started in the background and writes it."""
+        self._write_done(wait=True)
+
+    def close(self) -> None:
+        """Drains, then stops the worker thread."""
+        self.drain()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+    # ---------------------------------------------------------- what differs
+    @abc.abstractmethod
+    def _in_line(self, step: int) -> None:
+        """Takes the measurement at ``step`` in the training thread and writes it."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def _job(self, step: int) -> Callable[[], Any]:
+        """Takes in the training thread what the measurement at ``step`` needs (a copy of the
+        weights at ``step``) and returns the rest of it, run in the worker thread; what the
+        job returns is given to :meth:`_write_result`."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def _write_result(self, result: Any) -> None:
+        """Writes a finished background measurement (into ``history`` and the logs)."""
+        raise NotImplementedError
+
+
+__all__ = ["BackgroundMeasurementHook"]
