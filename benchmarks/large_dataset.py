@@ -1,4 +1,4 @@
-"""The pipeline on a D4RL-size dataset (issue 19): load time, peak memory, sampling, dynamics epoch.
+"""The pipeline on a D4RL-size dataset: load time, peak memory, sampling, dynamics epoch.
 
     python benchmarks/large_dataset.py                       # 2,000,000 walker2d-shaped rows
     python benchmarks/large_dataset.py --json benchmarks/bench_large_dataset.json
@@ -34,7 +34,7 @@ Wall-clock figures come with the process's CPU seconds (``*_cpu_s``,
 ``large_dataset_samples_per_cpu_s``): on shared cores the wall clock mostly
 measures the other jobs. The load average is recorded.
 
-Goals (issue 19): load <= 60 s, peak RSS <= 3x the raw arrays, >= 50k
+The dataset-scale goals: load <= 60 s, peak RSS <= 3x the raw arrays, >= 50k
 transitions/s at batch 256.
 """
 

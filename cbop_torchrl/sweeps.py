@@ -12,12 +12,11 @@ runs, or of symbolic links to runs kept elsewhere) work as well.
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from cbop_torchrl.io import is_regular_file, read_regular_text
+from cbop_torchrl.io import is_regular_file, read_json_object, read_regular_text
 
 RESULTS_NAME = "results.json"
 CONFIG_NAME = "config.json"
@@ -86,17 +85,13 @@ def _is_system_folder(real: str) -> bool:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(read_regular_text(path))
-    except (OSError, ValueError) as error:
-        raise SweepError(
-            f"cannot read {str(path)!r} ({type(error).__name__}: {error}); the pipeline writes "
-            "it atomically, so the file was edited or copied partially: delete it and re-run "
-            "that job (the same command resumes it)"
-        ) from None
-    if not isinstance(value, dict):
-        raise SweepError(f"{str(path)!r} holds a {type(value).__name__}, not a JSON object")
-    return value
+    """The JSON object of a run file; :class:`SweepError` when it is unreadable or no object."""
+    return read_json_object(
+        path,
+        SweepError,
+        "the pipeline writes it atomically, so the file was edited or copied partially: "
+        "delete it and re-run that job (the same command resumes it)",
+    )
 
 
 def collect_results(sweep_dir: str | Path) -> list[dict[str, Any]]:

@@ -1,9 +1,9 @@
-"""The speed goals of issue 19: which this run measured, met or missed, by what and why."""
+"""The speed goals: which this run measured, met or missed, by what and why."""
 
 from __future__ import annotations
 
-#: Issue 19's goals for the figures of ``scripts/bench.py`` (``large_dataset.py`` has the
-#: large-data ones).
+#: The speed goals for the figures of ``scripts/bench.py`` (``large_dataset.py`` has the
+#: dataset-scale ones).
 SPEED_GOALS = {
     "cpu_preset_steps_per_s": 20.0,  # CBOP stage at the CPU preset, 2 cores
     "host_syncs_per_step": 1,  # outside logging intervals
@@ -89,7 +89,7 @@ def speed_goals(report: dict) -> dict[str, dict]:
 
 
 def print_goals(goals: dict[str, dict]) -> None:
-    print("\ngoals (issue 19):")
+    print("\nspeed goals:")
     for name, goal in goals.items():
         verdict = "met" if goal["met"] else f"missed by {goal['miss']:.2f}x"
         print(f"  {name}: {goal['value']:.4g} (goal {goal['goal']:g}) {verdict}")

@@ -27,10 +27,10 @@ from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper
 from cbop_torchrl.trainers.logging import MetricsHook, flatten_metrics
 
-#: The implementation before issue 19, loaded from git for the "before" figure: its
-#: estimator/loss (TorchRL's TanhNormal actor, per-call seed read back) and, written out
-#: in :func:`before_step`, its step (unfused Adam, one finiteness read per loss key,
-#: metrics copied to the host every step).
+#: The implementation the speed goals are measured against, loaded from git for the "before"
+#: figure: its estimator/loss (TorchRL's TanhNormal actor, per-call seed read back) and,
+#: written out in :func:`before_step`, its step (unfused Adam, one finiteness read per loss
+#: key, metrics copied to the host every step).
 BEFORE_COMMIT = "9d3ad48"
 _BEFORE_MODULES = (
     ("modules.actor_critic", "cbop_torchrl/modules/actor_critic.py"),

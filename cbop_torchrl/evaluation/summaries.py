@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -30,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cbop_torchrl.io import read_regular_text
+from cbop_torchrl.io import read_json, read_json_object, read_regular_text
 from cbop_torchrl.sweeps import SweepError, check_search_root, find_files
 
 SUMMARY_FORMAT = "cbop-torchrl-summary/1"
@@ -159,9 +158,9 @@ def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
         ReportError: the directory has no (readable) ``results.json``.
     """
     run_dir = Path(run_dir)
-    results = _read_json(run_dir / "results.json")
+    results = read_json_object(run_dir / "results.json", ReportError)
     config_path = run_dir / "config.json"
-    config = _read_json(config_path) if config_path.is_file() else {}
+    config = read_json_object(config_path, ReportError) if config_path.is_file() else {}
     missing = [key for key in RESULTS_KEYS if key not in results]
     if missing:
         raise ReportError(
@@ -234,16 +233,6 @@ def _score_curve(history: list[dict[str, Any]], key: str) -> list[list[float]]:
     return [[int(r["step"]), float(r[key])] for r in history if key in r]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(read_regular_text(path))
-    except (OSError, ValueError) as error:
-        raise ReportError(f"cannot read {str(path)!r} ({type(error).__name__}: {error})") from None
-    if not isinstance(value, dict):
-        raise ReportError(f"{str(path)!r} holds a {type(value).__name__}, not a JSON object")
-    return value
-
-
 FOREIGN_JSON_DIRS = frozenset((".hydra", "wandb", "selection_fqe"))
 """Folders whose JSON files other tools write (Hydra, W&B, the psi selection's cache):
 never summaries, so not read."""
@@ -267,15 +256,13 @@ def _read_summary_file(file: Path) -> dict[str, Any] | None:
             is a summary but lacks a field; silently skipping it would drop a run from the
             table.
     """
-    try:
-        value = json.loads(read_regular_text(file))
-    except (OSError, ValueError) as error:
-        raise ReportError(
-            f"cannot read {str(file)!r} ({type(error).__name__}: {error}); a truncated or "
-            "damaged file may be a run's summary, and leaving it out would show fewer seeds. "
-            "Restore the file (e.g. from git or the run that wrote it), or move it out of "
-            "the folders given in paths="
-        ) from None
+    value = read_json(
+        file,
+        ReportError,
+        "a truncated or damaged file may be a run's summary, and leaving it out would show "
+        "fewer seeds. Restore the file (e.g. from git or the run that wrote it), or move it "
+        "out of the folders given in paths=",
+    )
     if not isinstance(value, dict) or not str(value.get("summary_format", "")).startswith(
         "cbop-torchrl-summary"
     ):

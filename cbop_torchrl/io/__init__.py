@@ -8,7 +8,7 @@ module             job
 ``folders``        folders made on the way to a file, never through a link
 ``temporaries``    temporary files beside their final name; the abandoned ones removed
 ``cache``          the cache's folders, the keys of its entries, the lock on an entry
-``reading``        regular files only, never blocking; what a wrong file holds
+``reading``        regular files only, never blocking; their JSON; what a wrong file holds
 ``atomic``         atomic writes, one at a time or renamed together
 ``manifest``       which files of a user's folder the package wrote (only those replaced)
 =================  ==========================================================================
@@ -53,6 +53,8 @@ from cbop_torchrl.io.reading import (
     describe_load_error,
     file_kind,
     is_regular_file,
+    read_json,
+    read_json_object,
     read_regular_bytes,
     read_regular_json,
     read_regular_text,
@@ -109,6 +111,8 @@ __all__ = [
     "open_own_file",
     "out_of_memory_message",
     "owned_outputs",
+    "read_json",
+    "read_json_object",
     "read_regular_bytes",
     "read_regular_json",
     "read_regular_text",

@@ -55,6 +55,35 @@ def read_regular_json(path: Path) -> tuple[Any, str | None]:
         return None, f"cannot be read as JSON ({type(error).__name__}: {error})"
 
 
+def read_json(path: str | Path, error: type[Exception], hint: str | None = None) -> Any:
+    """The JSON value in the regular file ``path`` (read by :func:`read_regular_text`).
+
+    Raises:
+        error: ``path`` cannot be read or parsed (truncated, damaged, a special file); the
+            message names the file and the failure, then ``hint`` (what to do), if given.
+    """
+    try:
+        return json.loads(read_regular_text(path))
+    except (OSError, ValueError) as failure:
+        reason = f"cannot read {str(path)!r} ({type(failure).__name__}: {failure})"
+        raise error(f"{reason}; {hint}" if hint else reason) from None
+
+
+def read_json_object(
+    path: str | Path, error: type[Exception], hint: str | None = None
+) -> dict[str, Any]:
+    """The JSON object in the regular file ``path``.
+
+    Raises:
+        error: ``path`` cannot be read or parsed (:func:`read_json`, with ``hint``), or it
+            holds another JSON value than an object.
+    """
+    value = read_json(path, error, hint)
+    if not isinstance(value, dict):
+        raise error(f"{str(path)!r} holds a {type(value).__name__}, not a JSON object")
+    return value
+
+
 def special_file_kind(mode: int) -> str:
     """``a FIFO (named pipe)``, ``a socket``, ``a device``, ``a folder``... for ``st_mode``."""
     import stat
