@@ -11,6 +11,7 @@ step dispatches (``step_dispatched_ops``: what the host launches without a graph
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict
@@ -59,6 +60,47 @@ def dispatched_ops(call: Callable[[], object]) -> int:
     with _OpCounter() as counter:
         call()
     return counter.count
+
+
+class _CompiledRunCounter(_OpCounter):
+    """An :class:`_OpCounter` under which torch.compile's code runs (else dynamo runs eagerly).
+
+    Off while dynamo and inductor compile, on while the compiled code runs: it counts the
+    operations that code still dispatches (extern kernels such as matmuls, eager random
+    draws), not those fused into generated kernels.
+    """
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
+#: The profiler record of an inductor-generated CPU kernel (``cpp.enable_kernel_profile``).
+_CPP_KERNEL = re.compile(r"(graph_\d+_)?cpp_")
+
+
+def compiled_ops(call: Callable[[], object]) -> dict[str, int]:
+    """Operations one call of ``call`` runs, each torch.compile kernel counted as one.
+
+    ``dispatched``: the aten operations dispatched (the eager code's and those compiled code
+    still calls); ``kernels``: the calls of kernels inductor generated, each one operation
+    as each is one launch on CUDA, counted from the profiler records inductor writes into
+    its CPU kernels with ``cpp.enable_kernel_profile``; ``total``: their sum. Resets dynamo
+    and compiles ``call``'s regions anew in a warm-up call with that setting (a region
+    compiled without it would run unseen).
+    """
+    import torch._dynamo
+    import torch._inductor.config
+
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
+        call()
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=activities) as profile:
+            with _CompiledRunCounter() as counter:
+                call()
+    kernels = sum(1 for event in profile.events() if _CPP_KERNEL.match(event.name))
+    return {"dispatched": counter.count, "kernels": kernels, "total": counter.count + kernels}
 
 
 def whole_step(

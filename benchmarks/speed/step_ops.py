@@ -2,6 +2,7 @@
 
     python -m benchmarks.speed.step_ops                 # against OPS_CUT_COMMIT
     python -m benchmarks.speed.step_ops --commit abc123 --rounds 7
+    python -m benchmarks.speed.step_ops --small --compiled   # and with the target compiled
 
 Both in one process: the step's operations at the paper's sizes (bf16 rollouts, fused
 Adam and the target update: ``step_dispatched_ops`` of ``scripts/bench.py --device
@@ -10,7 +11,10 @@ M = 20 (walker2d) and M = 50 (hopper), with the Q-ensemble in a CPU's row blocks
 CUDA run's (one block at these sizes), now and at the commit; then the CPU preset's
 gradient step (sample, step, target update) now and with the commit's step modules (loaded
 from git), interleaved round by round, in steps/s, with the ratio. The two steps compute the
-same numbers (``tests/test_step_ops.py``).
+same numbers (``tests/test_step_ops.py``). ``--compiled`` adds the step with ``compile=true``
+(the CBOP target compiled by inductor, one graph): its count (:func:`compiled_ops`: the
+operations still dispatched plus one per call of a generated kernel, one launch each on
+CUDA) and its bf16 steps/s at the CPU preset.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from torchrl.objectives import SoftUpdate
 from benchmarks.speed import REPO
 from benchmarks.speed.measure import time_interleaved
 from benchmarks.speed.models import build_models, preset_dataset
-from benchmarks.speed.size_timings import dispatched_ops
+from benchmarks.speed.size_timings import compiled_ops, dispatched_ops
 from benchmarks.speed.sizes import PAPER, PAPER_HOPPER, Size, cpu_preset_size, env_sizes
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import action_spec
@@ -124,13 +128,14 @@ def make_step(
     rollout_dtype: str,
     models: tuple | None = None,
     q_chunk_rows: int | None = DEFAULT_Q_CHUNK_ROWS,
+    compile: bool = False,
 ) -> tuple[torch.nn.Module, Callable]:
     """``(loss, step)``: the CBOP step of ``modules`` at ``size`` (fused Adam, soft update).
 
     ``models`` (:func:`build_models`' actor, Q-networks and dynamics) are deep-copied (the
     dynamics rebuilt from ``modules``' own classes), so two steps built on the same models
     start from the same parameters. ``q_chunk_rows``: the Q-ensemble's rows per block
-    (a CPU's by default).
+    (a CPU's by default). ``compile``: the loss's ``compile=True`` (inductor on a CPU).
     """
     actor, qnets, dynamics, _ = models or build_models(size, device)
     dynamics = _own_dynamics(dynamics, modules, device)
@@ -140,7 +145,7 @@ def make_step(
         loss = modules["objectives.loss"].CBOPLoss(
             copy.deepcopy(actor), copy.deepcopy(qnets), dynamics,
             action_spec=action_spec(act_dim, device), horizon=size.horizon,
-            rollout_dtype=rollout_dtype,
+            rollout_dtype=rollout_dtype, **({"compile": True} if compile else {}),
         ).to(device)  # fmt: skip
     loss.value_estimator.q_chunk_rows = q_chunk_rows
     optimizer = torch.optim.Adam(
@@ -188,6 +193,82 @@ def count_ops(
     return dispatched_ops(lambda: step(batch))
 
 
+def count_compiled_ops(size: Size, q_chunk_rows: int, models: tuple) -> dict[str, int]:
+    """:func:`compiled_ops` of one warm bf16 step with ``compile=True`` (the target compiled).
+
+    The CPU's inductor kernels stand for a GPU's: each fused kernel one operation.
+    """
+    cpu = torch.device("cpu")
+    _, step = make_step(current_modules(), size, cpu, "bfloat16", models, q_chunk_rows, True)
+    batch = models[3]
+    return compiled_ops(lambda: step(batch))
+
+
+def print_counts(args: argparse.Namespace, base: dict, now: dict) -> None:
+    """The paper sizes' operation counts, at ``args.commit`` and now (and compiled)."""
+    device = torch.device("cpu")
+    for name, paper in (("M = 20, walker2d", PAPER), ("M = 50, hopper", PAPER_HOPPER)):
+        size, chunks = op_structure(paper) if args.small else (paper, None)
+        if chunks is None:
+            chunks = {"cpu": DEFAULT_Q_CHUNK_ROWS, "cuda": DEFAULT_CUDA_Q_CHUNK_ROWS}
+        models = build_models(size, device)
+        before = count_ops(base, size, chunks["cpu"], models)
+        cpu = count_ops(now, size, chunks["cpu"], models)
+        cuda = count_ops(now, size, chunks["cuda"], models)
+        print(
+            f"operations per paper-size bf16 step, {name}: {before} at {args.commit}, "
+            f"{cpu} now ({cpu / before:.2f}x); {cuda} with a CUDA run's Q-ensemble blocks",
+            flush=True,
+        )
+        if args.compiled:
+            parts = {key: count_compiled_ops(size, rows, models) for key, rows in chunks.items()}
+            cpu, cuda = parts["cpu"], parts["cuda"]
+            print(
+                f"  with compile=true (the target by inductor): {cpu['total']} "
+                f"({cpu['dispatched']} dispatched + {cpu['kernels']} generated kernels); "
+                f"{cuda['total']} ({cuda['dispatched']} + {cuda['kernels']}) with a CUDA "
+                "run's blocks",
+                flush=True,
+            )
+
+
+def time_preset(args: argparse.Namespace, base: dict, now: dict) -> None:
+    """The CPU preset's steps/s at ``args.commit`` and now (and compiled, bf16), interleaved."""
+    device = torch.device("cpu")
+    size = cpu_preset_size()
+    preset_models = build_models(size, device)
+    buffer = make_replay_buffer(preset_dataset(size, device), size.batch, device=device, seed=0)
+    variants = [
+        (name, modules, False, dtype)
+        for dtype in ("float32", "bfloat16")
+        for name, modules in (("before", base), ("now", now))
+    ]
+    if args.compiled:
+        variants.append(("compiled", now, True, "bfloat16"))
+    calls = {}
+    for name, modules, compile, dtype in variants:
+        _, step = make_step(modules, size, device, dtype, preset_models, compile=compile)
+
+        def run(step=step) -> None:
+            for _ in range(args.steps_per_round):
+                step(buffer.sample())
+
+        if compile:
+            run()  # compiles outside the timed rounds
+        calls[name, dtype] = run
+    seconds = time_interleaved(calls, args.rounds, device)
+    rates = {key: args.steps_per_round / value for key, value in seconds.items()}
+    for dtype in ("float32", "bfloat16"):
+        before, after = rates["before", dtype], rates["now", dtype]
+        print(
+            f"CPU preset steps/s ({dtype} rollouts, {torch.get_num_threads()} threads): "
+            f"{before:.2f} at {args.commit}, {after:.2f} now ({after / before:.2f}x)"
+        )
+    if args.compiled:
+        compiled, after = rates["compiled", "bfloat16"], rates["now", "bfloat16"]
+        print(f"  with compile=true (bf16): {compiled:.2f} ({compiled / after:.2f}x now)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commit", default=OPS_CUT_COMMIT, help="the commit to compare with")
@@ -199,51 +280,20 @@ def main(argv: list[str] | None = None) -> int:
         help="count at op_structure()'s small sizes (same operations, seconds not minutes)",
     )
     parser.add_argument("--no-counts", action="store_true", help="time the CPU preset only")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also count and time the step with compile=true (inductor; minutes per compile)",
+    )
     args = parser.parse_args(argv)
-    device = torch.device("cpu")
     base = load_step_modules(args.commit)
     if base is None:
         print(f"cannot load {args.commit} from git", file=sys.stderr)
         return 2
     now = current_modules()
-
-    papers = (
-        () if args.no_counts else (("M = 20, walker2d", PAPER), ("M = 50, hopper", PAPER_HOPPER))
-    )
-    for name, paper in papers:
-        size, chunks = op_structure(paper) if args.small else (paper, None)
-        if chunks is None:
-            chunks = {"cpu": DEFAULT_Q_CHUNK_ROWS, "cuda": DEFAULT_CUDA_Q_CHUNK_ROWS}
-        models = build_models(size, device)
-        before = count_ops(base, size, chunks["cpu"], models)
-        cpu = count_ops(now, size, chunks["cpu"], models)
-        cuda = count_ops(now, size, chunks["cuda"], models)
-        print(
-            f"operations per paper-size bf16 step, {name}: {before} at {args.commit}, "
-            f"{cpu} now ({cpu / before:.2f}x); {cuda} with a CUDA run's Q-ensemble blocks"
-        )
-
-    size = cpu_preset_size()
-    preset_models = build_models(size, device)
-    buffer = make_replay_buffer(preset_dataset(size, device), size.batch, device=device, seed=0)
-    calls = {}
-    for dtype in ("float32", "bfloat16"):
-        for name, modules in (("before", base), ("now", now)):
-            _, step = make_step(modules, size, device, dtype, preset_models)
-
-            def run(step=step) -> None:
-                for _ in range(args.steps_per_round):
-                    step(buffer.sample())
-
-            calls[name, dtype] = run
-    seconds = time_interleaved(calls, args.rounds, device)
-    rates = {key: args.steps_per_round / value for key, value in seconds.items()}
-    for dtype in ("float32", "bfloat16"):
-        before, after = rates["before", dtype], rates["now", dtype]
-        print(
-            f"CPU preset steps/s ({dtype} rollouts, {torch.get_num_threads()} threads): "
-            f"{before:.2f} at {args.commit}, {after:.2f} now ({after / before:.2f}x)"
-        )
+    if not args.no_counts:
+        print_counts(args, base, now)
+    time_preset(args, base, now)
     return 0
 
 
