@@ -220,11 +220,12 @@ def test_cuda_graph_is_chosen_on_cuda_only_and_refused_where_it_cannot_run() -> 
     assert uses_cuda_graph(config, torch.device("cpu")) is False
     assert uses_cuda_graph(config, torch.device("cuda")) is True
     assert uses_cuda_graph(RunConfig(cuda_graph=False), torch.device("cuda")) is False
-    assert uses_cuda_graph(RunConfig(compile=True), torch.device("cuda")) is False
+    # compile=true: the step's graph holds the compiled target (no CUDA graphs of its own).
+    assert uses_cuda_graph(RunConfig(compile=True), torch.device("cuda")) is True
+    assert uses_cuda_graph(RunConfig(cuda_graph=True, compile=True), torch.device("cuda")) is True
+    assert uses_cuda_graph(RunConfig(cuda_graph=False, compile=True), torch.device("cuda")) is False
     with pytest.raises(ConfigError, match="device=cuda"):
         uses_cuda_graph(RunConfig(cuda_graph=True), torch.device("cpu"))
-    with pytest.raises(ConfigError, match="cannot nest"):
-        uses_cuda_graph(RunConfig(cuda_graph=True, compile=True), torch.device("cuda"))
 
 
 def test_a_captured_step_needs_a_warm_up() -> None:
@@ -299,7 +300,8 @@ def test_cuda_graph_true_on_a_cpu_run_is_refused_before_anything_runs(tmp_path) 
     problems = validate(RunConfig(cuda_graph=True, device="cpu"))
     assert any("cuda_graph=true" in problem and "device=cuda" in problem for problem in problems)
     problems = validate(RunConfig(cuda_graph=True, compile=True, device="cpu"))
-    assert any("cannot nest" in problem for problem in problems)
+    assert len([problem for problem in problems if "cuda_graph" in problem]) == 1, problems
+    assert not any("compile" in problem for problem in problems), problems
     assert not any("cuda_graph" in problem for problem in validate(RunConfig(device="cpu")))
 
 

@@ -12,10 +12,13 @@ import pytest
 import torch
 from batches import random_transitions
 from tensordict import TensorDict
+from torchrl.objectives import SoftUpdate
 
+from benchmarks.speed.size_timings import compiled_ops, dispatched_ops
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
 from cbop_torchrl.objectives import CBOPLoss
+from cbop_torchrl.trainers.update import GradientStep
 
 OBS, ACT, M, H, K = 5, 2, 3, 2, 3
 
@@ -67,6 +70,52 @@ def test_compiled_target_gives_the_eager_losses_and_gradients():
             torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-4, atol=1e-5)
         for loss in (eager, compiled):
             loss.zero_grad(set_to_none=True)
+
+
+def test_the_compiled_target_in_the_gradient_step_gives_the_eager_parameters():
+    """Loss, backward, fused Adam and the target update around the compiled target."""
+    batch = _batch()
+    initial = _loss(compile=False).state_dict()
+    losses, steps = [], []
+    for compile in (False, True):
+        loss = _loss(compile=compile)
+        optimizer = torch.optim.Adam(loss.parameters(), lr=1e-3, fused=True)
+        losses.append(loss)
+        steps.append(GradientStep(loss, optimizer, SoftUpdate(loss, tau=0.05)))
+    for _ in range(2):
+        for step in steps:
+            torch.manual_seed(3)
+            step(batch.clone())
+    eager, compiled = losses
+    assert compiled.value_estimator._compiled_target is not None
+    moved = 0
+    for key, value in eager.state_dict().items():
+        torch.testing.assert_close(compiled.state_dict()[key], value, rtol=1e-4, atol=1e-5)
+        moved += not torch.equal(value, initial[key])
+    assert moved > 0  # the steps changed the parameters
+
+
+def test_on_cuda_the_target_is_compiled_only_inside_a_whole_step_graph():
+    """With compile on CUDA: the whole target by inductor in a captured step, else eager
+    (the Q-ensemble then compiles with its own CUDA graphs). Nothing is compiled here."""
+    estimator = _loss(compile=True).value_estimator
+    cuda = torch.device("cuda")
+    assert estimator._target_function(cuda) == estimator._target_tensors
+    estimator.whole_step_graph = True
+    assert estimator._target_function(cuda) != estimator._target_tensors
+    assert estimator._compiled_target is not None
+
+
+def test_the_compiled_counter_counts_each_generated_kernel_as_one_operation():
+    """sin -> matmul -> cos: two generated kernels around one extern matmul (eager: 3)."""
+
+    def function(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x.sin() @ w).cos()
+
+    x, w = torch.randn(16, 32), torch.randn(32, 8)
+    compiled = torch.compile(function, dynamic=False)
+    assert compiled_ops(lambda: compiled(x, w)) == {"dispatched": 1, "kernels": 2, "total": 3}
+    assert dispatched_ops(lambda: function(x, w)) == 3
 
 
 def test_bf16_measurement_runs_eagerly():

@@ -299,15 +299,18 @@ def test_a_cuda_checkpoint_resumes_on_the_cpu_and_back(tmp_path: Path) -> None:
     assert os.environ.get("CUDA_VISIBLE_DEVICES") != ""  # this process still sees the GPU
 
 
-def _cuda_loss(models, rollout_dtype: str = "float32", critic_penalty: float = 0.0):
+def _cuda_loss(
+    models, rollout_dtype: str = "float32", critic_penalty: float = 0.0, compile: bool = False
+):
     from torchrl.objectives import SoftUpdate
 
     actor, qnets, dynamics, batch = models["cuda"]
     loss = CBOPLoss(
         copy.deepcopy(actor), copy.deepcopy(qnets), dynamics,
         action_spec=action_spec(batch["action"].shape[-1], CUDA), horizon=SIZE.horizon,
-        rollout_dtype=rollout_dtype, critic_penalty=critic_penalty,
+        rollout_dtype=rollout_dtype, critic_penalty=critic_penalty, compile=compile,
     ).to(CUDA)  # fmt: skip
+    loss.value_estimator.whole_step_graph = compile  # the CBOP stage's compile + cuda_graph
     optimizer = torch.optim.Adam(loss.parameters(), lr=1e-3, fused=True, capturable=True)
     return loss, GradientStep(loss, optimizer, SoftUpdate(loss, tau=0.005))
 
@@ -322,28 +325,34 @@ def _batches(models, steps: int) -> list:
 
 @pytest.mark.filterwarnings("ignore:No target network updater")
 @pytest.mark.parametrize(
-    ("rollout_dtype", "critic_penalty"), [("float32", 0.0), ("bfloat16", 0.0), ("float32", 1.0)]
-)
+    ("rollout_dtype", "critic_penalty", "compile"),
+    [("float32", 0.0, False), ("bfloat16", 0.0, False), ("float32", 1.0, False),
+     ("float32", 0.0, True)],
+)  # fmt: skip
 def test_the_captured_cbop_step_equals_the_eager_step(
-    models, rollout_dtype: str, critic_penalty: float
+    models, rollout_dtype: str, critic_penalty: float, compile: bool
 ) -> None:
     """The captured step equals the eager one; with the critic penalty (beyond the paper) too,
-    whose policy-action draw is one more random draw inside the graph."""
+    whose policy-action draw is one more random draw inside the graph; and with the target
+    compiled by inductor (``compile=true``) inside the graph."""
     steps = 10
     batches = _batches(models, steps)
     eager_loss, eager = _cuda_loss(models, rollout_dtype, critic_penalty)
-    graph_loss, graph_step = _cuda_loss(models, rollout_dtype, critic_penalty)
+    graph_loss, graph_step = _cuda_loss(models, rollout_dtype, critic_penalty, compile)
     captured = CapturedStep(graph_step, warmup_steps=3)
     torch.manual_seed(11)
     eager_out = [eager(batch).clone() for batch in batches]
     torch.manual_seed(11)
     graph_out = [captured(batch).clone() for batch in batches]
     assert captured.captured
+    assert (graph_loss.value_estimator._compiled_target is not None) == compile
+    # Inductor's kernels round differently; Adam turns that into up to ~lr (1e-3) per step.
+    atol, rtol = (4e-3, 1e-2) if compile else (1e-5, 1e-3)
     for key, value in eager_loss.state_dict().items():
-        torch.testing.assert_close(graph_loss.state_dict()[key], value, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(graph_loss.state_dict()[key], value, rtol=1e-4, atol=atol)
     for out_e, out_g in zip(eager_out, graph_out, strict=True):
         for key in ("loss_actor", "loss_qvalue", "grad_norm"):
-            torch.testing.assert_close(out_g[key], out_e[key], rtol=1e-3, atol=1e-4)
+            torch.testing.assert_close(out_g[key], out_e[key], rtol=rtol, atol=1e-4)
     assert graph_step.health.read() == (0, -1, [])
 
 

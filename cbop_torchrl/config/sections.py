@@ -426,7 +426,9 @@ class RunConfig(Section):
     seed: int = 0
     device: str = "auto"
     threads: int | None = None  # torch CPU threads; None: torch's default (all cores)
-    compile: bool = False  # torch.compile of the target (CUDA graphs on CUDA, inductor on CPU)
+    # torch.compile of the CBOP target: inductor on a CPU and inside a captured CUDA step;
+    # on CUDA with cuda_graph=false, CUDA graphs for its Q-ensemble
+    compile: bool = False
     # the whole CBOP gradient step as one captured CUDA graph: null (auto) on a CUDA device,
     # true requires one, false never (trainers/update.py)
     cuda_graph: bool | None = None
@@ -510,12 +512,6 @@ class RunConfig(Section):
                 "cuda_graph=true captures the CBOP step as a CUDA graph, which needs device=cuda "
                 "on a machine with a GPU; drop cuda_graph=true (the default, cuda_graph=null, "
                 "captures whenever the device is CUDA)"
-            )
-        if self.cuda_graph and self.compile:
-            problems.append(
-                "cuda_graph=true and compile=true both ask for CUDA graphs, which cannot nest; "
-                "use cuda_graph=true compile=false (the whole step) or cuda_graph=false "
-                "compile=true"
             )
         return problems
 

@@ -182,6 +182,11 @@ class CBOPValueEstimator(ValueEstimatorBase):
         self._compiled_q: Callable[..., torch.Tensor] | None = None
         self._compiled_target: Callable[..., Any] | None = None
         self._eager_only = False  # set while measure_bf16_error runs (no compile per dtype)
+        #: Whether the step computing the target is captured as one CUDA graph (the CBOP
+        #: stage's ``cuda_graph``). With ``compile`` on CUDA that capture records the whole
+        #: target compiled by inductor without CUDA graphs of its own (graphs cannot nest);
+        #: otherwise ``compile`` runs the Q-ensemble through ``mode="reduce-overhead"``.
+        self.whole_step_graph = False
         self._seed_stream = None if settings.seed is None else random.Random(int(settings.seed))
         #: Detached diagnostics of the last call (a TensorDict with batch ``[]``).
         self.last_diagnostics: TensorDictBase | None = None
@@ -325,7 +330,12 @@ class CBOPValueEstimator(ValueEstimatorBase):
             return contextlib.nullcontext()
         # Inside a CUDA graph capture autocast must not cache its weight casts (PyTorch's
         # CUDA-graph notes): the cached copies would outlive the capture's allocations.
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        # Compiled code keeps no autocast cache: the capture query stays out of dynamo's trace.
+        capturing = (
+            device.type == "cuda"
+            and not torch.compiler.is_compiling()
+            and torch.cuda.is_current_stream_capturing()
+        )
         return torch.autocast(
             device_type=device.type, dtype=self.rollout_dtype, cache_enabled=not capturing
         )
@@ -382,7 +392,7 @@ class CBOPValueEstimator(ValueEstimatorBase):
         """All members on all rows in one batched call: ``[R, O], [R, A] -> [M, R]`` (fp32)."""
         if self._mlp_plan is not None:
             compiled = None
-            if self.compile and obs.device.type == "cuda":
+            if self.compile and obs.device.type == "cuda" and not self.whole_step_graph:
                 if self._compiled_q is None:
                     self._compiled_q = torch.compile(fused_mlp_ensemble, mode="reduce-overhead")
                 compiled = self._compiled_q
@@ -498,10 +508,12 @@ class CBOPValueEstimator(ValueEstimatorBase):
         return target.reshape(*batch_shape, 1), diagnostics
 
     def _target_function(self, device: torch.device) -> Callable[..., Any]:
-        """:meth:`_target_tensors`, compiled with inductor with ``compile`` on a CPU."""
-        if not self.compile or device.type != "cpu" or self._eager_only:
+        """:meth:`_target_tensors`, compiled with inductor with ``compile`` on a CPU or in a
+        whole-step CUDA graph (:attr:`whole_step_graph`)."""
+        whole = device.type == "cpu" or (device.type == "cuda" and self.whole_step_graph)
+        if not self.compile or not whole or self._eager_only:
             return self._target_tensors
-        if self._compiled_target is None:
+        if self._compiled_target is None and device.type == "cpu":
             compilers = (os.environ.get("CXX"), "g++", "c++", "clang++")
             if not any(shutil.which(name) for name in compilers if name):
                 raise RuntimeError(
@@ -509,6 +521,9 @@ class CBOPValueEstimator(ValueEstimatorBase):
                     "(inductor), which needs a C++ compiler; none was found (CXX, g++, c++, "
                     "clang++). Install one (e.g. apt-get install g++) or run with compile=false."
                 )
+        if self._compiled_target is None:
+            # Mode "default": no CUDA graphs of inductor's own, so the step's capture holds
+            # the kernels. Random draws stay eager ones (fallback_random): the eager numbers.
             self._compiled_target = torch.compile(
                 self._target_tensors, dynamic=False, options={"fallback_random": True}
             )

@@ -119,9 +119,11 @@ def make_optimizer(loss: CBOPLoss, config: RunConfig) -> torch.optim.Optimizer:
 def uses_cuda_graph(config: RunConfig, device: torch.device) -> bool:
     """Whether the CBOP step is captured as a CUDA graph (``cuda_graph``: null = on CUDA).
 
+    With ``compile=true`` the captured step holds the CBOP target compiled by inductor
+    (:attr:`~cbop_torchrl.objectives.estimator.CBOPValueEstimator.whole_step_graph`).
+
     Raises:
-        ConfigError: ``cuda_graph=true`` on a device that is not CUDA, or with ``compile=true``
-            (the estimator's own CUDA graphs cannot nest in the step's).
+        ConfigError: ``cuda_graph=true`` on a device that is not CUDA.
     """
     on_cuda = device.type == "cuda"
     if config.cuda_graph and not on_cuda:
@@ -130,13 +132,7 @@ def uses_cuda_graph(config: RunConfig, device: torch.device) -> bool:
             f"{device}; run with device=cuda on a machine with a GPU, or drop cuda_graph=true "
             "(the default, cuda_graph=null, captures only on CUDA)."
         )
-    if config.cuda_graph and config.compile:
-        raise ConfigError(
-            "cuda_graph=true and compile=true both ask for CUDA graphs (the whole step, and "
-            "the target's Q-ensemble inside it), which cannot nest; use one: cuda_graph=true "
-            "compile=false (faster: the whole step) or cuda_graph=false compile=true."
-        )
-    return on_cuda and not config.compile if config.cuda_graph is None else bool(config.cuda_graph)
+    return on_cuda if config.cuda_graph is None else bool(config.cuda_graph)
 
 
 @dataclass
@@ -200,6 +196,7 @@ def cbop_stage(
     seed_everything(config.seed + CBOP_SEED_OFFSET)
     loss, actor = build_cbop_loss(config, run.info, dynamics, run.device)
     cuda_graph = uses_cuda_graph(config, run.device)
+    loss.value_estimator.whole_step_graph = cuda_graph
     # TorchRL's contract: the target updater is associated before the loss reads its targets.
     # It is stepped inside the gradient step (GuardedOptimizationStepper), captured with it.
     target_update = SoftUpdate(loss, tau=config.agent.tau)
