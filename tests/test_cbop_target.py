@@ -28,7 +28,12 @@ SIZE = dataclasses.replace(cpu_preset_size(), batch=64)
 @pytest.fixture(scope="module")
 def base_estimator():
     modules = load_before_modules(
-        TARGET_BASE_COMMIT, (("objectives.estimator", "cbop_torchrl/objectives/estimator.py"),)
+        TARGET_BASE_COMMIT,
+        (
+            # the commit's own rollout_dtype: its estimator imports names since removed
+            ("objectives.rollout_dtype", "cbop_torchrl/objectives/rollout_dtype.py"),
+            ("objectives.estimator", "cbop_torchrl/objectives/estimator.py"),
+        ),
     )
     if modules is None:
         pytest.skip(f"git cannot show {TARGET_BASE_COMMIT} here")

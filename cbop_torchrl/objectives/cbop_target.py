@@ -96,26 +96,50 @@ def shared_rollout_returns(
         returns_0 = q.t()[:, None, None, :].expand(N, 1, K, q.shape[0])
         valid = torch.ones(N, 1, dtype=torch.bool, device=device)
         return returns_0.contiguous(), valid
-    # One Q call for every horizon: rows [N] (h = 0) then [H, K, N] (h >= 1).
-    rows_obs = torch.cat([next_obs, torch.stack(q_obs).view(H * K * N, obs_dim)])
-    rows_action = torch.cat([first_action, torch.stack(q_action).view(H * K * N, -1)])
-    q = q_values(rows_obs, rows_action)  # [M, N + H*K*N]
-    M = q.shape[0]
-    q0 = q[:, :N]  # [M, N]
-    returns_0 = q0.t()[:, None, None, :].expand(N, 1, K, M)
-    q_h = q[:, N:].reshape(M, H, K, N)
     reward_h = torch.stack(rewards).squeeze(-1)  # [H, K, N]
     discounts = gamma ** torch.arange(H, device=device, dtype=reward_h.dtype)  # gamma^(h-1)
     discounts = discounts.view(H, 1, 1)
     partial = torch.cumsum(reward_h * discounts, dim=0)
     alive_h = ~torch.stack(dead_after).squeeze(-1)  # [H, K, N]
-    # gamma^h Q where the particle is alive; a where, not a 0 x Q product, so a
-    # terminated particle's Q (never used) cannot turn the sum into NaN.
-    bootstrap = torch.where(alive_h, gamma * discounts * q_h, 0.0)
-    returns_h = partial + bootstrap  # [M, H, K, N]
-    returns = torch.cat([returns_0, returns_h.permute(3, 1, 2, 0)], dim=1)
+    returns = bootstrapped_returns(
+        q_values,
+        torch.cat([next_obs, torch.stack(q_obs).view(H * K * N, obs_dim)]),
+        torch.cat([first_action, torch.stack(q_action).view(H * K * N, -1)]),
+        partial,
+        alive_h,
+        gamma * discounts,
+    )
     valid = torch.cat([torch.ones(1, N, dtype=torch.bool, device=device), alive_h.all(dim=1)]).t()
     return returns, valid
+
+
+def bootstrapped_returns(
+    q_values: QValues,
+    rows_obs: torch.Tensor,
+    rows_action: torch.Tensor,
+    partial: torch.Tensor,
+    alive: torch.Tensor,
+    discount: torch.Tensor,
+) -> torch.Tensor:
+    """``returns`` ``(N, H+1, K, M)``: ``Q(s', a')`` at h = 0, then each horizon's bootstrap.
+
+    Args:
+        q_values: the target Q-ensemble, called once for every horizon.
+        rows_obs, rows_action: ``[N + H*K*N, *]``: the N rows ``(s', a')`` (h = 0), then
+            the rollout's states and actions at the end of each horizon, ``[H, K, N]``.
+        partial: ``[H, K, N]`` the discounted rewards of each horizon's first h steps.
+        alive: ``[H, K, N]`` whether the particle is still running after h steps.
+        discount: ``gamma^h``, broadcastable to ``[H, K, N]``.
+    """
+    H, K, N = partial.shape
+    q = q_values(rows_obs, rows_action)  # [M, N + H*K*N]
+    M = q.shape[0]
+    returns_0 = q[:, :N].t()[:, None, None, :].expand(N, 1, K, M)
+    q_h = q[:, N:].reshape(M, H, K, N)
+    # gamma^h Q where the particle is alive; a where, not a 0 x Q product, so a
+    # terminated particle's Q (never used) cannot turn the sum into NaN.
+    returns_h = partial + torch.where(alive, discount * q_h, 0.0)  # [M, H, K, N]
+    return torch.cat([returns_0, returns_h.permute(3, 1, 2, 0)], dim=1)
 
 
 def independent_rollout_returns(
@@ -168,16 +192,15 @@ def independent_rollout_returns(
         obs, action = obs[:, 1:], action[:, 1:]
         partial, alive, valid_group = partial[:, 1:], alive[:, 1:], valid_group[1:]
 
-    rows_obs = torch.cat([next_obs, *(o.reshape(K * N, -1) for o in done_obs)])
-    rows_action = torch.cat([first_action, *(a.reshape(K * N, -1) for a in done_action)])
-    q = q_values(rows_obs, rows_action)  # [M, N + H*K*N]
-    M = q.shape[0]
-    returns_0 = q[:, :N].t()[:, None, None, :].expand(N, 1, K, M)
-    q_h = q[:, N:].reshape(M, H, K, N)
-    discount_h = gamma ** torch.arange(1, H + 1, device=device, dtype=q.dtype)  # gamma^h
-    bootstrap = torch.where(torch.stack(done_alive), discount_h[:, None, None] * q_h, 0.0)
-    returns_h = torch.stack(done_partial) + bootstrap  # [M, H, K, N]
-    returns = torch.cat([returns_0, returns_h.permute(3, 1, 2, 0)], dim=1)
+    discount_h = gamma ** torch.arange(1, H + 1, device=device, dtype=partial.dtype)  # gamma^h
+    returns = bootstrapped_returns(
+        q_values,
+        torch.cat([next_obs, *(o.reshape(K * N, -1) for o in done_obs)]),
+        torch.cat([first_action, *(a.reshape(K * N, -1) for a in done_action)]),
+        torch.stack(done_partial),
+        torch.stack(done_alive),
+        discount_h[:, None, None],
+    )
     first = torch.ones(1, N, dtype=torch.bool, device=device)
     valid = torch.cat([first, *(v.unsqueeze(0) for v in done_valid)]).t()
     return returns, valid
@@ -286,6 +309,7 @@ __all__ = [
     "ModelStep",
     "QValues",
     "SampleAction",
+    "bootstrapped_returns",
     "horizon_value",
     "independent_rollout_returns",
     "rollout_returns",
