@@ -45,7 +45,10 @@ PAPER_PSI: dict[str, dict[str, float]] = {
 }
 """The paper's LCB coefficient psi per family and D4RL dataset kind (DESIGN.md section 1)."""
 
-GENERATED_PSI: dict[str, float] = {"halfcheetah-medium-replay-gen": 3.0}
+GENERATED_PSI: dict[str, float] = {
+    "halfcheetah-medium-replay-gen": 3.0,
+    "hopper-medium-replay-gen": 0.5,
+}
 """psi for ``estimator.psi: null`` on the generated look-alike sets (``scripts/collect.py``,
 by the set's name) where the paper's own way of choosing it differs from its D4RL table: the
 offline choice by FQE over the paper's grid {0.5, 2, 3, 5} (appendix C), made at the CPU
