@@ -51,6 +51,8 @@ OPS_CUT_COMMIT = "122e977"
 #: The modules of the step, in import order, loaded from a commit (each later one imports
 #: the earlier ones of the same commit; a module the commit lacks is this checkout's).
 STEP_MODULES = (
+    # a commit's estimator imports names of its own rollout_dtype that have since gone
+    ("objectives.rollout_dtype", "cbop_torchrl/objectives/rollout_dtype.py"),
     ("modules.fused_mlp", "cbop_torchrl/modules/fused_mlp.py"),
     ("modules.dynamics", "cbop_torchrl/modules/dynamics.py"),
     ("objectives.fast_paths", "cbop_torchrl/objectives/fast_paths.py"),
@@ -65,10 +67,18 @@ STEP_MODULES = (
 def current_modules() -> dict[str, types.ModuleType]:
     """This checkout's step modules, keyed as :data:`STEP_MODULES`."""
     from cbop_torchrl.modules import dynamics, fused_mlp
-    from cbop_torchrl.objectives import cbop_settings, cbop_target, estimator, fast_paths, loss
+    from cbop_torchrl.objectives import (
+        cbop_settings,
+        cbop_target,
+        estimator,
+        fast_paths,
+        loss,
+        rollout_dtype,
+    )
     from cbop_torchrl.trainers import update
 
     return {
+        "objectives.rollout_dtype": rollout_dtype,
         "modules.fused_mlp": fused_mlp,
         "modules.dynamics": dynamics,
         "objectives.fast_paths": fast_paths,
