@@ -58,6 +58,7 @@ from cbop_torchrl.io.reading import (
     read_regular_bytes,
     read_regular_json,
     read_regular_text,
+    require_regular_file,
     special_file_kind,
 )
 from cbop_torchrl.io.roots import (
@@ -100,6 +101,7 @@ __all__ = [
     "describe_load_error",
     "disk_full_error",
     "file_kind",
+    "require_regular_file",
     "guarded_writes",
     "is_disk_full",
     "is_out_of_memory",

@@ -108,6 +108,21 @@ def is_regular_file(path: str | Path) -> bool:
         return False
 
 
+def require_regular_file(
+    path: Path, error: type[Exception], what: str, hint: str, missing: str
+) -> None:
+    """Raises ``error`` unless ``path`` is a regular file (never opens anything else).
+
+    The message is ``'<path>' is <its kind>, not <what>; <hint>`` for a folder, a FIFO or a
+    device, and ``missing`` when nothing is there.
+    """
+    if path.is_file():
+        return
+    if path.exists():  # a folder, a FIFO (never opened: it would block), a device
+        raise error(f"{str(path)!r} is {file_kind(path)}, not {what}; {hint}")
+    raise error(missing)
+
+
 def file_kind(path: str | Path) -> str | None:
     """What ``path`` holds when it is no PyTorch file: ``an HDF5 file``, ``a JSON file``,
     ``a CSV file``, ``a text file``, ``an empty file``, ``a FIFO (named pipe)``...; None for

@@ -58,7 +58,7 @@ from cbop_torchrl.io import (
     atomic_write,
     config_hash,
     describe_load_error,
-    file_kind,
+    require_regular_file,
 )
 from cbop_torchrl.modules.actor_critic import make_actor, make_deterministic_actor
 from cbop_torchrl.registry import Task, get_family
@@ -83,13 +83,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         CheckpointError: the file is missing, truncated or not one of ours.
     """
     path = Path(path)
-    if not path.is_file():
-        if path.exists():  # a folder, a FIFO (never opened: it would block), a device
-            raise CheckpointError(
-                f"{str(path)!r} is {file_kind(path)}, not a checkpoint file; pass the "
-                "checkpoint.pt or policy.pt of a run directory"
-            )
-        raise CheckpointError(f"no checkpoint at {str(path)!r}")
+    require_regular_file(
+        path,
+        CheckpointError,
+        "a checkpoint file",
+        "pass the checkpoint.pt or policy.pt of a run directory",
+        f"no checkpoint at {str(path)!r}",
+    )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:

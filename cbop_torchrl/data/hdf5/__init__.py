@@ -50,7 +50,7 @@ from cbop_torchrl.data.hdf5.layout import (
 from cbop_torchrl.data.hdf5.links import linked_files
 from cbop_torchrl.data.hdf5.validate import MAX_MAGNITUDE, READ_BLOCK_ROWS, read_and_validate
 from cbop_torchrl.data.transitions import build_transitions
-from cbop_torchrl.io import file_kind
+from cbop_torchrl.io import require_regular_file
 
 
 def convert_hdf5(path: Path) -> tuple[TensorDict, str | None, str | None]:
@@ -91,15 +91,13 @@ def load_hdf5(path: Path, with_data: bool = True) -> tuple[TensorDict | None, di
         ``num_transitions``, ``source``).
     """
     path = Path(path)
-    if not path.is_file():
-        if path.exists():  # a folder, a FIFO (never opened: it would block), a device
-            raise DatasetError(
-                f"{str(path)!r} is {file_kind(path)}, not a file; pass the path of a "
-                "D4RL-format HDF5 file."
-            )
-        raise DatasetError(
-            f"no file at {str(path)!r}; pass the path of an existing D4RL-format HDF5 file."
-        )
+    require_regular_file(
+        path,
+        DatasetError,
+        "a file",
+        "pass the path of a D4RL-format HDF5 file.",
+        f"no file at {str(path)!r}; pass the path of an existing D4RL-format HDF5 file.",
+    )
     check_hdf5_signature(path)  # a large file of another format is refused before hashing
     content = content_key(path)
     fingerprint = hdf5_fingerprint(path, content)
