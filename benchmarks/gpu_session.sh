@@ -21,6 +21,7 @@
 # ("": any of install tests bench slices), DATASETS (hopper-medium-replay-gen, or DATASET's
 # value; other sets' files from $DATA_DIR, default .gpu-data), SEEDS (0; "0 1 2" for three
 # runs per set), RUN_THREADS (torch threads per run; default: the cores shared out),
+# BENCH_ARGS ("": more options of scripts/bench.py, e.g. "--compiled-step --no-extras"),
 # EVAL_INTERVAL (10000), START_STATES ("": learning.py's default; the screens: 0), LABEL ("":
 # the runs' label, e.g. screen), OVERRIDES ("": extra Hydra overrides of every run) and RUNS
 # ("": the runs as set:seed[:override[:override...]] words instead of DATASETS x SEEDS, each
@@ -128,12 +129,13 @@ fi
 # 3. The speed benchmark at the paper's sizes.
 if ! skipped bench && [ ! -f "$STATE/bench.done" ]; then
     say "scripts/bench.py --device cuda"
-    if $PYTHON scripts/bench.py --device cuda --json "$OUT/bench_cuda.json" >"$OUT/bench_cuda.log" 2>&1; then
+    # shellcheck disable=SC2086  # BENCH_ARGS: extra options, one per word
+    if $PYTHON scripts/bench.py --device cuda ${BENCH_ARGS:-} --json "$OUT/bench_cuda.json" >"$OUT/bench_cuda.log" 2>&1; then
         cp "$OUT/bench_cuda.json" "$STATE/bench_cuda.json" && touch "$STATE/bench.done"
     else
         say "bench failed: bench_cuda.log"
     fi
-    grep -A8 "^== paper" "$OUT/bench_cuda.log" | tee -a "$OUT/gpu_session.log"
+    grep -A10 "^== paper" "$OUT/bench_cuda.log" | tee -a "$OUT/gpu_session.log"
 fi
 
 # 4. Slices of the preset: one run per (set, seed) of $DATASETS x $SEEDS, all at once on the

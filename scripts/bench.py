@@ -137,6 +137,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="compile=True in the estimator and loss (CUDA: CUDA graphs; CPU: inductor)",
     )
     parser.add_argument(
+        "--compiled-step",
+        action="store_true",
+        help="CUDA: also time the bf16 step with compile=true captured as one CUDA graph "
+        "(step_bf16_captured_compiled), as training runs it with compile=true",
+    )
+    parser.add_argument(
         "--large-dataset",
         type=int,
         metavar="N",
@@ -241,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         size = known[name]
         size_rounds = rounds if args.rounds or size not in (PAPER, PAPER_HOPPER) else min(rounds, 3)
-        result = bench_size(size, device, size_rounds, matmul_n, args.compile)
+        result = bench_size(size, device, size_rounds, matmul_n, args.compile, args.compiled_step)
         report["sizes"][name] = result
         print_size(result)
 

@@ -36,14 +36,15 @@ def print_size(result: dict) -> None:
         f"matmul peak in the same rounds: {result['peak_fp32_gflops']:.0f} GFLOP/s fp32, "
         f"{result['peak_bf16_gflops']:.0f} bf16 (% peak: target_bf16 against bf16, others fp32)"
     )
-    print(f"{'':18}{'ms/call':>10}{'GFLOP/s':>10}{'% peak':>8}{'% bf16':>8}{'vs ref':>8}")
+    print(f"{'':28}{'ms/call':>10}{'GFLOP/s':>10}{'% peak':>8}{'% bf16':>8}{'vs ref':>8}")
     names = ("reference_target", "target_fp32", "target_bf16", "target_tf32", "update")
     captured = ("step_eager", "step_captured", "step_bf16_eager", "step_bf16_captured")
+    captured += ("step_bf16_captured_compiled",)
     for name in (*names, "update_bf16", "sac_update", *captured):
         if name + "_ms" not in result:  # a report from before update_bf16 was timed
             continue
         print(
-            f"{name:18}{result[name + '_ms']:10.2f}{result[name + '_gflops']:10.1f}"
+            f"{name:28}{result[name + '_ms']:10.2f}{result[name + '_gflops']:10.1f}"
             f"{100 * result[name + '_peak_share']:8.1f}"
             f"{100 * result.get(name + '_bf16_peak_share', math.nan):8.2f}"
             f"{result[name + '_speedup_vs_reference']:7.2f}x"
@@ -60,6 +61,11 @@ def print_size(result: dict) -> None:
             f"the whole step captured as one CUDA graph: {result['step_captured_speedup']:.1f}x "
             f"(fp32), {result['step_bf16_captured_speedup']:.1f}x (bf16) the eager step, which "
             f"dispatches {result['step_dispatched_ops']} operations"
+        )
+    if "step_compile_seconds" in result:
+        print(
+            f"with compile=true: {result['step_bf16_captured_compiled_speedup']:.1f}x the eager "
+            f"bf16 step; compiling and capturing it took {result['step_compile_seconds']:.0f} s"
         )
     elif "update_dispatched_ops" in result:
         print(f"one eager bf16 update dispatches {result['update_dispatched_ops']} operations")

@@ -12,6 +12,7 @@ step dispatches (``step_dispatched_ops``: what the host launches without a graph
 from __future__ import annotations
 
 import re
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict
@@ -104,15 +105,26 @@ def compiled_ops(call: Callable[[], object]) -> dict[str, int]:
 
 
 def whole_step(
-    actor, qnets, dynamics, act_dim: int, size: Size, device: torch.device, rollout_dtype: str
+    actor,
+    qnets,
+    dynamics,
+    act_dim: int,
+    size: Size,
+    device: torch.device,
+    rollout_dtype: str,
+    compile: bool = False,
 ) -> GradientStep:
-    """The CBOP stage's step: loss, backward, fused (capturable on CUDA) Adam, target update."""
+    """The CBOP stage's step: loss, backward, fused (capturable on CUDA) Adam, target update.
+
+    ``compile``: the target compiled by inductor for a whole-step CUDA graph, as the CBOP
+    stage runs it with ``compile=true`` and ``cuda_graph=true``."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No target network updater")
         loss = CBOPLoss(
             actor, qnets, dynamics, action_spec=action_spec(act_dim, device),
-            horizon=size.horizon, rollout_dtype=rollout_dtype,
+            horizon=size.horizon, rollout_dtype=rollout_dtype, compile=compile,
         ).to(device)  # fmt: skip
+    loss.value_estimator.whole_step_graph = compile and device.type == "cuda"
     optimizer = torch.optim.Adam(
         loss.parameters(), lr=3e-4, fused=True, capturable=device.type == "cuda"
     )
@@ -134,9 +146,17 @@ class _Precision:
 
 
 def bench_size(
-    size: Size, device: torch.device, rounds: int, matmul_n: int, compile_q: bool
+    size: Size,
+    device: torch.device,
+    rounds: int,
+    matmul_n: int,
+    compile_q: bool,
+    compiled_step: bool = False,
 ) -> dict:
-    """All timings of one size; the matmul peak is re-measured in the same interleaved rounds."""
+    """All timings of one size; the matmul peak is re-measured in the same interleaved rounds.
+
+    ``compiled_step`` (CUDA): also the bf16 step with ``compile=true`` captured as one CUDA
+    graph (``step_bf16_captured_compiled``), and the seconds its compilation took."""
     obs_dim, act_dim = env_sizes(size.family)
     actor, qnets, dynamics, batch = build_models(size, device)
     common = dict(gamma=0.99, horizon=size.horizon, psi=1.0, seed=0, compile=compile_q)
@@ -215,6 +235,20 @@ def bench_size(
             for _ in range(replay.warmup_steps + 2):  # warm-up, capture, one replay
                 replay(batch)
         step_ops = dispatched_ops(lambda: steps["bf16"](batch))
+        compile_error = None
+        if compiled_step:
+            started = time.perf_counter()
+            try:  # the eager and captured timings still count when inductor fails here
+                step = whole_step(actor, qnets, dynamics, act_dim, size, device, "bfloat16", True)
+                replay = CapturedStep(step)
+                for _ in range(replay.warmup_steps + 2):
+                    replay(batch)
+                torch.cuda.synchronize(device)
+                captured["bf16_compiled"] = replay
+            except Exception as error:  # noqa: BLE001
+                compile_error = f"{type(error).__name__}: {error}"[:500]
+                print(f"the compiled step failed at {size.name}: {compile_error}")
+            compile_seconds = time.perf_counter() - started
 
     calls = {
         "reference_target": lambda: reference(batch),
@@ -230,6 +264,8 @@ def bench_size(
         calls["step_bf16_eager"] = lambda: steps["bf16"](batch)
         calls["step_captured"] = lambda: captured["fp32"](batch)
         calls["step_bf16_captured"] = lambda: captured["bf16"](batch)
+        if "bf16_compiled" in captured:
+            calls["step_bf16_captured_compiled"] = lambda: captured["bf16_compiled"](batch)
     square = {
         dtype: torch.randn(matmul_n, matmul_n, device=device).to(dtype)
         for dtype in (torch.float32, torch.bfloat16)
@@ -255,11 +291,13 @@ def bench_size(
         "step_bf16_eager": flops["update"],
         "step_captured": flops["update"],
         "step_bf16_captured": flops["update"],
+        "step_bf16_captured_compiled": flops["update"],
     }
     peak_of = {
         "target_bf16": peaks["bf16"],
         "step_bf16_eager": peaks["bf16"],
         "step_bf16_captured": peaks["bf16"],
+        "step_bf16_captured_compiled": peaks["bf16"],
     }
     result: dict = {
         "size": asdict(size),
@@ -288,6 +326,13 @@ def bench_size(
             seconds["step_bf16_eager"] / seconds["step_bf16_captured"]
         )
         result["step_captured_speedup"] = seconds["step_eager"] / seconds["step_captured"]
+        if "bf16_compiled" in captured:
+            result["step_bf16_captured_compiled_speedup"] = (
+                seconds["step_bf16_eager"] / seconds["step_bf16_captured_compiled"]
+            )
+            result["step_compile_seconds"] = compile_seconds
+        if compile_error:
+            result["step_compile_error"] = compile_error
         result["captured_nonfinite_steps"] = sum(r.step.health.read()[0] for r in captured.values())
     else:
         result["update_dispatched_ops"] = dispatched_ops(lambda: cbop_step_bf16(batch))

@@ -14,7 +14,7 @@ from git), interleaved round by round, in steps/s, with the ratio. The two steps
 same numbers (``tests/test_step_ops.py``). ``--compiled`` adds the step with ``compile=true``
 (the CBOP target compiled by inductor, one graph): its count (:func:`compiled_ops`: the
 operations still dispatched plus one per call of a generated kernel, one launch each on
-CUDA) and its bf16 steps/s at the CPU preset.
+CUDA) and its steps/s at the CPU preset.
 """
 
 from __future__ import annotations
@@ -243,18 +243,15 @@ def print_counts(args: argparse.Namespace, base: dict, now: dict) -> None:
 
 
 def time_preset(args: argparse.Namespace, base: dict, now: dict) -> None:
-    """The CPU preset's steps/s at ``args.commit`` and now (and compiled, bf16), interleaved."""
+    """The CPU preset's steps/s at ``args.commit`` and now (and compiled), interleaved."""
     device = torch.device("cpu")
     size = cpu_preset_size()
     preset_models = build_models(size, device)
     buffer = make_replay_buffer(preset_dataset(size, device), size.batch, device=device, seed=0)
-    variants = [
-        (name, modules, False, dtype)
-        for dtype in ("float32", "bfloat16")
-        for name, modules in (("before", base), ("now", now))
-    ]
+    names = [("before", base, False), ("now", now, False)]
     if args.compiled:
-        variants.append(("compiled", now, True, "bfloat16"))
+        names.append(("compiled", now, True))
+    variants = [(*name, dtype) for dtype in ("float32", "bfloat16") for name in names]
     calls = {}
     for name, modules, compile, dtype in variants:
         _, step = make_step(modules, size, device, dtype, preset_models, compile=compile)
@@ -274,9 +271,9 @@ def time_preset(args: argparse.Namespace, base: dict, now: dict) -> None:
             f"CPU preset steps/s ({dtype} rollouts, {torch.get_num_threads()} threads): "
             f"{before:.2f} at {args.commit}, {after:.2f} now ({after / before:.2f}x)"
         )
-    if args.compiled:
-        compiled, after = rates["compiled", "bfloat16"], rates["now", "bfloat16"]
-        print(f"  with compile=true (bf16): {compiled:.2f} ({compiled / after:.2f}x now)")
+        if args.compiled:
+            compiled = rates["compiled", dtype]
+            print(f"  with compile=true: {compiled:.2f} ({compiled / after:.2f}x now)")
 
 
 def main(argv: list[str] | None = None) -> int:
