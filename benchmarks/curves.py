@@ -56,14 +56,26 @@ def nearest(values: dict[int, float], step: int) -> float | None:
     return values[max(before)] if before else None
 
 
+def measured(key: str) -> bool:
+    """Whether ``key`` is a measurement (evaluation, diagnostics), logged at the steps it
+    measures, rather than a training statistic logged every few steps."""
+    return key.startswith(("eval/", "diag/"))
+
+
 def table(runs: list[dict[str, dict[int, float]]], keys: list[str]) -> str:
-    steps = sorted(set().union(*(r.get("eval/normalized_score", {}).keys() for r in runs)))
+    """One row per step with a measurement (an evaluation or a diagnostic): a measurement
+    missing at a step is left blank, a training statistic is its last value at or before."""
+    measurements = ["eval/normalized_score", *(k for k in keys if measured(k))]
+    steps = sorted(set().union(*(r.get(k, {}).keys() for r in runs for k in measurements)))
     lines = ["| step | " + " | ".join(k.split("/", 1)[1] for k in keys) + " |"]
     lines.append("|---" * (len(keys) + 1) + "|")
     for step in steps:
         cells = []
         for key in keys:
-            values = [nearest(r.get(key, {}), step) for r in runs]
+            if measured(key):
+                values = [r.get(key, {}).get(step) for r in runs]
+            else:
+                values = [nearest(r.get(key, {}), step) for r in runs]
             values = [v for v in values if v is not None]
             cells.append(f"{sum(values) / len(values):.3g}" if values else "")
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
