@@ -8,6 +8,8 @@ checkpoint waits for it, and a run's history equals the in-line evaluation's.
 from __future__ import annotations
 
 import threading
+import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -102,3 +104,74 @@ def test_a_run_evaluated_in_the_background_has_the_in_line_runs_history(tmp_path
     inline, background = histories
     assert [record["step"] for record in background] == [5, 10, 15, 20]
     assert background == inline
+
+
+def _blocking_hook(monkeypatch, release: threading.Event, evaluated: list):
+    """An evaluation hook (interval 10, in the background) whose evaluations wait for
+    ``release`` and append ``(policy, thread name)`` to ``evaluated``."""
+
+    def blocking_evaluation(policy, task, env, max_steps, seed, fork_rng=True):
+        evaluated.append((policy, threading.current_thread().name))
+        assert release.wait(timeout=30)
+        return _Summary(float(len(evaluated)))
+
+    monkeypatch.setattr(hooks, "evaluate_policy", blocking_evaluation)
+    actor = make_actor(3, 2, (8,))
+    config = SimpleNamespace(eval=SimpleNamespace(interval=10, max_steps=5), seed=0)
+    hook = hooks.EvaluationHook(actor, None, None, config, _Logger(), 100, background=True)
+    hook.trainer = SimpleNamespace(collected_frames=0)
+    return hook, actor
+
+
+def test_the_copy_an_evaluation_scores_is_on_the_cpu_and_apart_from_the_trained_weights(
+    monkeypatch,
+) -> None:
+    release, evaluated = threading.Event(), []
+    release.set()
+    hook, actor = _blocking_hook(monkeypatch, release, evaluated)
+    hook.trainer.collected_frames = 10
+    hook()
+    hook.drain()
+    ((policy, _),) = evaluated
+    trained = {p.data_ptr() for p in actor.parameters()}
+    copied = list(policy.parameters())
+    assert copied and {p.device for p in copied} == {torch.device("cpu")}
+    assert not trained & {p.data_ptr() for p in copied}
+    hook.close()
+
+
+def test_an_evaluation_due_while_the_last_one_runs_waits_for_it(monkeypatch) -> None:
+    """At most one evaluation runs at a time: the one due at step 20 waits for step 10's,
+    which is then written, and training is told once how long it waited."""
+    release, evaluated = threading.Event(), []
+    hook, _ = _blocking_hook(monkeypatch, release, evaluated)
+    hook.trainer.collected_frames = 10
+    hook()
+    deadline = time.monotonic() + 30
+    while not evaluated and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(evaluated) == 1
+
+    hook.trainer.collected_frames = 20
+    caught = []
+
+    def due_at_20() -> None:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            hook()
+        caught.extend(str(w.message) for w in seen)
+
+    step_20 = threading.Thread(target=due_at_20)
+    step_20.start()
+    step_20.join(timeout=0.5)
+    assert step_20.is_alive() and [r["step"] for r in hook.history] == []  # it waits
+    release.set()
+    step_20.join(timeout=30)
+    assert not step_20.is_alive()
+    assert [r["step"] for r in hook.history] == [10] and len(evaluated) == 2
+    assert hook.waited_seconds >= 0.4
+    assert len(caught) == 1 and "due at step 20 waited" in caught[0]
+    assert "eval.interval" in caught[0]
+    hook.drain()
+    assert [r["step"] for r in hook.history] == [10, 20]
+    hook.close()

@@ -346,8 +346,11 @@ def test_the_captured_cbop_step_equals_the_eager_step(
     graph_out = [captured(batch).clone() for batch in batches]
     assert captured.captured
     assert (graph_loss.value_estimator._compiled_target is not None) == compile
-    # Inductor's kernels round differently; Adam turns that into up to ~lr (1e-3) per step.
-    atol, rtol = (4e-3, 1e-2) if compile else (1e-5, 1e-3)
+    # Inductor's kernels round differently, and Adam's normalised step turns a rounding that
+    # flips a near-zero gradient into up to ~lr (1e-3) per step whatever the gradient's size:
+    # up to steps * lr after `steps` steps (an H200: 69 of 7,360 elements of one tensor
+    # beyond 4e-3 after 10 steps, the largest 7.9e-3). The losses below stay within 1%.
+    atol, rtol = (steps * 1e-3, 1e-2) if compile else (1e-5, 1e-3)
     for key, value in eager_loss.state_dict().items():
         torch.testing.assert_close(graph_loss.state_dict()[key], value, rtol=1e-4, atol=atol)
     for out_e, out_g in zip(eager_out, graph_out, strict=True):

@@ -15,6 +15,8 @@ worker (:meth:`~BackgroundMeasurementHook._job`), how a finished one is written
 from __future__ import annotations
 
 import abc
+import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,8 +34,11 @@ class BackgroundMeasurementHook(TrainerHookBase):
     the measurement needs (a copy of the weights at s) and runs the rest in one worker
     thread (named after :attr:`hook_name`) while training goes on; the finished results are
     written by the training thread in step order, at a later step's hook or when
-    :meth:`drain` waits for them. Written records go into :attr:`history`, which the
-    checkpoint holds (:meth:`state_dict` drains first, so it is complete up to its step).
+    :meth:`drain` waits for them. One runs at a time: a measurement due while the one
+    before it still runs waits for it first, so results lag by at most one ``interval``
+    (:attr:`waited_seconds` says how long training waited). Written records go into
+    :attr:`history`, which the checkpoint holds (:meth:`state_dict` drains first, so it is
+    complete up to its step).
 
     Args:
         interval: gradient steps between measurements (0: none).
@@ -50,8 +55,11 @@ class BackgroundMeasurementHook(TrainerHookBase):
         self.history: list[dict[str, Any]] = []
         self.trainer: Trainer | None = None
         self._worker: ThreadPoolExecutor | None = None
-        # Measurements submitted and not yet written, in step order.
+        # Measurements submitted and not yet written, in step order (at most one running).
         self._pending: deque[Future[Any]] = deque()
+        #: Seconds training waited for a measurement that took longer than ``interval``.
+        self.waited_seconds = 0.0
+        self._warned_backlog = False
 
     # ------------------------------------------------------------------ hook API
     def __call__(self) -> None:
@@ -61,6 +69,7 @@ class BackgroundMeasurementHook(TrainerHookBase):
             self._write_done(wait=False)
         if self.interval and step % self.interval == 0 and step < self.total_steps:
             if self.background:
+                self._wait_for_backlog(step)
                 self.submit(step)
             else:
                 self._in_line(step)
@@ -90,6 +99,32 @@ class BackgroundMeasurementHook(TrainerHookBase):
         future = self._worker.submit(job)
         self._pending.append(future)
         return future
+
+    def _wait_for_backlog(self, step: int) -> None:
+        """Waits for the measurement still running, if any, before the one due at ``step``.
+
+        So at most one runs at a time and results lag by at most one ``interval``: a queue
+        that grows faster than the worker empties it would hold copies of the weights
+        without bound and lose its tail when a run is stopped. Training waits only when a
+        measurement takes longer than ``interval`` steps; the time is kept in
+        :attr:`waited_seconds` and said once.
+        """
+        if not self._pending:
+            return
+        started = time.perf_counter()
+        self._write_done(wait=True)
+        waited = time.perf_counter() - started
+        self.waited_seconds += waited
+        if not self._warned_backlog:
+            self._warned_backlog = True
+            warnings.warn(
+                f"the {self.hook_name} due at step {step} waited {waited:.1f} s for the one "
+                f"before it, which took longer than its interval of {self.interval} steps; "
+                "training goes on once it is written. A longer eval.interval keeps training "
+                "from waiting (this is said once per run).",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _write_done(self, wait: bool) -> None:
         """Writes the finished background measurements (all of them with ``wait``) in step

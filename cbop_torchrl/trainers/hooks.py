@@ -294,13 +294,13 @@ class EvaluationHook(BackgroundMeasurementHook):
     The final evaluation after the last step is done by the pipeline itself.
 
     With ``background`` (``eval.background``) an evaluation due at step s runs in a worker
-    thread on a copy of the policies' weights taken at s, while training goes on; its
+    thread on a CPU copy of the policies' weights taken at s, while training goes on; its
     record and logs carry s and are written, in step order, by the training thread once
     it is done (at a later step's hook, or when :meth:`drain` waits for it). The history
     a checkpoint holds is complete up to its step (:meth:`state_dict` drains first), so a
     resumed run logs every evaluation once. The episodes use no torch random numbers
     (deterministic policy, seeded environments), so the scores are those of the
-    in-line evaluation.
+    in-line evaluation (on a GPU, up to the float rounding of the CPU's actor).
     """
 
     hook_name = "evaluation"
@@ -337,9 +337,13 @@ class EvaluationHook(BackgroundMeasurementHook):
     ) -> Callable[[], tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
         """Copies the policies' weights at ``step``; the job scores the copies and returns
         ``(record, scalars, summaries)``."""
+        # The copies go to the CPU, where the environments are: on a GPU the episodes'
+        # small actor calls would queue behind the captured training step's kernels (an
+        # H200 shared by four captured runs wrote no background evaluation in 10,000 steps).
         with torch.no_grad():
             policies = {
-                prefix: copy.deepcopy(policy) for prefix, policy in self._policies().items()
+                prefix: copy.deepcopy(policy).to("cpu")
+                for prefix, policy in self._policies().items()
             }
         # In the worker the global RNG is not forked: restoring it would undo the draws
         # training made meanwhile.
