@@ -25,11 +25,12 @@ the same psi and seed (the same settings, a different curve) stands for it and i
 itself, its own online finals beside its FQE score (``fqe_runs`` names the run scored per
 seed). It writes ``<results>/<set>/psi_selection.json``:
 
-- ``selected_psi`` and ``variant``: the candidate with the highest mean FQE score over its
-  scored seeds (offline: no episode is used);
-- ``candidates``: per psi its variant, its FQE score (mean and per seed) and its online finals
-  on both measures (mean of the last 3 evaluations; reset and start-state measures) over the
-  same seeds and over all its seeds;
+- ``selected_psi`` and ``variant``: the candidate with the highest mean FQE score over the
+  ``compared_seeds``, those every candidate has scored (FQE's value moves with the seed, so
+  the candidates are compared on the same seeds; offline: no episode is used);
+- ``candidates``: per psi its variant, its FQE score (over the compared seeds, over all its
+  scored seeds and per seed) and its online finals on both measures (mean of the last 3
+  evaluations; reset and start-state measures) over the compared seeds and over all its seeds;
 - ``spearman``: Spearman's rho between the FQE order and the online order of the candidates,
   on each measure (the paper's table reports it on the online score).
 
@@ -287,7 +288,7 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
                     "run_dir": str(run_dir),
                 }
                 break
-    candidates = []
+    scored_by_psi: dict[float, tuple[str, dict, dict[int, tuple[str, dict]]]] = {}
     for psi, (variant, found) in grid.items():
         scored: dict[int, tuple[str, dict]] = {}
         for seed, summary in sorted(found.items()):
@@ -295,27 +296,37 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
             first = next(((k, r) for k, r in runs if is_scored(per_seed, k, r)), None)
             if first is not None:
                 scored[seed] = first
-        if not scored:
-            continue
+        if scored:
+            scored_by_psi[psi] = (variant, found, scored)
+    if len(scored_by_psi) < 2:
+        print(f"[psi] {dataset}: fewer than 2 grid values have a scored run; nothing chosen")
+        return None
+    # The candidates are compared on the seeds every one of them has scored: FQE's value
+    # moves with the seed (hopper: 35.9 and 23.3 for one psi's seeds 0 and 1), so a mean
+    # over more seeds for one psi than another would rank the seeds, not the psi.
+    compared = sorted(set.intersection(*(set(s) for _, _, s in scored_by_psi.values())))
+    candidates = []
+    for psi, (variant, found, scored) in scored_by_psi.items():
         fqe = {s: per_seed[key]["fqe_value"] for s, (key, _) in scored.items()}
-        runs_scored = {s: run for s, (_, run) in scored.items()}
+        runs_compared = [scored[s][1] for s in compared]
         candidates.append(
             {
                 "psi": psi,
                 "variant": variant,
                 "fqe_seeds": sorted(scored),
                 "fqe_runs": {str(s): key for s, (key, _) in scored.items()},
-                "fqe_value": sum(fqe.values()) / len(fqe),
+                "fqe_value": mean([fqe[s] for s in compared]),
+                "fqe_value_all_seeds": sum(fqe.values()) / len(fqe),
                 "fqe_per_seed": {str(s): v for s, v in fqe.items()},
-                "final": mean([r["final_normalized_score"] for r in runs_scored.values()]),
-                "start_final": mean([start_final(r) for r in runs_scored.values()]),
+                "final": mean([r["final_normalized_score"] for r in runs_compared]),
+                "start_final": mean([start_final(r) for r in runs_compared]),
                 "all_seeds": sorted(found),
                 "final_all_seeds": mean([s["final_normalized_score"] for s in found.values()]),
                 "start_final_all_seeds": mean([start_final(s) for s in found.values()]),
             }
         )
-    if len(candidates) < 2:
-        print(f"[psi] {dataset}: fewer than 2 grid values have a scored run; nothing chosen")
+    if not compared:
+        print(f"[psi] {dataset}: no seed is scored for every grid value; nothing chosen")
         return None
     candidates.sort(key=lambda c: -c["fqe_value"])
     missing = sorted(set(GRID) - {c["psi"] for c in candidates})
@@ -325,8 +336,10 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
         "format": SELECTION_FORMAT,
         "dataset": dataset,
         "dataset_sha256": current_file(load_rows(results, dataset)),
-        "statistic": "FQE: mean over the scored seeds of E_{s0 in D}[mean_m Q_m(s0, pi(s0))]; "
-        "online: mean of each run's last 3 evaluations, over the same seeds",
+        "statistic": "FQE: mean over the compared seeds (those every candidate has scored) "
+        "of E_{s0 in D}[mean_m Q_m(s0, pi(s0))]; online: mean of each run's last 3 "
+        "evaluations, over the same seeds",
+        "compared_seeds": compared,
         # The paper chooses among the whole grid: until every value has a scored run the
         # file keeps the scores and names no choice (the set's default psi stands).
         "selected_psi": chosen["psi"] if not missing else None,
@@ -369,7 +382,8 @@ def selection_table(results: Path, datasets: list[str]) -> str:
         for c in sorted(selection["candidates"], key=lambda c: c["psi"]):
             lines.append(
                 f"| {dataset} | {c['psi']:g} | {c['variant']} "
-                f"| {', '.join(map(str, c['fqe_seeds']))} | {c['fqe_value']:.1f} "
+                f"| {', '.join(map(str, selection.get('compared_seeds', c['fqe_seeds'])))} "
+                f"| {c['fqe_value']:.1f} "
                 f"| {_show(c['final'])} | {_show(c['start_final'])} "
                 f"| {'**FQE**' if c['psi'] == selection['selected_psi'] else ''}"
                 f"{' online best' if c['psi'] == selection['online_best_psi'] else ''} |"

@@ -85,10 +85,16 @@ def test_select_writes_the_offline_choice_with_both_orders(results, monkeypatch)
     assert (stored["selected_psi"], stored["variant"]) == (5.0, "cbop-psi5")
     assert stored["online_best_psi"] == 3.0  # FQE's choice disagrees: it is kept, not overridden
     by_psi = {c["psi"]: c for c in stored["candidates"]}
-    assert by_psi[0.5]["fqe_seeds"] == [0, 1, 2] and by_psi[0.5]["final"] == pytest.approx(3.0)
+    # psi 0.5 has seeds 0-2, the others seed 0: they are compared on seed 0
+    assert stored["compared_seeds"] == [0]
+    half_seed0 = json.loads((results / DATASET / "cbop" / "seed0.json").read_text())
+    assert by_psi[0.5]["fqe_seeds"] == [0, 1, 2]
+    assert by_psi[0.5]["final"] == pytest.approx(half_seed0["final_normalized_score"])
+    assert by_psi[0.5]["final_all_seeds"] == pytest.approx(3.0)
     assert by_psi[2.0]["start_final"] == pytest.approx(11.0)
-    # FQE order 5, 2, 0.5, 3 against the online order 3, 2, 5, 0.5
-    expected = selection.spearman_rho([300.0, 150.0, 100.0, 50.0], [8.0, 12.0, 3.0, 40.0])
+    # FQE order 5, 2, 0.5, 3 against the online order on seed 0
+    online = [8.0, 12.0, half_seed0["final_normalized_score"], 40.0]
+    expected = selection.spearman_rho([300.0, 150.0, 100.0, 50.0], online)
     assert stored["spearman"]["reset"] == pytest.approx(expected)
     assert len(calls) == 6  # three seeds of psi 0.5 and one run of each other value
 
@@ -143,8 +149,10 @@ def test_a_gone_run_is_stood_for_by_a_different_rerun_scored_as_itself(results, 
     half = {c["psi"]: c for c in stored["candidates"]}[0.5]
     assert half["variant"] == "cbop" and half["fqe_seeds"] == [0, 1, 2]
     assert half["fqe_runs"] == {"0": "cbop-psi0.5/seed0", "1": "cbop/seed1", "2": "cbop/seed2"}
-    assert half["fqe_value"] == pytest.approx((400.0 + 100.0 + 100.0) / 3)
-    assert half["final"] == pytest.approx((9.0 + 3.0 + 4.0) / 3)  # the scored runs' finals
+    # compared on seed 0, the one every psi has: the stand-in's score and final
+    assert half["fqe_value"] == pytest.approx(400.0)
+    assert half["fqe_value_all_seeds"] == pytest.approx((400.0 + 100.0 + 100.0) / 3)
+    assert half["final"] == pytest.approx(9.0)
     assert half["final_all_seeds"] == pytest.approx(3.0)  # the row's own
     assert "cbop/seed0" not in stored["fqe_per_run"]
 
