@@ -305,6 +305,9 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
     # moves with the seed (hopper: 35.9 and 23.3 for one psi's seeds 0 and 1), so a mean
     # over more seeds for one psi than another would rank the seeds, not the psi.
     compared = sorted(set.intersection(*(set(s) for _, _, s in scored_by_psi.values())))
+    if not compared:
+        print(f"[psi] {dataset}: no seed is scored for every grid value; nothing chosen")
+        return None
     candidates = []
     for psi, (variant, found, scored) in scored_by_psi.items():
         fqe = {s: per_seed[key]["fqe_value"] for s, (key, _) in scored.items()}
@@ -325,9 +328,6 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
                 "start_final_all_seeds": mean([start_final(s) for s in found.values()]),
             }
         )
-    if not compared:
-        print(f"[psi] {dataset}: no seed is scored for every grid value; nothing chosen")
-        return None
     candidates.sort(key=lambda c: -c["fqe_value"])
     missing = sorted(set(GRID) - {c["psi"] for c in candidates})
     fqe_values = [c["fqe_value"] for c in candidates]

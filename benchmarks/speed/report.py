@@ -62,11 +62,12 @@ def print_size(result: dict) -> None:
             f"(fp32), {result['step_bf16_captured_speedup']:.1f}x (bf16) the eager step, which "
             f"dispatches {result['step_dispatched_ops']} operations"
         )
-    if "step_compile_seconds" in result:
-        print(
-            f"with compile=true: {result['step_bf16_captured_compiled_speedup']:.1f}x the eager "
-            f"bf16 step; compiling and capturing it took {result['step_compile_seconds']:.0f} s"
-        )
+        if "step_compile_seconds" in result:
+            print(
+                f"with compile=true: {result['step_bf16_captured_compiled_speedup']:.1f}x the "
+                f"eager bf16 step; compiling and capturing it took "
+                f"{result['step_compile_seconds']:.0f} s"
+            )
     elif "update_dispatched_ops" in result:
         print(f"one eager bf16 update dispatches {result['update_dispatched_ops']} operations")
 

@@ -131,6 +131,14 @@ def whole_step(
     return GradientStep(loss, optimizer, SoftUpdate(loss, tau=0.005))
 
 
+def warm_capture(step: GradientStep, batch: TensorDict) -> CapturedStep:
+    """``step`` captured as one CUDA graph, past its warm-up, its capture and one replay."""
+    replay = CapturedStep(step)
+    for _ in range(replay.warmup_steps + 2):
+        replay(batch)
+    return replay
+
+
 class _Precision:
     """``torch.set_float32_matmul_precision(value)`` for the duration of a call."""
 
@@ -230,21 +238,15 @@ def bench_size(
             name: whole_step(actor, qnets, dynamics, act_dim, size, device, dtype)
             for name, dtype in (("fp32", "float32"), ("bf16", "bfloat16"))
         }
-        captured = {name: CapturedStep(step) for name, step in steps.items()}
-        for replay in captured.values():
-            for _ in range(replay.warmup_steps + 2):  # warm-up, capture, one replay
-                replay(batch)
+        captured = {name: warm_capture(step, batch) for name, step in steps.items()}
         step_ops = dispatched_ops(lambda: steps["bf16"](batch))
         compile_error = None
         if compiled_step:
             started = time.perf_counter()
             try:  # the eager and captured timings still count when inductor fails here
                 step = whole_step(actor, qnets, dynamics, act_dim, size, device, "bfloat16", True)
-                replay = CapturedStep(step)
-                for _ in range(replay.warmup_steps + 2):
-                    replay(batch)
+                captured["bf16_compiled"] = warm_capture(step, batch)
                 torch.cuda.synchronize(device)
-                captured["bf16_compiled"] = replay
             except Exception as error:  # noqa: BLE001
                 compile_error = f"{type(error).__name__}: {error}"[:500]
                 print(f"the compiled step failed at {size.name}: {compile_error}")
