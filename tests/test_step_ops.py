@@ -16,6 +16,7 @@ import dataclasses
 import pytest
 import torch
 
+from benchmarks.speed import step_ops
 from benchmarks.speed.models import build_models
 from benchmarks.speed.sizes import PAPER, PAPER_HOPPER, TINY
 from benchmarks.speed.step_ops import (
@@ -26,6 +27,7 @@ from benchmarks.speed.step_ops import (
     load_step_modules,
     make_step,
     op_structure,
+    timed_dtypes,
 )
 
 SIZE = dataclasses.replace(TINY, batch=32, horizon=4, particles=3, members=4)
@@ -108,3 +110,14 @@ def test_the_step_dispatches_fewer_operations_than_before(base_modules) -> None:
     before = count_ops(base_modules, size, chunks["cpu"], models)
     now = count_ops(current_modules(), size, chunks["cpu"], models)
     assert now <= 0.9 * before, (before, now)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_is_timed_only_where_the_cpu_multiplies_it_natively(monkeypatch, capsys, native):
+    reason = "a CPU with AVX512-BF16" if native else "a CPU without AMX-BF16 or AVX512-BF16"
+    monkeypatch.setattr(step_ops, "native_bf16_matmul", lambda device: (native, reason))
+    cpu = torch.device("cpu")
+    expected = ("float32", "bfloat16") if native else ("float32",)
+    assert timed_dtypes(cpu, force_bf16=False) == expected
+    assert timed_dtypes(cpu, force_bf16=True) == ("float32", "bfloat16")
+    assert ("not timed" in capsys.readouterr().out) is not native

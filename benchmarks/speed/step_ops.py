@@ -40,6 +40,7 @@ from benchmarks.speed.sizes import PAPER, PAPER_HOPPER, Size, cpu_preset_size, e
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import action_spec
 from cbop_torchrl.objectives.fast_paths import DEFAULT_CUDA_Q_CHUNK_ROWS, DEFAULT_Q_CHUNK_ROWS
+from cbop_torchrl.objectives.rollout_dtype import native_bf16_matmul
 
 #: The last commit before the step's operations were first cut (1,800 operations per
 #: paper-size step at M = 20).
@@ -242,6 +243,19 @@ def print_counts(args: argparse.Namespace, base: dict, now: dict) -> None:
             )
 
 
+def timed_dtypes(device: torch.device, force_bf16: bool) -> tuple[str, ...]:
+    """The rollout dtypes to time: bf16 only where ``rollout_dtype=auto`` could choose it.
+
+    On a CPU without AMX-BF16 or AVX512-BF16 the bf16 matmuls are emulated, tens of
+    times slower than fp32, and no run of the preset uses them there.
+    """
+    native, reason = native_bf16_matmul(device)
+    if native or force_bf16:
+        return ("float32", "bfloat16")
+    print(f"bf16 rollouts not timed ({reason}; --bf16 times them anyway)", flush=True)
+    return ("float32",)
+
+
 def time_preset(args: argparse.Namespace, base: dict, now: dict) -> None:
     """The CPU preset's steps/s at ``args.commit`` and now (and compiled), interleaved."""
     device = torch.device("cpu")
@@ -251,7 +265,8 @@ def time_preset(args: argparse.Namespace, base: dict, now: dict) -> None:
     names = [("before", base, False), ("now", now, False)]
     if args.compiled:
         names.append(("compiled", now, True))
-    variants = [(*name, dtype) for dtype in ("float32", "bfloat16") for name in names]
+    dtypes = timed_dtypes(device, args.bf16)
+    variants = [(*name, dtype) for dtype in dtypes for name in names]
     calls = {}
     for name, modules, compile, dtype in variants:
         _, step = make_step(modules, size, device, dtype, preset_models, compile=compile)
@@ -265,7 +280,7 @@ def time_preset(args: argparse.Namespace, base: dict, now: dict) -> None:
         calls[name, dtype] = run
     seconds = time_interleaved(calls, args.rounds, device)
     rates = {key: args.steps_per_round / value for key, value in seconds.items()}
-    for dtype in ("float32", "bfloat16"):
+    for dtype in dtypes:
         before, after = rates["before", dtype], rates["now", dtype]
         print(
             f"CPU preset steps/s ({dtype} rollouts, {torch.get_num_threads()} threads): "
@@ -291,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         "--compiled",
         action="store_true",
         help="also count and time the step with compile=true (inductor; minutes per compile)",
+    )
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="time bf16 rollouts even where the CPU emulates bf16 matmuls",
     )
     args = parser.parse_args(argv)
     base = load_step_modules(args.commit)
