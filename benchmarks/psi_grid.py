@@ -299,15 +299,15 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
         if scored:
             scored_by_psi[psi] = (variant, found, scored)
     if len(scored_by_psi) < 2:
-        print(f"[psi] {dataset}: fewer than 2 grid values have a scored run; nothing chosen")
-        return None
+        return keep_scores(
+            path, dataset, file, per_seed, "fewer than 2 grid values have a scored run"
+        )
     # The candidates are compared on the seeds every one of them has scored: FQE's value
     # moves with the seed (hopper: 35.9 and 23.3 for one psi's seeds 0 and 1), so a mean
     # over more seeds for one psi than another would rank the seeds, not the psi.
     compared = sorted(set.intersection(*(set(s) for _, _, s in scored_by_psi.values())))
     if not compared:
-        print(f"[psi] {dataset}: no seed is scored for every grid value; nothing chosen")
-        return None
+        return keep_scores(path, dataset, file, per_seed, "no seed is scored for every grid value")
     candidates = []
     for psi, (variant, found, scored) in scored_by_psi.items():
         fqe = {s: per_seed[key]["fqe_value"] for s, (key, _) in scored.items()}
@@ -362,6 +362,29 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
     return selection
 
 
+def keep_scores(
+    path: Path, dataset: str, file: str, per_seed: dict[str, dict], reason: str
+) -> dict[str, Any]:
+    """Writes the FQE scores computed so far with no choice, so that none is computed twice."""
+    selection = {
+        "format": SELECTION_FORMAT,
+        "dataset": dataset,
+        "dataset_sha256": file,
+        "compared_seeds": [],
+        "selected_psi": None,
+        "variant": None,
+        "no_choice": reason,
+        "missing_psi": [],
+        "candidates": [],
+        "spearman": {"reset": None, "start_states": None},
+        "online_best_psi": None,
+        "fqe_per_run": per_seed,
+    }
+    atomic_json_dump(selection, path)
+    print(f"[psi] {dataset}: {reason}; nothing chosen, the FQE scores so far are in {path}")
+    return selection
+
+
 def _rho_or_none(rho, fqe_values: list[float], candidates: list[dict], key: str) -> float | None:
     online = [c[key] for c in candidates]
     return None if any(v is None for v in online) else rho(fqe_values, online)
@@ -389,6 +412,9 @@ def selection_table(results: Path, datasets: list[str]) -> str:
                 f"{' online best' if c['psi'] == selection['online_best_psi'] else ''} |"
             )
         rho = selection["spearman"]
+        if reason := selection.get("no_choice"):
+            notes.append(f"- {dataset}: no choice ({reason})")
+            continue
         if selection["selected_psi"] is None:
             missing = ", ".join(f"{m:g}" for m in selection["missing_psi"])
             notes.append(f"- {dataset}: no choice until psi {missing} have scored runs")

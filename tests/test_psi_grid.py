@@ -195,3 +195,26 @@ def test_an_unknown_set_is_a_clear_error(results, capsys):
         psi_grid.main(["--results", str(results), "--datasets", "nope-gen"])
     assert exit.value.code == 2
     assert "no results for nope-gen" in capsys.readouterr().err
+
+
+def test_fqe_scores_are_kept_when_nothing_can_be_chosen_yet(results, monkeypatch):
+    """With one grid value's run left to score, its FQE score is written with no choice, and a
+    later call does not score it again."""
+    runs = results.parent / "runs"
+    for config in runs.glob("*/seed*/config.json"):
+        if config.parent != runs / "cbop-psi2" / "seed0":
+            config.unlink()
+    calls: list[Path] = []
+    monkeypatch.setattr(selection, "score_runs", fake_fqe({"cbop-psi2": 150.0}, calls))
+    stored = psi_grid.select(results, DATASET, threads=None)
+    assert calls == [runs / "cbop-psi2" / "seed0"]
+    assert stored["selected_psi"] is None and stored["candidates"] == []
+    assert [run["fqe_value"] for run in stored["fqe_per_run"].values()] == [150.0]
+    assert json.loads((results / DATASET / psi_grid.SELECTION_NAME).read_text()) == stored
+    assert "no choice (fewer than 2 grid values" in psi_grid.selection_table(results, [DATASET])
+    assert bar.selected_row(results, DATASET) is None
+
+    (runs / "cbop-psi2" / "seed0" / "config.json").unlink()
+    calls.clear()
+    again = psi_grid.select(results, DATASET, threads=None)
+    assert calls == [] and again["fqe_per_run"] == stored["fqe_per_run"]
