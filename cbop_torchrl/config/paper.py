@@ -47,7 +47,7 @@ PAPER_PSI: dict[str, dict[str, float]] = {
 
 GENERATED_PSI: dict[str, float] = {
     "halfcheetah-medium-replay-gen": 3.0,
-    "hopper-medium-replay-gen": 0.5,
+    "hopper-medium-replay-gen": 5.0,
 }
 """psi for ``estimator.psi: null`` on the generated look-alike sets (``scripts/collect.py``,
 by the set's name) where the paper's own way of choosing it differs from its D4RL table: the
