@@ -332,27 +332,26 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
     missing = sorted(set(GRID) - {c["psi"] for c in candidates})
     fqe_values = [c["fqe_value"] for c in candidates]
     chosen = candidates[0]
-    selection = {
-        "format": SELECTION_FORMAT,
-        "dataset": dataset,
-        "dataset_sha256": current_file(load_rows(results, dataset)),
-        "statistic": "FQE: mean over the compared seeds (those every candidate has scored) "
+    selection = selection_record(
+        dataset,
+        file,
+        per_seed,
+        statistic="FQE: mean over the compared seeds (those every candidate has scored) "
         "of E_{s0 in D}[mean_m Q_m(s0, pi(s0))]; online: mean of each run's last 3 "
         "evaluations, over the same seeds",
-        "compared_seeds": compared,
+        compared_seeds=compared,
         # The paper chooses among the whole grid: until every value has a scored run the
         # file keeps the scores and names no choice (the set's default psi stands).
-        "selected_psi": chosen["psi"] if not missing else None,
-        "variant": chosen["variant"] if not missing else None,
-        "missing_psi": missing,
-        "candidates": candidates,
-        "spearman": {
+        selected_psi=chosen["psi"] if not missing else None,
+        variant=chosen["variant"] if not missing else None,
+        missing_psi=missing,
+        candidates=candidates,
+        spearman={
             "reset": spearman_rho(fqe_values, [c["final"] for c in candidates]),
             "start_states": _rho_or_none(spearman_rho, fqe_values, candidates, "start_final"),
         },
-        "online_best_psi": max(candidates, key=lambda c: c["final"])["psi"],
-        "fqe_per_run": per_seed,
-    }
+        online_best_psi=max(candidates, key=lambda c: c["final"])["psi"],
+    )
     atomic_json_dump(selection, path)
     if missing:
         print(f"[psi] {dataset}: no choice yet, psi {', '.join(f'{m:g}' for m in missing)} "
@@ -362,24 +361,31 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
     return selection
 
 
-def keep_scores(
-    path: Path, dataset: str, file: str, per_seed: dict[str, dict], reason: str
+def selection_record(
+    dataset: str, file: str, per_seed: dict[str, dict], **fields: Any
 ) -> dict[str, Any]:
-    """Writes the FQE scores computed so far with no choice, so that none is computed twice."""
-    selection = {
+    """``psi_selection.json``'s record: ``fields`` over the record of no choice."""
+    return {
         "format": SELECTION_FORMAT,
         "dataset": dataset,
         "dataset_sha256": file,
         "compared_seeds": [],
         "selected_psi": None,
         "variant": None,
-        "no_choice": reason,
         "missing_psi": [],
         "candidates": [],
         "spearman": {"reset": None, "start_states": None},
         "online_best_psi": None,
         "fqe_per_run": per_seed,
+        **fields,
     }
+
+
+def keep_scores(
+    path: Path, dataset: str, file: str, per_seed: dict[str, dict], reason: str
+) -> dict[str, Any]:
+    """Writes the FQE scores computed so far with no choice, so that none is computed twice."""
+    selection = selection_record(dataset, file, per_seed, no_choice=reason)
     atomic_json_dump(selection, path)
     print(f"[psi] {dataset}: {reason}; nothing chosen, the FQE scores so far are in {path}")
     return selection
