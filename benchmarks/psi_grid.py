@@ -34,8 +34,11 @@ seed). It writes ``<results>/<set>/psi_selection.json``:
 - ``spearman``: Spearman's rho between the FQE order and the online order of the candidates,
   on each measure (the paper's table reports it on the online score).
 
-Per-seed FQE scores are kept in the file, so seeds scored on another machine (whose run
-directories are gone) still count; a seed is scored again only when its summary changed.
+Per-seed FQE scores are kept in the file with the FQE settings they were fitted with, so
+seeds scored on another machine (whose run directories are gone) still count; a seed is scored
+again when its summary changed, and a score whose entry names no settings is not used (such
+entries were fitted at the critic's target rate, ``agent.tau``, instead of the FQE stage's
+``fqe.target_tau``: about 25 value-iteration sweeps at the CPU preset's 5,000 steps).
 
 The table (``psi_grid.json`` per set keeps what only a run directory holds: the Q-ensemble's
 spread at the policy's and at the data's actions at the end of training) gives per set and psi
@@ -139,8 +142,9 @@ def seed_runs(
 
 
 def is_scored(per_seed: dict[str, dict], key: str, summary: dict) -> bool:
-    """Whether ``per_seed`` holds an FQE score of this very run."""
-    return per_seed.get(key, {}).get("summary") == summary_key(summary)
+    """Whether ``per_seed`` holds an FQE score of this very run, fitted with known settings."""
+    entry = per_seed.get(key, {})
+    return entry.get("summary") == summary_key(summary) and "fqe_settings" in entry
 
 
 def grid_rows(results: Path, dataset: str) -> dict[float, tuple[str, dict[int, dict]]]:
@@ -284,6 +288,7 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
                 per_seed[key] = {
                     "summary": summary_key(run),
                     "fqe_value": score.fqe_value,
+                    "fqe_settings": score.fqe_settings,
                     "policy_step": score.policy_step,
                     "run_dir": str(run_dir),
                 }

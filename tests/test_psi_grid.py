@@ -218,3 +218,23 @@ def test_fqe_scores_are_kept_when_nothing_can_be_chosen_yet(results, monkeypatch
     calls.clear()
     again = psi_grid.select(results, DATASET, threads=None)
     assert calls == [] and again["fqe_per_run"] == stored["fqe_per_run"]
+
+
+def test_a_score_fitted_without_recorded_settings_is_fitted_again(results, monkeypatch):
+    """Entries from before the FQE stage's own target rate was used name no settings: they are
+    not compared, and the run is scored again while its directory is here."""
+    fqe = {"cbop": 100.0, "cbop-psi2": 150.0, "cbop-psi5": 300.0, "cbop-starts": 50.0}
+    monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, []))
+    stored = psi_grid.select(results, DATASET, threads=None)
+    assert all("fqe_settings" in entry for entry in stored["fqe_per_run"].values())
+    old = stored["fqe_per_run"]["cbop-psi5/seed0"]
+    stored["fqe_per_run"]["cbop-psi5/seed0"] = {
+        k: (1.0 if k == "fqe_value" else v) for k, v in old.items() if k != "fqe_settings"
+    }
+    (results / DATASET / psi_grid.SELECTION_NAME).write_text(json.dumps(stored))
+    calls: list[Path] = []
+    monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, calls))
+    again = psi_grid.select(results, DATASET, threads=None)
+    assert calls == [results.parent / "runs" / "cbop-psi5" / "seed0"]
+    assert again["fqe_per_run"]["cbop-psi5/seed0"]["fqe_value"] == 300.0
+    assert again["selected_psi"] == 5.0

@@ -27,6 +27,7 @@ from cbop_torchrl.evaluation.selection import (
     deterministic_actions,
     episode_starts,
     fit_policy_fqe,
+    fqe_config_for_run,
     initial_state_value,
     policy_fqe_data,
     rank_runs,
@@ -122,6 +123,21 @@ def test_fqe_recovers_a_known_value(tmp_path: Path) -> None:
     assert (tmp_path / "result.pt").is_file() and not (tmp_path / "partial.pt").exists()
     again = fit_policy_fqe(data, actor, *dims, config, seed=0, work_dir=tmp_path)
     assert initial_state_value(again, actor, data.get("observation")[:32]) == value
+
+
+def test_fqe_of_a_run_uses_its_fqe_stage_target_rate_not_the_critics() -> None:
+    """The CPU preset's 5,000 FQE steps are sized for fqe.target_tau=0.1 (about 500 sweeps); at
+    the critic's agent.tau=0.005 the same steps make about 25, and the start states' value stays
+    far below their returns."""
+    config = {
+        "fqe": {"steps": 5000, "batch_size": 256, "lr": 3e-4, "target_tau": 0.1},
+        "agent": {"tau": 0.005, "gamma": 0.99, "hidden_sizes": [64, 64]},
+    }
+    fit = fqe_config_for_run(config)
+    assert (fit.steps, fit.tau, fit.gamma, fit.hidden_sizes) == (5000, 0.1, 0.99, [64, 64])
+    assert fqe_config_for_run(config, tau=0.02).tau == 0.02
+    del config["fqe"]["target_tau"]  # a run written before the FQE stage had its own rate
+    assert fqe_config_for_run(config).tau == 0.005
 
 
 def test_ranks_and_spearman() -> None:

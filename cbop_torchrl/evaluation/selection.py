@@ -64,8 +64,11 @@ class SelectionFQEConfig:
     """The FQE fit of one policy.
 
     ``steps``/``batch_size``/``lr``/``checkpoint_interval`` have the meaning
-    of :class:`cbop_torchrl.config.PretrainConfig`; ``hidden_sizes``,
-    ``gamma`` and ``tau`` default to the run's own critic settings.
+    of :class:`cbop_torchrl.config.PretrainConfig`; ``tau`` is the target
+    ensemble's Polyak rate, so ``steps * tau`` is about the number of
+    value-iteration sweeps the fit makes (:func:`fqe_config_for_run` takes
+    them from the run's own FQE stage; ``hidden_sizes`` and ``gamma`` from
+    its critic).
     """
 
     steps: int = 10_000
@@ -323,6 +326,7 @@ class RunScore:
     fqe_value: float
     online_score: float | None  # see online_score(); None: not evaluated
     policy_step: int
+    fqe_settings: dict[str, Any] = field(default_factory=dict)  # asdict(SelectionFQEConfig)
 
 
 @dataclass
@@ -412,7 +416,14 @@ def _show(value: Any) -> str:
 
 
 def fqe_config_for_run(config: Mapping[str, Any], **overrides: Any) -> SelectionFQEConfig:
-    """FQE settings for a run: its own FQE stage and critic sizes, then ``overrides`` (not None)."""
+    """FQE settings for a run: its own FQE stage and critic sizes, then ``overrides`` (not None).
+
+    The target rate is the FQE stage's ``fqe.target_tau``, not the critic's ``agent.tau``:
+    the stage's steps were sized with its own rate (the CPU preset: 5,000 steps at 0.1, about
+    500 sweeps), and at the critic's 0.005 the same steps make about 25 sweeps, too few for
+    the value to reach the start states' returns at gamma 0.99. Runs from before
+    ``fqe.target_tau`` existed fall back to ``agent.tau``.
+    """
     fqe, agent = config.get("fqe", {}), config.get("agent", {})
     values = {
         "steps": fqe.get("steps"),
@@ -421,7 +432,7 @@ def fqe_config_for_run(config: Mapping[str, Any], **overrides: Any) -> Selection
         "checkpoint_interval": fqe.get("checkpoint_interval"),
         "hidden_sizes": agent.get("hidden_sizes"),
         "gamma": agent.get("gamma"),
-        "tau": agent.get("tau"),
+        "tau": fqe.get("target_tau", agent.get("tau")),
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return SelectionFQEConfig(**{k: v for k, v in values.items() if v is not None})
@@ -533,6 +544,7 @@ def score_runs(
                 fqe_value=value,
                 online_score=online_score(results, task),
                 policy_step=int(meta.get("step", 0)),
+                fqe_settings=asdict(fqe_config),
             )
         )
     return scores
