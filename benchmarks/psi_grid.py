@@ -38,7 +38,8 @@ Per-seed FQE scores are kept in the file with the FQE settings they were fitted 
 seeds scored on another machine (whose run directories are gone) still count; a seed is scored
 again when its summary changed, and a score whose entry names no settings is not used (such
 entries were fitted at the critic's target rate, ``agent.tau``, instead of the FQE stage's
-``fqe.target_tau``: about 25 value-iteration sweeps at the CPU preset's 5,000 steps).
+``fqe.target_tau``: about 25 value-iteration sweeps at the CPU preset's 5,000 steps); the
+table calls a stored choice resting on such scores provisional.
 
 The table (``psi_grid.json`` per set keeps what only a run directory holds: the Q-ensemble's
 spread at the policy's and at the data's actions at the end of training) gives per set and psi
@@ -401,6 +402,22 @@ def _rho_or_none(rho, fqe_values: list[float], candidates: list[dict], key: str)
     return None if any(v is None for v in online) else rho(fqe_values, online)
 
 
+PROVISIONAL = (
+    "; provisional: its FQE scores name no settings (fitted at the critic's target rate), "
+    "and --select fits them again where the runs are on the machine"
+)
+
+
+def fitted_with_known_settings(selection: dict[str, Any]) -> bool:
+    """Whether every FQE score behind a stored choice records the settings of its fit."""
+    per_run = selection.get("fqe_per_run", {})
+    return all(
+        "fqe_settings" in per_run.get(key, {})
+        for candidate in selection["candidates"]
+        for key in candidate.get("fqe_runs", {}).values()
+    )
+
+
 def selection_table(results: Path, datasets: list[str]) -> str:
     lines = [
         "| set | psi | row | FQE seeds | FQE score | final (reset) | final (start states) "
@@ -434,7 +451,7 @@ def selection_table(results: Path, datasets: list[str]) -> str:
             f"- {dataset}: FQE chooses psi {selection['selected_psi']:g}; the online best "
             f"(reset final) is psi {selection['online_best_psi']:g}; Spearman's rho of the two "
             f"orders {_show(rho['reset'], 2)} (reset), {_show(rho['start_states'], 2)} "
-            "(start states)"
+            "(start states)" + ("" if fitted_with_known_settings(selection) else PROVISIONAL)
         )
     return "\n".join([*lines, "", *notes])
 

@@ -234,7 +234,9 @@ def test_a_score_fitted_without_recorded_settings_is_fitted_again(results, monke
     (results / DATASET / psi_grid.SELECTION_NAME).write_text(json.dumps(stored))
     calls: list[Path] = []
     monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, calls))
+    assert "provisional" in psi_grid.selection_table(results, [DATASET])
     again = psi_grid.select(results, DATASET, threads=None)
+    assert "provisional" not in psi_grid.selection_table(results, [DATASET])
     assert calls == [results.parent / "runs" / "cbop-psi5" / "seed0"]
     assert again["fqe_per_run"]["cbop-psi5/seed0"]["fqe_value"] == 300.0
     assert again["selected_psi"] == 5.0
