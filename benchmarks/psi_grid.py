@@ -74,6 +74,11 @@ GRID_NAME = "psi_grid.json"
 GRID_FORMAT = "cbop-torchrl-psi-grid/1"
 SPREAD_KEYS = ("q_std_pi", "q_std_data")
 """Diagnostics (``diag/`` logs): the Q-ensemble's spread at the policy's and the data's actions."""
+PROVISIONAL = (
+    "; provisional: its FQE scores name no settings (fitted at the critic's target rate), "
+    "and --select fits them again where the runs are on the machine"
+)
+"""The table's note on a choice resting on such scores."""
 DEFAULT_PSI_ROWS = ("cbop-starts", "cbop")
 """The CPU preset's own rows, which count at the set's default psi, in order of preference:
 ``cbop-starts`` (hopper's rerun with the start-state measure) before ``cbop`` (on hopper, the
@@ -142,10 +147,16 @@ def seed_runs(
     return runs
 
 
+def fitted_with_settings(entry: dict[str, Any]) -> bool:
+    """Whether a stored FQE score records its fit's settings (scores that do not were fitted at
+    the critic's target rate and are not used)."""
+    return "fqe_settings" in entry
+
+
 def is_scored(per_seed: dict[str, dict], key: str, summary: dict) -> bool:
     """Whether ``per_seed`` holds an FQE score of this very run, fitted with known settings."""
     entry = per_seed.get(key, {})
-    return entry.get("summary") == summary_key(summary) and "fqe_settings" in entry
+    return entry.get("summary") == summary_key(summary) and fitted_with_settings(entry)
 
 
 def grid_rows(results: Path, dataset: str) -> dict[float, tuple[str, dict[int, dict]]]:
@@ -402,17 +413,11 @@ def _rho_or_none(rho, fqe_values: list[float], candidates: list[dict], key: str)
     return None if any(v is None for v in online) else rho(fqe_values, online)
 
 
-PROVISIONAL = (
-    "; provisional: its FQE scores name no settings (fitted at the critic's target rate), "
-    "and --select fits them again where the runs are on the machine"
-)
-
-
-def fitted_with_known_settings(selection: dict[str, Any]) -> bool:
-    """Whether every FQE score behind a stored choice records the settings of its fit."""
+def choice_is_provisional(selection: dict[str, Any]) -> bool:
+    """Whether some FQE score behind a stored choice does not record its fit's settings."""
     per_run = selection.get("fqe_per_run", {})
-    return all(
-        "fqe_settings" in per_run.get(key, {})
+    return not all(
+        fitted_with_settings(per_run.get(key, {}))
         for candidate in selection["candidates"]
         for key in candidate.get("fqe_runs", {}).values()
     )
@@ -451,7 +456,7 @@ def selection_table(results: Path, datasets: list[str]) -> str:
             f"- {dataset}: FQE chooses psi {selection['selected_psi']:g}; the online best "
             f"(reset final) is psi {selection['online_best_psi']:g}; Spearman's rho of the two "
             f"orders {_show(rho['reset'], 2)} (reset), {_show(rho['start_states'], 2)} "
-            "(start states)" + ("" if fitted_with_known_settings(selection) else PROVISIONAL)
+            "(start states)" + (PROVISIONAL if choice_is_provisional(selection) else "")
         )
     return "\n".join([*lines, "", *notes])
 
