@@ -38,7 +38,8 @@ Per-seed FQE scores are kept in the file with the FQE settings they were fitted 
 seeds scored on another machine (whose run directories are gone) still count; a seed is scored
 again when its summary changed, and a score whose entry names no settings is not used (such
 entries were fitted at the critic's target rate, ``agent.tau``, instead of the FQE stage's
-``fqe.target_tau``: about 25 value-iteration sweeps at the CPU preset's 5,000 steps); the
+``fqe.target_tau``: about 25 value-iteration sweeps at the CPU preset's 5,000 steps), nor one
+whose settings differ from those FQE takes for the run today where its directory is here; the
 table calls a stored choice resting on such scores provisional.
 
 The table (``psi_grid.json`` per set keeps what only a run directory holds: the Q-ensemble's
@@ -75,8 +76,9 @@ GRID_FORMAT = "cbop-torchrl-psi-grid/1"
 SPREAD_KEYS = ("q_std_pi", "q_std_data")
 """Diagnostics (``diag/`` logs): the Q-ensemble's spread at the policy's and the data's actions."""
 PROVISIONAL = (
-    "; provisional: its FQE scores name no settings (fitted at the critic's target rate), "
-    "and --select fits them again where the runs are on the machine"
+    "; provisional: some of its FQE scores name no settings (fitted at the critic's target "
+    "rate) or not those FQE takes for the run today, and --select fits them again where the "
+    "runs are on the machine"
 )
 """The table's note on a choice resting on such scores."""
 DEFAULT_PSI_ROWS = ("cbop-starts", "cbop")
@@ -148,9 +150,35 @@ def seed_runs(
 
 
 def fitted_with_settings(entry: dict[str, Any]) -> bool:
-    """Whether a stored FQE score records its fit's settings (scores that do not were fitted at
-    the critic's target rate and are not used)."""
-    return "fqe_settings" in entry
+    """Whether a stored FQE score was fitted with the settings FQE takes for its run today.
+
+    An entry that names no settings was fitted at the critic's target rate and is not used.
+    Where the run's directory is on this machine, the named settings must also equal those
+    :func:`~cbop_torchrl.evaluation.selection.fqe_config_for_run` derives from its
+    ``config.json`` now (a later change to how FQE is set up then fits the run again); where
+    the directory is gone, the named settings are all there is to go by, and they count.
+    """
+    if "fqe_settings" not in entry:
+        return False
+    today = settings_for_run_here(Path(entry.get("run_dir", "")))
+    return today is None or as_json(entry["fqe_settings"]) == today
+
+
+def settings_for_run_here(run_dir: Path) -> Any:
+    """The FQE settings (as JSON holds them) for the run in ``run_dir``; None if it is not here."""
+    config_path = run_dir / "config.json"
+    if not config_path.is_file():
+        return None
+    from dataclasses import asdict
+
+    from cbop_torchrl.evaluation.selection import fqe_config_for_run
+
+    return as_json(asdict(fqe_config_for_run(json.loads(config_path.read_text()))))
+
+
+def as_json(value: Any) -> Any:
+    """``value`` as a JSON round trip gives it back (tuples become lists), for comparisons."""
+    return json.loads(json.dumps(value))
 
 
 def is_scored(per_seed: dict[str, dict], key: str, summary: dict) -> bool:
@@ -414,7 +442,7 @@ def _rho_or_none(rho, fqe_values: list[float], candidates: list[dict], key: str)
 
 
 def choice_is_provisional(selection: dict[str, Any]) -> bool:
-    """Whether some FQE score behind a stored choice does not record its fit's settings."""
+    """Whether some FQE score behind a stored choice is not fitted with today's settings."""
     per_run = selection.get("fqe_per_run", {})
     return not all(
         fitted_with_settings(per_run.get(key, {}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,13 @@ def fake_fqe(values: dict[str, float], calls: list[Path]):
         (run_dir,) = run_dirs
         calls.append(Path(run_dir))
         variant = Path(run_dir).parent.name
-        return [selection.RunScore(run_dir, DATASET, DATASET, 0, {}, values[variant], None, 20)]
+        config = json.loads((Path(run_dir) / "config.json").read_text())
+        settings = asdict(selection.fqe_config_for_run(config))
+        return [
+            selection.RunScore(
+                run_dir, DATASET, DATASET, 0, {}, values[variant], None, 20, settings
+            )
+        ]
 
     return score_runs
 
@@ -240,3 +247,29 @@ def test_a_score_fitted_without_recorded_settings_is_fitted_again(results, monke
     assert calls == [results.parent / "runs" / "cbop-psi5" / "seed0"]
     assert again["fqe_per_run"]["cbop-psi5/seed0"]["fqe_value"] == 300.0
     assert again["selected_psi"] == 5.0
+
+
+def test_a_score_fitted_with_other_settings_than_todays_is_fitted_again(results, monkeypatch):
+    """A stored score counts only if its settings are those FQE takes for the run now: a run
+    whose config now gives another FQE target rate is fitted again; one whose directory is
+    gone keeps the settings it names."""
+    fqe = {"cbop": 100.0, "cbop-psi2": 150.0, "cbop-psi5": 300.0, "cbop-starts": 50.0}
+    monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, []))
+    psi_grid.select(results, DATASET, threads=None)
+    psi5 = results.parent / "runs" / "cbop-psi5" / "seed0"
+    config = json.loads((psi5 / "config.json").read_text())
+    (psi5 / "config.json").write_text(json.dumps({**config, "fqe": {"target_tau": 0.1}}))
+    assert "provisional" in psi_grid.selection_table(results, [DATASET])
+    calls: list[Path] = []
+    monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, calls))
+    again = psi_grid.select(results, DATASET, threads=None)
+    assert calls == [psi5]
+    assert again["fqe_per_run"]["cbop-psi5/seed0"]["fqe_settings"]["tau"] == 0.1
+    assert "provisional" not in psi_grid.selection_table(results, [DATASET])
+
+    for run_dir in (results.parent / "runs").glob("*/seed*"):
+        (run_dir / "config.json").unlink()
+    calls.clear()
+    kept = psi_grid.select(results, DATASET, threads=None)
+    assert calls == []
+    assert kept["selected_psi"] == 5.0
