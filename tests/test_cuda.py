@@ -347,12 +347,24 @@ def test_the_captured_cbop_step_equals_the_eager_step(
     assert captured.captured
     assert (graph_loss.value_estimator._compiled_target is not None) == compile
     # Inductor's kernels round differently, and Adam's normalised step turns a rounding that
-    # flips a near-zero gradient into up to ~lr (1e-3) per step whatever the gradient's size:
-    # up to steps * lr after `steps` steps (an H200: 69 of 7,360 elements of one tensor
-    # beyond 4e-3 after 10 steps, the largest 7.9e-3). The losses below stay within 1%.
-    atol, rtol = (steps * 1e-3, 1e-2) if compile else (1e-5, 1e-3)
+    # flips a near-zero gradient into a step of about lr (1e-3) or more whatever the
+    # gradient's size, so a few elements drift apart by up to a few lr per step (on an H200
+    # after 10 steps: 69 of 7,360 elements of one tensor beyond 4e-3, the largest 7.9e-3; in
+    # another call 25 of 20,480 beyond 1e-2, the largest 1.4e-2). No bound on single elements
+    # holds, so compiled, the check is that such elements are rare and the mean difference
+    # small; a wrong capture (a stale input, a missed update) moves most elements. The losses
+    # below stay within 1%.
+    lr = 1e-3
+    rtol = 1e-2 if compile else 1e-3
     for key, value in eager_loss.state_dict().items():
-        torch.testing.assert_close(graph_loss.state_dict()[key], value, rtol=1e-4, atol=atol)
+        if not compile:
+            torch.testing.assert_close(graph_loss.state_dict()[key], value, rtol=1e-4, atol=1e-5)
+            continue
+        diff = (graph_loss.state_dict()[key].float() - value.float()).abs()
+        if diff.numel() == 0:
+            continue
+        drifted = (diff > steps * lr).float().mean().item()
+        assert drifted <= 0.01 and diff.mean().item() <= lr, (key, drifted, diff.mean().item())
     for out_e, out_g in zip(eager_out, graph_out, strict=True):
         for key in ("loss_actor", "loss_qvalue", "grad_norm"):
             torch.testing.assert_close(out_g[key], out_e[key], rtol=rtol, atol=1e-4)
