@@ -46,7 +46,6 @@ PAPER_PSI: dict[str, dict[str, float]] = {
 """The paper's LCB coefficient psi per family and D4RL dataset kind (DESIGN.md section 1)."""
 
 GENERATED_PSI: dict[str, float] = {
-    "halfcheetah-medium-replay-gen": 3.0,
     "hopper-medium-replay-gen": 5.0,
 }
 """psi for ``estimator.psi: null`` on the generated look-alike sets (``scripts/collect.py``,
