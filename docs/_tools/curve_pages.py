@@ -115,6 +115,17 @@ def _pyplot():
     return plt
 
 
+def _step_ticks(ax) -> None:
+    """Step ticks as "12k" once the axis passes 10,000 steps: full numbers run together there.
+
+    Figures of shorter runs keep their plain ticks, so their files do not change.
+    """
+    from matplotlib.ticker import FuncFormatter
+
+    if ax.get_xlim()[1] >= 10_000:
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x else "0"))
+
+
 def read_table(path: Path) -> dict[str, list[float | None]]:
     """A Markdown table's columns (``| step | ... |``) as numbers (None where empty)."""
     lines = [line for line in path.read_text().splitlines() if line.startswith("|")]
@@ -210,6 +221,7 @@ def draw(runs: list[tuple[str, dict]], title: str, path: Path, lower: str = "q")
             bottom.set_ylabel("normalized score\n(0-100, start states)")
         bottom.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("CBOP gradient step")
+    _step_ticks(axes[-1, 0])
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, format="png", metadata={"Software": None})
@@ -385,6 +397,7 @@ def _draw_summary_groups(number: int, groups: list, target: Path) -> None:
         bottom.set_xlabel("gradient step")
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
+            _step_ticks(ax)
         top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     target.parent.mkdir(parents=True, exist_ok=True)
