@@ -33,8 +33,9 @@ written to ``<results>/<dataset>/<variant>/seed<k>.json``; commit those, and
 rebuild the tables and figures with ``python scripts/report.py paths=benchmarks/results``.
 A summary no longer counts, and its run starts over, when it was made on another version
 of the dataset, for another budget, or (CBOP) with other settings than the variant's
-composed config (critic and actor widths, M, K, H, batch, psi): after a preset change the
-old rows read "stale" and the run directories made with them are moved aside. A summary
+composed config (critic and actor widths, M, K, H, batch, psi, the dynamics model's epoch
+cap): after a preset change the old rows read "stale" and the run directories made with
+them are moved aside. A summary
 made on another version of the dataset is kept as ``<variant>-file-<sha12>/seed<k>.json``
 (the report names its row ``VARIANT (file SHA)``). Keep such
 rows under a label that asks for their settings (the 2x256 preset as
@@ -74,6 +75,7 @@ import argparse
 import datetime
 import json
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -407,6 +409,16 @@ def other_dataset(summary: dict, provenance: dict) -> bool:
     return bool(provenance) and stored.get("sha256") != provenance.get("sha256")
 
 
+# The dynamics cap each preset had before summaries recorded it (they recorded no
+# ``dynamics_max_epochs`` until Nov 29 2026); "patience": no cap, the paper's rule alone.
+DYNAMICS_CAP_BEFORE_RECORDED = {"cpu": 15, "debug": 1, "paper": "patience"}
+
+
+def dynamics_cap(max_epochs: int | None) -> int | str:
+    """``dynamics.max_epochs`` as the settings compare it: ``"patience"`` where it is None."""
+    return "patience" if max_epochs is None else int(max_epochs)
+
+
 def cbop_settings(config: dict) -> dict:
     """What makes a CBOP run the algorithm it is, from its composed or stored config.
 
@@ -420,6 +432,7 @@ def cbop_settings(config: dict) -> dict:
         "actor_hidden_sizes": actor,
         "num_qvalue_nets": agent["num_qvalue_nets"],
         "num_elites": config["dynamics"]["num_elites"],
+        "dynamics_max_epochs": dynamics_cap(config["dynamics"].get("max_epochs")),
         "horizon": config["estimator"]["horizon"],
         "batch_size": config["train"]["batch_size"],
         "psi": config["estimator"]["psi"],
@@ -437,6 +450,27 @@ def expected_settings(variant: str, preset: str, overrides: list[str]) -> dict |
 
     composed = compose_config([f"preset={preset}", *variant_overrides, *overrides])
     return cbop_settings(OmegaConf.to_container(composed, resolve=True))
+
+
+def recorded_settings(summary: dict, preset: str) -> dict:
+    """A CBOP summary's ``diagnostics.settings``, with the dynamics cap it was made with.
+
+    A summary from before the cap was recorded took it from its command's
+    ``dynamics.max_epochs=`` override, or else from its preset as it was then.
+    """
+    settings = dict((summary.get("diagnostics") or {}).get("settings") or {})
+    if "dynamics_max_epochs" in settings:
+        settings["dynamics_max_epochs"] = dynamics_cap(settings["dynamics_max_epochs"])
+        return settings
+    override = re.search(r"(?:^|\s)dynamics\.max_epochs=(\S+)", str(summary.get("command", "")))
+    if override and (override.group(1) == "null" or override.group(1).isdigit()):
+        value = override.group(1)
+        settings["dynamics_max_epochs"] = "patience" if value == "null" else int(value)
+    elif summary.get("preset", preset) in DYNAMICS_CAP_BEFORE_RECORDED:
+        settings["dynamics_max_epochs"] = DYNAMICS_CAP_BEFORE_RECORDED[
+            summary.get("preset", preset)
+        ]
+    return settings
 
 
 def settings_differences(recorded: dict, expected: dict) -> list[str]:
@@ -502,7 +536,7 @@ def stale_reason(
         return f"{summary['gradient_steps']} gradient steps, the benchmark now runs {steps}"
     recorded = (summary.get("diagnostics") or {}).get("settings")
     if expected is not None and recorded:
-        differences = settings_differences(recorded, expected)
+        differences = settings_differences(recorded_settings(summary, preset), expected)
         if differences:
             return "made with other settings (" + ", ".join(differences) + ")"
     return None

@@ -83,6 +83,7 @@ def test_debug_preset_end_to_end(reference_run: Path) -> None:
     # what a table of configurations needs, with the debug preset's values
     assert (settings["num_qvalue_nets"], settings["num_elites"], settings["horizon"]) == (3, 2, 2)
     assert settings["num_dynamics_members"] == 3 and settings["batch_size"] == 32
+    assert settings["dynamics_max_epochs"] == 1
     assert settings["critic_hidden_sizes"] == settings["actor_hidden_sizes"] == [32, 32]
     assert settings["q_init"] == "torch"
     assert settings["fqe"] == {

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from cbop_torchrl.evaluation import summaries as summary_files
 
@@ -263,6 +264,44 @@ def test_a_summary_or_run_made_with_other_cbop_settings_no_longer_counts(
     differences = driver.run_settings_differences(run_dir, expected)
     assert differences and differences[0].startswith("critic_hidden_sizes: [7, 7]")
     assert plan_lines(capsys, driver, *args)[-1][0] == "restart"  # after the "stale" line
+
+
+def test_a_summary_made_with_another_dynamics_cap_no_longer_counts(isolated_cache: Path) -> None:
+    """The dynamics model's epoch cap is one of the settings; older summaries did not record
+    it, so it is read from their command's override or their preset as it was then."""
+    driver = load_driver()
+    provenance = write_provenance(isolated_cache)
+    preset_cap = driver.expected_settings("cbop", "cpu", [])
+    preset_file = ROOT / "cbop_torchrl" / "configs" / "preset" / "cpu.yaml"
+    preset_yaml = OmegaConf.load(preset_file)
+    assert preset_cap["dynamics_max_epochs"] == preset_yaml.dynamics.max_epochs
+    capped_7 = {**preset_cap, "dynamics_max_epochs": 7}  # no preset's cap
+    uncapped = {**preset_cap, "dynamics_max_epochs": driver.dynamics_cap(None)}
+    assert uncapped["dynamics_max_epochs"] == "patience"
+
+    def summary(command: str, **settings: object) -> dict:
+        recorded = {**preset_cap, **settings}
+        return {"dataset_provenance": provenance, "gradient_steps": 20_000, "preset": "cpu",
+                "command": command, "diagnostics": {"settings": recorded}}  # fmt: skip
+
+    def stale(made: dict, expected: dict) -> str | None:
+        return driver.stale_reason(made, provenance, 20_000, "cpu", expected)
+
+    recorded_7 = summary("python scripts/cbop.py preset=cpu", dynamics_max_epochs=7)
+    assert stale(recorded_7, capped_7) is None
+    why = stale(recorded_7, preset_cap)
+    assert why and f"dynamics_max_epochs: 7 -> {preset_cap['dynamics_max_epochs']}" in why
+    assert stale(summary("cbop.py", dynamics_max_epochs=None), uncapped) is None
+
+    def legacy(command: str) -> dict:
+        made = summary(command)
+        del made["diagnostics"]["settings"]["dynamics_max_epochs"]
+        return made
+
+    # Before the cap was recorded: the command's override, else the CPU preset's 15 then.
+    assert stale(legacy("cbop.py preset=cpu seed=1 dynamics.max_epochs=7"), capped_7) is None
+    assert stale(legacy("cbop.py preset=cpu seed=1 dynamics.max_epochs=7"), preset_cap) == why
+    assert "dynamics_max_epochs: 15 -> 7" in stale(legacy("cbop.py preset=cpu"), capped_7)
 
 
 def test_rows_keep_an_earlier_files_runs_apart_from_the_current_files(

@@ -282,6 +282,7 @@ def cbop_result_fields(run: OfflineRun, cbop: CBOPStage, pretraining: dict[str, 
         "settings": {
             "num_elites": cbop.dynamics.num_elites,
             "num_dynamics_members": config.dynamics.num_members,
+            "dynamics_max_epochs": config.dynamics.max_epochs,  # None: the patience rule alone
             "num_qvalue_nets": config.agent.num_qvalue_nets,
             "critic_hidden_sizes": critic_hidden_sizes(config),
             "actor_hidden_sizes": list(config.agent.hidden_sizes),
