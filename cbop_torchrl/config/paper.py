@@ -47,6 +47,7 @@ PAPER_PSI: dict[str, dict[str, float]] = {
 
 GENERATED_PSI: dict[str, float] = {
     "hopper-medium-replay-gen": 5.0,
+    "walker2d-medium-replay-gen": 0.5,
 }
 """psi for ``estimator.psi: null`` on the generated look-alike sets (``scripts/collect.py``,
 by the set's name) where the paper's own way of choosing it differs from its D4RL table: the
