@@ -410,7 +410,7 @@ def other_dataset(summary: dict, provenance: dict) -> bool:
 
 
 # The dynamics cap each preset had before summaries recorded it (they recorded no
-# ``dynamics_max_epochs`` until Nov 29 2026); "patience": no cap, the paper's rule alone.
+# ``dynamics_max_epochs`` until Nov 28 2026); "patience": no cap, the paper's rule alone.
 DYNAMICS_CAP_BEFORE_RECORDED = {"cpu": 15, "debug": 1, "paper": "patience"}
 
 
