@@ -75,7 +75,6 @@ import argparse
 import datetime
 import json
 import platform
-import re
 import shlex
 import shutil
 import signal
@@ -462,14 +461,19 @@ def recorded_settings(summary: dict, preset: str) -> dict:
     if "dynamics_max_epochs" in settings:
         settings["dynamics_max_epochs"] = dynamics_cap(settings["dynamics_max_epochs"])
         return settings
-    override = re.search(r"(?:^|\s)dynamics\.max_epochs=(\S+)", str(summary.get("command", "")))
-    if override and (override.group(1) == "null" or override.group(1).isdigit()):
-        value = override.group(1)
-        settings["dynamics_max_epochs"] = "patience" if value == "null" else int(value)
-    elif summary.get("preset", preset) in DYNAMICS_CAP_BEFORE_RECORDED:
-        settings["dynamics_max_epochs"] = DYNAMICS_CAP_BEFORE_RECORDED[
-            summary.get("preset", preset)
-        ]
+    # The command was written by shlex.join (portable_command); Hydra takes the last override.
+    given = [
+        word.split("=", 1)[1]
+        for word in shlex.split(str(summary.get("command", "")))
+        if word.startswith("dynamics.max_epochs=")
+    ]
+    made_with = summary.get("preset", preset)
+    if given and given[-1] == "null":
+        settings["dynamics_max_epochs"] = dynamics_cap(None)
+    elif given and given[-1].isdigit():
+        settings["dynamics_max_epochs"] = dynamics_cap(int(given[-1]))
+    elif made_with in DYNAMICS_CAP_BEFORE_RECORDED:
+        settings["dynamics_max_epochs"] = DYNAMICS_CAP_BEFORE_RECORDED[made_with]
     return settings
 
 
