@@ -74,7 +74,12 @@ def test_paper_table_covers_every_d4rl_id() -> None:
     assert PAPER_PSI["halfcheetah"]["medium"] == 0.5 and PAPER_PSI["hopper"]["random"] == 5.0
 
 
-def test_a_generated_set_takes_the_offline_choice_of_psi_and_the_table_otherwise() -> None:
+def test_a_generated_set_takes_the_offline_choice_of_psi_and_the_table_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # an offline choice that differs from hopper's table value (2), as --select would list it
+    monkeypatch.setitem(GENERATED_PSI, "hopper-medium-replay-gen", 5.0)
+
     def generated(env: str):
         return get_family(env.split("-")[0]), env
 

@@ -96,21 +96,21 @@ def bar_markdown() -> str:
 def cbop_headline_rows() -> dict[str, str]:
     """Each set's CBOP row in the headline: the psi FQE chose offline
     (``<set>/psi_selection.json``, ``benchmarks/psi_grid.py --select``), else the psi grid's
-    row at the set's default psi (on hopper ``cbop-starts``, the rerun of the preset, not the
-    runs that chose its sizes)."""
+    row at the psi ``estimator.psi: null`` gives the set without a choice (the paper's D4RL
+    table for its family and kind); none where that row has no run."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from benchmarks import bar, psi_grid
+    from cbop_torchrl.config import PAPER_PSI, infer_dataset_kind
 
     rows = {}
     for dataset in bar.SETS:
         if chosen := bar.selected_row(RESULTS, dataset):
             rows[dataset] = chosen
             continue
-        grid = psi_grid.grid_rows(RESULTS, dataset)
-        defaults = [v for v, _ in grid.values() if v in psi_grid.DEFAULT_PSI_ROWS]
-        if defaults:
-            rows[dataset] = defaults[0]
+        table_psi = PAPER_PSI[dataset.split("-", 1)[0]][infer_dataset_kind(dataset)]
+        if table_psi in (grid := psi_grid.grid_rows(RESULTS, dataset)):
+            rows[dataset] = grid[table_psi][0]
     return rows
 
 
