@@ -101,14 +101,15 @@ def cbop_headline_rows() -> dict[str, str]:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from benchmarks import bar, psi_grid
-    from cbop_torchrl.config import PAPER_PSI, infer_dataset_kind
+    from cbop_torchrl.config import infer_dataset_kind, paper_settings
 
     rows = {}
     for dataset in bar.SETS:
         if chosen := bar.selected_row(RESULTS, dataset):
             rows[dataset] = chosen
             continue
-        table_psi = PAPER_PSI[dataset.split("-", 1)[0]][infer_dataset_kind(dataset)]
+        family = dataset.split("-", 1)[0]
+        table_psi = paper_settings(family, infer_dataset_kind(dataset))["estimator.psi"]
         if table_psi in (grid := psi_grid.grid_rows(RESULTS, dataset)):
             rows[dataset] = grid[table_psi][0]
     return rows
