@@ -1,9 +1,9 @@
 """The results bar on CPU, checked from the benchmark's committed summaries.
 
-    python benchmarks/bar.py                       # each set's offline choice of psi, both measures
-    python benchmarks/bar.py --cbop cbop           # the CPU preset's own row (the D4RL table's psi)
+    python benchmarks/bar.py                       # each set's headline row, both measures
+    python benchmarks/bar.py --cbop cbop-psi2      # one psi grid row on every set
     python benchmarks/bar.py --cbop cbop-m10       # another CBOP row (a --label's variant)
-    python benchmarks/bar.py --cbop cbop hopper-medium-replay-gen=cbop-starts  # one set's own row
+    python benchmarks/bar.py --cbop cbop-psi2 hopper-medium-replay-gen=cbop-psi3  # a set's own
     python benchmarks/bar.py --measure starts      # one measure
     python benchmarks/bar.py --every-row           # every CBOP row of each set, one line each
 
@@ -29,15 +29,27 @@ Q - MC and the set's conditions it fails.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from cbop_torchrl.evaluation.summaries import BAR_KEEP, BAR_MARGIN, BAR_MARGIN_SETS, BASELINES
-
 ROOT = Path(__file__).resolve().parents[1]
-SETS = ("hopper-medium-replay-gen", "walker2d-medium-replay-gen", "halfcheetah-medium-replay-gen")
+sys.path.insert(0, str(ROOT))  # `python benchmarks/bar.py` puts benchmarks/, not the root
+
+from benchmarks.cbop_row import (  # noqa: E402
+    SETS,
+    current_file,
+    headline_row,
+    load_rows,
+    seed_summaries,
+)
+from cbop_torchrl.evaluation.summaries import (  # noqa: E402
+    BAR_KEEP,
+    BAR_MARGIN,
+    BAR_MARGIN_SETS,
+    BASELINES,
+)
+
 SEEDS = 3
 MARGIN = BAR_MARGIN  # above the best baseline, on MARGIN_SETS of the sets
 MARGIN_SETS = BAR_MARGIN_SETS
@@ -54,16 +66,6 @@ class Check:
     detail: str
 
 
-def load_rows(results: Path, dataset: str) -> dict | None:
-    path = results / dataset / "rows.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def current_file(rows: dict) -> str:
-    """The set's current file as rows name it (``dataset_sha256``: 12 characters)."""
-    return str(rows["sha256"])[:12]
-
-
 def find_row(rows: dict, variant: str, measure: str) -> dict | None:
     """The variant's row on the set's current file."""
     file = current_file(rows)
@@ -71,16 +73,6 @@ def find_row(rows: dict, variant: str, measure: str) -> dict | None:
         if (row["variant"], row["measure"], row.get("dataset_sha256")) == (variant, measure, file):
             return row
     return None
-
-
-def seed_summaries(results: Path, dataset: str, variant: str, file: str) -> list[dict]:
-    """The variant's per-seed summaries made on the file whose sha256 begins with ``file``."""
-    summaries = []
-    for path in sorted((results / dataset / variant).glob("seed*.json")):
-        summary = json.loads(path.read_text())
-        if str(summary.get("dataset_provenance", {}).get("sha256"))[:12] == file:
-            summaries.append(summary)
-    return summaries
 
 
 def final_and_best(summary: dict, measure: str) -> tuple[float, float]:
@@ -151,47 +143,37 @@ def check_set(results: Path, dataset: str, cbop: str, measure: str) -> tuple[lis
 
 
 SELECTED = "selected"
-"""``--cbop`` for each set's offline choice of psi (``<set>/psi_selection.json``'s row,
-``benchmarks/psi_grid.py --select``); ``cbop`` on a set without a selection."""
+"""``--cbop`` for each set's headline row (:func:`benchmarks.cbop_row.headline_row`): the
+offline choice of psi (``<set>/psi_selection.json``), else the grid's row at the D4RL table's
+psi."""
 
 
-SELECTION_NAME = "psi_selection.json"
-"""Each set's offline choice of psi, ``<results>/<set>/psi_selection.json``."""
-
-
-def selected_row(results: Path, dataset: str) -> str | None:
-    """The set's row of the psi FQE chose, or None where no choice has been made."""
-    path = results / dataset / SELECTION_NAME
-    variant = json.loads(path.read_text()).get("variant") if path.is_file() else None
-    return None if variant is None else str(variant)  # null: the grid is not complete yet
-
-
-def cbop_rows(items: list[str], results: Path | None = None) -> dict[str, str]:
+def cbop_rows(items: list[str], results: Path) -> dict[str, str]:
     """Each set's CBOP row from ``--cbop``: ``ROW`` for every set, ``SET=ROW`` for one set.
 
-    ``selected`` (:data:`SELECTED`) names each set's offline choice of psi, read from
-    ``results``. Raises ``ValueError`` (the message names what is wrong) for an unknown set
-    or a second ``ROW`` for every set.
+    ``selected`` (:data:`SELECTED`) names each set's headline row, read from ``results``.
+    Raises ``ValueError`` (the message names what is wrong) for an unknown set or a second
+    ``ROW`` for every set.
     """
     every = [item for item in items if "=" not in item]
     if len(every) > 1:
         raise ValueError(
             f"--cbop names {len(every)} rows for every set ({', '.join(every)}); give one"
         )
-    rows = dict.fromkeys(SETS, every[0] if every else SELECTED)
-    for dataset, row in rows.items():
-        if row == SELECTED:
-            chosen = selected_row(results, dataset) if results is not None else None
-            rows[dataset] = chosen or "cbop"
+    own = {}
     for item in items:
         if "=" in item:
             dataset, row = item.split("=", 1)
             if dataset not in SETS or not row:
                 raise ValueError(
                     f"--cbop {item}: expected SET=ROW with SET one of {', '.join(SETS)} "
-                    f"and ROW a CBOP row (a variant such as cbop-starts)"
+                    f"and ROW a CBOP row (a variant such as cbop-psi3)"
                 )
-            rows[dataset] = row
+            own[dataset] = row
+    rows = dict.fromkeys(SETS, every[0] if every else SELECTED) | own
+    for dataset, row in rows.items():
+        if row == SELECTED:
+            rows[dataset] = headline_row(results, dataset)
     return rows
 
 
@@ -283,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         default=[SELECTED],
         metavar="ROW|SET=ROW",
         help="the CBOP row (variant) to check on every set, and SET=ROW for a set's own row "
-        f"(default {SELECTED}: each set's offline choice of psi, psi_selection.json)",
+        f"(default {SELECTED}: each set's offline choice of psi, psi_selection.json, else its "
+        "psi grid row at the D4RL table's psi)",
     )
     parser.add_argument("--measure", choices=("reset", "starts", "both"), default="both")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")

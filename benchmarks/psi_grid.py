@@ -59,17 +59,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python benchmarks/psi_grid.py` puts benchmarks/, not the root
 
-from benchmarks.bar import (  # noqa: E402
+from benchmarks.cbop_row import (  # noqa: E402
+    DEFAULT_PSI_ROWS,
+    GRID,
     SELECTION_NAME,
     SETS,
     current_file,
+    grid_rows,
+    grid_variant,
     load_rows,
-    seed_summaries,
+    summaries_on,
+    summary_psi,
 )
 from cbop_torchrl.io import atomic_json_dump  # noqa: E402
 
-GRID = (0.5, 2.0, 3.0, 5.0)
-"""The paper's psi grid (appendix, "Hyperparameters")."""
 SELECTION_FORMAT = "cbop-torchrl-psi-selection/1"
 GRID_NAME = "psi_grid.json"
 GRID_FORMAT = "cbop-torchrl-psi-grid/1"
@@ -81,26 +84,6 @@ PROVISIONAL = (
     "runs are on the machine"
 )
 """The table's note on a choice resting on such scores."""
-DEFAULT_PSI_ROWS = ("cbop-starts", "cbop")
-"""The CPU preset's own rows, which count at the set's default psi, in order of preference:
-``cbop-starts`` (hopper's rerun with the start-state measure) before ``cbop`` (on hopper, the
-runs that chose the preset's critic sizes)."""
-
-
-def grid_variant(psi: float) -> str:
-    """The benchmark variant of one grid value (``cbop-psi0.5``, ``cbop-psi2``)."""
-    return f"cbop-psi{psi:g}"
-
-
-def summaries_on(results: Path, dataset: str, variant: str, file: str) -> dict[int, dict]:
-    """The variant's summaries made on the file whose sha256 begins with ``file``, by seed."""
-    return {int(s["seed"]): s for s in seed_summaries(results, dataset, variant, file)}
-
-
-def summary_psi(summary: dict) -> float | None:
-    """The psi a CBOP run trained with (its resolved settings)."""
-    psi = summary.get("diagnostics", {}).get("settings", {}).get("psi")
-    return None if psi is None else float(psi)
 
 
 def run_dir_here(results: Path, dataset: str, psi: float, seed: int, summary: dict) -> Path | None:
@@ -185,26 +168,6 @@ def is_scored(per_seed: dict[str, dict], key: str, summary: dict) -> bool:
     """Whether ``per_seed`` holds an FQE score of this very run, fitted with known settings."""
     entry = per_seed.get(key, {})
     return entry.get("summary") == summary_key(summary) and fitted_with_settings(entry)
-
-
-def grid_rows(results: Path, dataset: str) -> dict[float, tuple[str, dict[int, dict]]]:
-    """Per grid psi: the row's variant and its summaries on the set's current file, by seed."""
-    rows = load_rows(results, dataset)
-    if rows is None:
-        return {}
-    file = current_file(rows)
-    grid = {}
-    for psi in GRID:
-        options = []
-        for preference, variant in enumerate((grid_variant(psi), *DEFAULT_PSI_ROWS)):
-            found = summaries_on(results, dataset, variant, file)
-            found = {seed: s for seed, s in found.items() if summary_psi(s) == psi}
-            if found:
-                options.append((len(found), -preference, variant, found))
-        if options:
-            _, _, variant, found = max(options, key=lambda option: option[:2])
-            grid[psi] = (variant, found)
-    return grid
 
 
 def start_final(summary: dict) -> float | None:

@@ -29,6 +29,7 @@ def write_set(results: Path, dataset: str, finals: dict[str, float], **cbop_seed
     (results / dataset / "cbop").mkdir()
     for seed in range(3):
         summary = {
+            "seed": seed,
             "dataset_provenance": {"sha256": SHA},
             "final_normalized_score": finals["cbop"],
             "best_normalized_score": cbop_seed.get("best", finals["cbop"]),

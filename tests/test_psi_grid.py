@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bar, psi_grid
+from benchmarks import bar, cbop_row, psi_grid
 from cbop_torchrl.evaluation import selection
 
 SHA = "c" * 64
@@ -174,7 +174,7 @@ def test_no_choice_is_made_until_every_grid_value_has_a_scored_run(results, monk
     assert stored["selected_psi"] is None and stored["variant"] is None
     assert stored["missing_psi"] == [3.0]
     assert {c["psi"] for c in stored["candidates"]} == {0.5, 2.0, 5.0}
-    assert bar.selected_row(results, DATASET) is None
+    assert cbop_row.selected_row(results, DATASET) is None
     assert "no choice until psi 3 have scored runs" in psi_grid.selection_table(results, [DATASET])
 
 
@@ -183,8 +183,18 @@ def test_the_bar_checks_each_sets_offline_choice_by_default(results, monkeypatch
     monkeypatch.setattr(selection, "score_runs", fake_fqe(fqe, []))
     psi_grid.select(results, DATASET, threads=None)
     rows = bar.cbop_rows([bar.SELECTED], results)
-    assert rows == {bar.SETS[0]: "cbop", bar.SETS[1]: "cbop", DATASET: "cbop-psi5"}
+    # hopper and walker2d have no selection and no runs: the grid row at the table's psi (2)
+    assert rows == {bar.SETS[0]: "cbop-psi2", bar.SETS[1]: "cbop-psi2", DATASET: "cbop-psi5"}
     assert bar.cbop_rows(["cbop"], results)[DATASET] == "cbop"
+
+
+def test_without_a_choice_the_headline_is_the_grid_row_at_the_tables_psi(results):
+    assert cbop_row.table_psi(DATASET) == 0.5  # halfcheetah medium-replay in the D4RL table
+    assert cbop_row.headline_row(results, DATASET) == "cbop"  # psi 0.5's row with most seeds
+    for seed in range(4):
+        write_summary(results, "cbop-psi0.5", seed, 0.5, 9.0)
+    assert cbop_row.headline_row(results, DATASET) == "cbop-psi0.5"
+    assert bar.cbop_rows([bar.SELECTED], results)[DATASET] == "cbop-psi0.5"
 
 
 def test_the_table_gives_every_grid_value_and_the_selection(results, monkeypatch, capsys):
@@ -219,7 +229,7 @@ def test_fqe_scores_are_kept_when_nothing_can_be_chosen_yet(results, monkeypatch
     assert [run["fqe_value"] for run in stored["fqe_per_run"].values()] == [150.0]
     assert json.loads((results / DATASET / psi_grid.SELECTION_NAME).read_text()) == stored
     assert "no choice (fewer than 2 grid values" in psi_grid.selection_table(results, [DATASET])
-    assert bar.selected_row(results, DATASET) is None
+    assert cbop_row.selected_row(results, DATASET) is None
 
     (runs / "cbop-psi2" / "seed0" / "config.json").unlink()
     calls.clear()

@@ -94,24 +94,20 @@ def bar_markdown() -> str:
 
 
 def cbop_headline_rows() -> dict[str, str]:
-    """Each set's CBOP row in the headline: the psi FQE chose offline
-    (``<set>/psi_selection.json``, ``benchmarks/psi_grid.py --select``), else the psi grid's
-    row at the psi ``estimator.psi: null`` gives the set without a choice (the paper's D4RL
-    table for its family and kind); none where that row has no run."""
+    """Each set's CBOP row in the headline (:func:`benchmarks.cbop_row.headline_row`: the psi
+    FQE chose offline, else the psi grid's row at the D4RL table's psi); none where that row
+    has no run."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks import bar, psi_grid
-    from cbop_torchrl.config import infer_dataset_kind, paper_settings
+    from benchmarks import cbop_row
 
     rows = {}
-    for dataset in bar.SETS:
-        if chosen := bar.selected_row(RESULTS, dataset):
-            rows[dataset] = chosen
+    for dataset in cbop_row.SETS:
+        if (found := cbop_row.load_rows(RESULTS, dataset)) is None:
             continue
-        family = dataset.split("-", 1)[0]
-        table_psi = paper_settings(family, infer_dataset_kind(dataset))["estimator.psi"]
-        if table_psi in (grid := psi_grid.grid_rows(RESULTS, dataset)):
-            rows[dataset] = grid[table_psi][0]
+        row = cbop_row.headline_row(RESULTS, dataset)
+        if cbop_row.seed_summaries(RESULTS, dataset, row, cbop_row.current_file(found)):
+            rows[dataset] = row
     return rows
 
 
