@@ -74,3 +74,15 @@ def test_initial_states_are_the_episodes_first_rows():
     starts = fqe_check.initial_states(data, count=10)
     assert sorted(starts.squeeze(-1).tolist()) == [0.0, 3.0, 5.0]
     assert fqe_check.initial_states(data, count=2).shape == (2, 1)
+
+
+def test_a_trajectory_settles_over_its_last_half():
+    from benchmarks import fqe_trajectory
+
+    scores = [(1000, 50.0), (2000, 120.0), (3000, 130.0), (4000, 110.0)]
+    assert fqe_trajectory.settle(scores) == {
+        "last": 110.0,
+        "half_min": 110.0,
+        "half_max": 130.0,
+        "half_mean": 120.0,
+    }

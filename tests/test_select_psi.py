@@ -116,9 +116,17 @@ def test_fqe_recovers_a_known_value(tmp_path: Path) -> None:
         steps=250, batch_size=64, lr=3e-3, hidden_sizes=[32, 32], gamma=0.5, tau=0.05
     )
     dims = (OBS, ACT)
-    loss = fit_policy_fqe(data, actor, *dims, config, seed=0, work_dir=tmp_path)
+    watched = []
+
+    def watch(step: int, fit) -> None:
+        if step % 50 == 0:
+            watched.append(initial_state_value(fit, actor, data.get("observation")[:32]))
+
+    loss = fit_policy_fqe(data, actor, *dims, config, seed=0, work_dir=tmp_path, on_step=watch)
     value = initial_state_value(loss, actor, data.get("observation")[:32])
     assert abs(value - 2.0) < 0.2, value
+    # the hook sees the fit as it goes: rising toward the value, ending at the final fit
+    assert len(watched) == 5 and watched[0] < watched[-2] and watched[-1] == value
     # the finished fit is cached: the same call loads it instead of training
     assert (tmp_path / "result.pt").is_file() and not (tmp_path / "partial.pt").exists()
     again = fit_policy_fqe(data, actor, *dims, config, seed=0, work_dir=tmp_path)

@@ -168,6 +168,7 @@ def fit_policy_fqe(
     work_dir: Path,
     progress: bool = False,
     log_fn: Callable[[dict[str, float], int], None] | None = None,
+    on_step: Callable[[int, FittedQEvaluationLoss], None] | None = None,
 ) -> FittedQEvaluationLoss:
     """Fits ``Q_zeta`` to the value of ``actor`` on ``data``; resumable and cached.
 
@@ -183,6 +184,8 @@ def fit_policy_fqe(
         config: FQE settings.
         seed: seeds the networks, the bootstrap resamples and the batch order.
         work_dir: checkpoint/result directory.
+        on_step: called with (step, loss) after each step's target update, to watch the
+            fit (``benchmarks/fqe_trajectory.py``); not called when a finished fit is read.
     """
     work_dir = make_dirs(work_dir)  # never through a link
     result = work_dir / "result.pt"
@@ -198,6 +201,12 @@ def fit_policy_fqe(
     generator = torch.Generator(device=data.device).manual_seed(seed)
     buffer.set_rng(generator)
     updater = SoftUpdate(loss, tau=config.tau)
+
+    def after_step(step: int) -> None:
+        updater.step()
+        if on_step is not None:
+            on_step(step, loss)
+
     run_supervised_stage(
         "fqe_select",
         loss,
@@ -207,7 +216,7 @@ def fit_policy_fqe(
         work_dir,
         progress,
         log_fn,
-        lambda step: updater.step(),
+        after_step,
         log_interval=max(1, config.steps // 10),
     )
     fit = {k: v.detach().cpu() for k, v in loss.state_dict().items()}
