@@ -45,14 +45,14 @@ PAPER_PSI: dict[str, dict[str, float]] = {
 }
 """The paper's LCB coefficient psi per family and D4RL dataset kind (DESIGN.md section 1)."""
 
-GENERATED_PSI: dict[str, float] = {}
+GENERATED_PSI: dict[str, float] = {"hopper-medium-replay-gen": 5.0}
 """psi for ``estimator.psi: null`` on the generated look-alike sets (``scripts/collect.py``,
 by the set's name) where the paper's own way of choosing it differs from its D4RL table: the
 offline choice by FQE over the paper's grid {0.5, 2, 3, 5} (appendix C), made at the CPU
 preset's sizes (``python benchmarks/psi_grid.py --select``; the choice, its candidates and
 their scores are ``benchmarks/results/<set>/psi_selection.json``; docs/results.md). Sets not
-listed keep the D4RL table's psi for their family and kind. Empty while the CPU preset's grids
-are made again with its longer-trained dynamics model (the choices made before are
+listed keep the D4RL table's psi for their family and kind; walker2d's and halfcheetah's
+grids are not made yet at the preset's 60-epoch dynamics model (the choices made before are
 ``benchmarks/results/<set>/psi_selection-dyn15.json``)."""
 
 PAPER_QVALUE_NETS = {"hopper": 50}
