@@ -29,21 +29,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDict
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python benchmarks/fqe_check.py` puts benchmarks/, not the root
 
 from benchmarks.cbop_row import SELECTION_NAME, SETS, grid_rows  # noqa: E402
-from cbop_torchrl.envs.evaluate import deterministic_policy  # noqa: E402
+from benchmarks.psi_grid import mean  # noqa: E402
 from cbop_torchrl.envs.task import resolve_task  # noqa: E402
 from cbop_torchrl.evaluation.analysis import load_cbop_loss  # noqa: E402
 from cbop_torchrl.evaluation.selection import episode_starts, spearman_rho  # noqa: E402
 from cbop_torchrl.io import atomic_json_dump  # noqa: E402
-from cbop_torchrl.trainers.conservatism import (  # noqa: E402
-    member_q_values,
-    rollout_from_observations,
-)
+from cbop_torchrl.trainers.conservatism import dataset_conservatism  # noqa: E402
 
 CHECK_NAME = "fqe_check.json"
 CHECK_FORMAT = "cbop-torchrl-fqe-check/1"
@@ -59,24 +55,21 @@ def initial_states(data: Any, count: int, seed: int = STATES_SEED) -> torch.Tens
 
 @torch.no_grad()
 def true_values(run_dir: Path, count: int) -> dict[str, float]:
-    """The policy's discounted Monte-Carlo return and its critic's ``Q_phi`` at initial states."""
+    """The policy's discounted Monte-Carlo return and its critic's ``Q_phi`` at initial states
+    (the conservatism measurement, :func:`dataset_conservatism`, at the episode starts)."""
     loss, config, data, info = load_cbop_loss(run_dir)
     obs = initial_states(data, count)
-    actor = loss.actor_network
-    with loss.actor_network_params.to_module(actor):
-        td = TensorDict({"observation": obs}, batch_size=obs.shape[:1])
-        action = deterministic_policy(actor)(td).get("action")
-        returns, lengths = rollout_from_observations(
-            actor, resolve_task(config.task, info), obs, config.agent.gamma, config.eval.max_steps
-        )
-    q_phi = member_q_values(loss.qvalue_network, loss.qvalue_network_params, obs, action)
+    # alpha 0: the plain return, as FQE estimates it (no entropy part)
+    numbers = dataset_conservatism(
+        loss, resolve_task(config.task, info), obs, config.agent.gamma, 0.0, config.eval.max_steps
+    )
     return {
-        "states": int(obs.shape[0]),
-        "gamma": float(config.agent.gamma),
-        "mc_value": float(returns.mean()),
-        "mc_value_std": float(returns.std(unbiased=False)),
-        "episode_length_mean": float(lengths.float().mean()),
-        "q_phi": float(q_phi.mean()),
+        "states": numbers["states"],
+        "gamma": numbers["gamma"],
+        "mc_value": numbers["mc_return_mean"],
+        "mc_value_std": numbers["mc_return_std"],
+        "episode_length_mean": numbers["episode_length_mean"],
+        "q_phi": numbers["predicted_q_mean"],
     }
 
 
@@ -110,7 +103,7 @@ def check(results: Path, dataset: str, count: int) -> dict[str, Any] | None:
     for run in runs:
         by_psi.setdefault(run["psi"], []).append(run)
     means = {
-        psi: {key: _mean([r[key] for r in rs]) for key in ("fqe_value", "mc_value", "final")}
+        psi: {key: mean([r[key] for r in rs]) for key in ("fqe_value", "mc_value", "final")}
         for psi, rs in by_psi.items()
     }
     order = sorted(means)
@@ -127,11 +120,6 @@ def check(results: Path, dataset: str, count: int) -> dict[str, Any] | None:
     }
     atomic_json_dump(out, results / dataset / CHECK_NAME)
     return out
-
-
-def _mean(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
 
 
 def _rho(value: float | None) -> str:
