@@ -59,8 +59,9 @@ after N gradient steps instead (deterministic). Each run keeps its slices in
 
     python benchmarks/learning.py --preset paper --algos cbop --seeds 0 --max-minutes 8
 
-Datasets come from ``$CBOP_TORCHRL_CACHE/generated/<name>.hdf5`` and are
-generated there (``benchmarks/make_datasets.sh``, deterministic) when missing.
+Runs read ``$CBOP_TORCHRL_CACHE/generated/<name>.hdf5``: the repository's copy of the set
+(``benchmarks/data``, or the package's demo file for hopper), else a file the generator makes
+there (``benchmarks/make_datasets.sh``) when missing (benchmarks/set_files.py).
 """
 
 from __future__ import annotations
@@ -84,17 +85,24 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from cbop_torchrl.evaluation.summaries import CURRENT, read_scalar_curves, summarize_run
-from cbop_torchrl.io import atomic_json_dump, cache_dir
-from cbop_torchrl.trainers.rundir import MARKER_NAME
-from cbop_torchrl.trainers.slicing import (
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python benchmarks/learning.py` puts benchmarks/, not the root
+
+from benchmarks.set_files import dataset_provenance, ensure_dataset  # noqa: E402
+from cbop_torchrl.evaluation.summaries import (  # noqa: E402
+    CURRENT,
+    read_scalar_curves,
+    summarize_run,
+)
+from cbop_torchrl.io import atomic_json_dump, cache_dir  # noqa: E402
+from cbop_torchrl.trainers.rundir import MARKER_NAME  # noqa: E402
+from cbop_torchrl.trainers.slicing import (  # noqa: E402
     DEADLINE_ENV,
     SLICE_END_NAME,
     SLICE_EXIT_CODE,
     STEPS_ENV,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "cbop": ("cbop.py", []),
     "cbop-map": ("cbop.py", ["estimator.mode=map"]),
@@ -357,49 +365,6 @@ def variant_steps(variant: str, args: argparse.Namespace) -> int:
 def variant_name(variant: str, preset: str, label: str | None) -> str:
     """The name of a variant's run directories and summaries: ``<variant>[-<preset>][-<label>]``."""
     return "-".join([variant, *([preset] if preset != "cpu" else []), *([label] if label else [])])
-
-
-def dataset_path(name: str) -> Path:
-    """Where the generator writes ``name`` (``<cache>/generated/<name>.hdf5``)."""
-    return cache_dir("generated") / f"{name}.hdf5"
-
-
-def ensure_dataset(name: str) -> Path:
-    """The dataset file; ``benchmarks/make_datasets.sh`` generates it (deterministic) if missing."""
-    path = dataset_path(name)
-    if path.is_file():
-        return path
-    family = name.split("-", 1)[0]
-    print(f"[bench] {path} is missing: generating it (benchmarks/make_datasets.sh)", flush=True)
-    env = {**os.environ, "FAMILIES": family, "PYTHON": sys.executable}
-    subprocess.run(["bash", str(ROOT / "benchmarks" / "make_datasets.sh")], env=env, check=True)
-    if not path.is_file():
-        raise SystemExit(
-            f"error: the generator did not write {path}; is {name!r} a kind it makes "
-            "(hopper|walker2d|halfcheetah)-(medium|medium-replay)-gen?"
-        )
-    return path
-
-
-PROVENANCE_KEYS = (
-    "command",
-    "data_key",
-    "sha256",
-    "transitions",
-    "episodes",
-    "episode_normalized_score_mean",
-    "policy_normalized_score",
-    "sac_total_steps",
-)
-
-
-def dataset_provenance(name: str) -> dict:
-    """What the generator recorded about the file (``<name>.provenance.json``), or ``{}``."""
-    path = dataset_path(name).with_suffix(".provenance.json")
-    if not path.is_file():
-        return {}
-    values = json.loads(path.read_text())
-    return {key: values.get(key) for key in PROVENANCE_KEYS}
 
 
 def other_dataset(summary: dict, provenance: dict) -> bool:

@@ -61,3 +61,16 @@ def torchrl_root(tmp_path: Path) -> Path:
     root = tmp_path / "torchrl_cache"
     root.mkdir()
     return root
+
+
+@pytest.fixture
+def no_repository_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmark's sets without the repository's copies (benchmarks/set_files.py), so a
+    test's own file in the cache is the one the benchmark driver reads."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import set_files
+
+    monkeypatch.setattr(set_files, "DEMO_COPIES", {})
+    monkeypatch.setattr(set_files, "COMMITTED_DIR", tmp_path / "no-repository-copies")

@@ -13,6 +13,8 @@ from cbop_torchrl.evaluation import summaries as summary_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
+pytestmark = pytest.mark.usefixtures("no_repository_copies")
+
 
 def load_driver():
     spec = importlib.util.spec_from_file_location("learning", ROOT / "benchmarks" / "learning.py")

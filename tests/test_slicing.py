@@ -32,6 +32,8 @@ DATASET = "hopper-medium-replay-gen"
 # Timings vary from run to run; every other logged metric must match exactly.
 TIMING_METRICS = ("grad_steps_per_s", "wall_time", "seconds", "_s.csv")
 
+pytestmark = pytest.mark.usefixtures("no_repository_copies")
+
 
 def bench_args(root: Path, *extra: str) -> list[str]:
     return [
