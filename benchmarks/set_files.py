@@ -1,15 +1,19 @@
-"""The benchmark sets' files: the copies kept in the repository, and the cache that runs read.
+"""The benchmark sets' files: the repository's copies, and the cache that runs read.
 
 A run reads ``<cache>/generated/<name>.hdf5`` (``$CBOP_TORCHRL_CACHE``, default
 ``~/.cache/cbop_torchrl``). Where the repository keeps a copy of the set
-(:func:`committed_copy`), that copy is the benchmark's file: it is put into the cache
-when the cache has none, and it replaces a cached file of another sha256, which is moved
-aside (``<name>.<sha12>.hdf5``), not deleted. Otherwise the generator makes the file
+(:func:`committed_copy`), that copy is the benchmark's file: it is put into the cache when
+the cache has none, and it replaces a cached file of another sha256, which is moved aside
+(``<name>.<sha12>.hdf5``), not deleted. Otherwise the generator makes the file
 (``benchmarks/make_datasets.sh``).
 
 The copies are kept because the generator's SAC run is bit-reproducible on one CPU kind
-only: the same command on a CPU with other vector units (AVX-512 with or without AMX,
-AVX2) trains another behaviour policy and writes another file (docs/datasets.md).
+only: the same command on a CPU with other vector units trains another behaviour policy and
+writes another file (docs/datasets.md). Hopper's copy is the package's demo file. The
+others are git blobs in the repository's history, listed in ``benchmarks/data/copies.json``
+beside their provenance files: kept out of the working tree, which a GPU machine takes
+only up to 64 MiB (docs/gpu.md). A clone without that history (``git clone --depth 1``, an
+archive) has no copy and falls back to the generator.
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from cbop_torchrl.data.sources import DEMO_DATASET_PATH
 from cbop_torchrl.io import cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMITTED_DIR = ROOT / "benchmarks" / "data"
-"""The repository's copies of the benchmark sets: ``<name>.hdf5`` and ``<name>.provenance.json``."""
+COPIES = ROOT / "benchmarks" / "data" / "copies.json"
+"""``sets``: name -> ``blob`` (git object id), ``sha256``, ``bytes`` and ``provenance``
+(its provenance file, relative to the repository root)."""
+COPIES_FORMAT = "cbop-torchrl-set-copies/1"
 DEMO_COPIES = {
     # The package's demo file is this set (the same generator settings, data_key 695feec0a915).
     "hopper-medium-replay-gen": DEMO_DATASET_PATH,
@@ -45,6 +52,14 @@ PROVENANCE_KEYS = (
 )
 
 
+class Copy(NamedTuple):
+    """The repository's copy of a set: a file in the tree, or a git blob in its history."""
+
+    provenance: Path
+    path: Path | None = None
+    blob: str | None = None
+
+
 def dataset_path(name: str) -> Path:
     """Where runs read ``name`` (``<cache>/generated/<name>.hdf5``)."""
     return cache_dir("generated") / f"{name}.hdf5"
@@ -55,10 +70,30 @@ def provenance_path(data: Path) -> Path:
     return data.with_suffix(".provenance.json")
 
 
-def committed_copy(name: str) -> Path | None:
-    """The repository's copy of ``name`` (None: the repository keeps none)."""
-    path = DEMO_COPIES.get(name, COMMITTED_DIR / f"{name}.hdf5")
-    return path if path.is_file() and provenance_path(path).is_file() else None
+def git(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """``git -C ROOT args``, not raising (the caller reads ``returncode``)."""
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=False, **kwargs)
+
+
+def history_copies() -> dict[str, dict]:
+    """``benchmarks/data/copies.json``'s sets (``{}`` without the file)."""
+    if not COPIES.is_file():
+        return {}
+    return json.loads(COPIES.read_text())["sets"]
+
+
+def committed_copy(name: str) -> Copy | None:
+    """The repository's copy of ``name`` (None: it keeps none, or this clone lacks it)."""
+    if name in DEMO_COPIES:
+        path = DEMO_COPIES[name]
+        return Copy(provenance_path(path), path=path) if path.is_file() else None
+    entry = history_copies().get(name)
+    if entry is None:
+        return None
+    present = git("cat-file", "-e", f"{entry['blob']}^{{blob}}", capture_output=True)
+    if present.returncode != 0:
+        return None
+    return Copy(ROOT / entry["provenance"], blob=entry["blob"])
 
 
 def recorded_sha256(data: Path) -> str | None:
@@ -67,6 +102,11 @@ def recorded_sha256(data: Path) -> str | None:
     if not path.is_file():
         return None
     return json.loads(path.read_text()).get("sha256")
+
+
+def copy_sha256(copy: Copy) -> str | None:
+    """The sha256 the copy's provenance file records."""
+    return json.loads(copy.provenance.read_text()).get("sha256")
 
 
 def file_sha256(path: Path) -> str:
@@ -78,33 +118,45 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def install_copy(copy: Path, data: Path) -> None:
-    """Copies the repository's file and its provenance to ``data``, each written atomically.
+def write_copy(copy: Copy, target: Path) -> None:
+    """The copy's bytes at ``target`` (from the tree, or from the git history)."""
+    if copy.path is not None:
+        shutil.copyfile(copy.path, target)
+        return
+    with target.open("wb") as handle:
+        git("cat-file", "blob", str(copy.blob), stdout=handle)
+
+
+def install_copy(copy: Copy, data: Path) -> None:
+    """Puts the repository's file and its provenance at ``data``, each written atomically.
 
     Raises:
         SystemExit: the copy's bytes are not the file its provenance records.
     """
-    expected = recorded_sha256(copy)
-    actual = file_sha256(copy)
-    if actual != expected:
-        shown = copy.relative_to(ROOT) if copy.is_relative_to(ROOT) else copy
-        raise SystemExit(
-            f"error: {copy} has sha256 {actual[:12]}, but its provenance file records "
-            f"{str(expected)[:12]}: the copy is damaged. Restore it with "
-            f"`git checkout -- {shown}` in the repository."
-        )
+    expected = copy_sha256(copy)
     data.parent.mkdir(parents=True, exist_ok=True)
+    partial = data.with_name(f".{data.name}.partial")
+    write_copy(copy, partial)
+    actual = file_sha256(partial)
+    if actual != expected:
+        partial.unlink()
+        raise SystemExit(
+            f"error: the repository's copy of {data.name} has sha256 {actual[:12]}, but its "
+            f"provenance file {copy.provenance} records {str(expected)[:12]}: the copy or its "
+            "record was changed. Restore both with `git checkout -- benchmarks/data "
+            "cbop_torchrl/assets` in the repository."
+        )
     if data.is_file() and recorded_sha256(data) != expected:
         kept = data.with_name(f"{data.stem}.{str(recorded_sha256(data))[:12]}.hdf5")
         data.replace(kept)
         if provenance_path(data).is_file():
             provenance_path(data).replace(provenance_path(kept))
         print(f"[bench] moved    the cached {data.name} of another sha256 aside to {kept}")
-    for source, target in ((copy, data), (provenance_path(copy), provenance_path(data))):
-        partial = target.with_name(f".{target.name}.partial")
-        shutil.copyfile(source, partial)
-        os.replace(partial, target)
-    print(f"[bench] copied   the repository's {copy.name} (sha256 {expected[:12]}) to {data}")
+    os.replace(partial, data)
+    record = provenance_path(data).with_name(f".{provenance_path(data).name}.partial")
+    shutil.copyfile(copy.provenance, record)
+    os.replace(record, provenance_path(data))
+    print(f"[bench] copied   the repository's {data.name} (sha256 {expected[:12]}) to {data}")
 
 
 def ensure_dataset(name: str) -> Path:
@@ -117,7 +169,7 @@ def ensure_dataset(name: str) -> Path:
     path = dataset_path(name)
     copy = committed_copy(name)
     if copy is not None:
-        if not path.is_file() or recorded_sha256(path) != recorded_sha256(copy):
+        if not path.is_file() or recorded_sha256(path) != copy_sha256(copy):
             install_copy(copy, path)
         return path
     if path.is_file():
@@ -141,8 +193,24 @@ def dataset_provenance(name: str) -> dict:
     cached file's record.
     """
     copy = committed_copy(name)
-    path = provenance_path(copy if copy is not None else dataset_path(name))
+    path = copy.provenance if copy is not None else provenance_path(dataset_path(name))
     if not path.is_file():
         return {}
     values = json.loads(path.read_text())
     return {key: values.get(key) for key in PROVENANCE_KEYS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python benchmarks/set_files.py NAME [NAME ...]``: each set's file into the cache."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("names", nargs="+", help="benchmark sets, e.g. walker2d-medium-replay-gen")
+    for name in parser.parse_args(argv).names:
+        path = ensure_dataset(name)
+        print(f"{name}: {path} (sha256 {str(recorded_sha256(path))[:12]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

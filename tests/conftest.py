@@ -73,4 +73,4 @@ def no_repository_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     from benchmarks import set_files
 
     monkeypatch.setattr(set_files, "DEMO_COPIES", {})
-    monkeypatch.setattr(set_files, "COMMITTED_DIR", tmp_path / "no-repository-copies")
+    monkeypatch.setattr(set_files, "COPIES", tmp_path / "no-repository-copies.json")

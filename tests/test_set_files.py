@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,62 +18,94 @@ from benchmarks import set_files  # noqa: E402
 NAME = "walker2d-medium-replay-gen"
 
 
-def write_set(path: Path, payload: bytes, recorded: str | None = None) -> str:
-    """A stand-in data file and its provenance (which records ``recorded``, default its sha)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(payload)
+def record(path: Path, payload: bytes, recorded: str | None = None) -> str:
+    """A provenance file at ``path`` recording ``payload``'s sha256 (or ``recorded``)."""
     sha = hashlib.sha256(payload).hexdigest()
-    record = {"sha256": recorded or sha, "command": "python scripts/collect.py env=walker2d"}
-    path.with_suffix(".provenance.json").write_text(json.dumps(record))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"sha256": recorded or sha, "command": "python scripts/collect.py"}))
     return sha
 
 
 @pytest.fixture
-def committed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "committed"
-    monkeypatch.setattr(set_files, "COMMITTED_DIR", directory)
-    return directory
+def repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A git repository standing for the project's: ``keep(payload)`` stores ``payload`` as a
+    blob of its history and lists it in its ``copies.json`` as walker2d's copy."""
+    root = tmp_path / "repository"
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    monkeypatch.setattr(set_files, "ROOT", root)
+    monkeypatch.setattr(set_files, "COPIES", root / "benchmarks" / "data" / "copies.json")
+
+    def keep(payload: bytes, recorded: str | None = None, blob: str | None = None) -> str:
+        source = tmp_path / "payload"
+        source.write_bytes(payload)
+        written = subprocess.run(
+            ["git", "-C", str(root), "hash-object", "-w", str(source)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        provenance = f"benchmarks/data/{NAME}.provenance.json"
+        sha = record(root / provenance, payload, recorded)
+        entry = {"blob": blob or written, "sha256": sha, "provenance": provenance}
+        set_files.COPIES.write_text(json.dumps({"sets": {NAME: entry}}))
+        return sha
+
+    return keep
 
 
-def test_copy_goes_into_an_empty_cache(isolated_cache: Path, committed: Path) -> None:
-    sha = write_set(committed / f"{NAME}.hdf5", b"new file")
+def cached(cache: Path, payload: bytes) -> tuple[Path, str]:
+    path = cache / "generated" / f"{NAME}.hdf5"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(payload)
+    return path, record(path.with_suffix(".provenance.json"), payload)
+
+
+def test_the_history_copy_goes_into_an_empty_cache(isolated_cache: Path, repository) -> None:
+    sha = repository(b"the repository's file")
     path = set_files.ensure_dataset(NAME)
     assert path == isolated_cache / "generated" / f"{NAME}.hdf5"
-    assert path.read_bytes() == b"new file"
+    assert path.read_bytes() == b"the repository's file"
     assert set_files.recorded_sha256(path) == sha
     assert set_files.dataset_provenance(NAME)["sha256"] == sha
+    assert not list(path.parent.glob(".*partial"))
 
 
-def test_cached_file_of_another_sha_is_moved_aside(isolated_cache: Path, committed: Path) -> None:
-    sha = write_set(committed / f"{NAME}.hdf5", b"new file")
-    cached = isolated_cache / "generated" / f"{NAME}.hdf5"
-    old_sha = write_set(cached, b"old file")
+def test_a_cached_file_of_another_sha_is_moved_aside(isolated_cache: Path, repository) -> None:
+    sha = repository(b"the repository's file")
+    path, old_sha = cached(isolated_cache, b"made on another CPU")
     set_files.ensure_dataset(NAME)
-    assert cached.read_bytes() == b"new file" and set_files.recorded_sha256(cached) == sha
-    kept = cached.with_name(f"{NAME}.{old_sha[:12]}.hdf5")
-    assert kept.read_bytes() == b"old file"
+    assert path.read_bytes() == b"the repository's file"
+    assert set_files.recorded_sha256(path) == sha
+    kept = path.with_name(f"{NAME}.{old_sha[:12]}.hdf5")
+    assert kept.read_bytes() == b"made on another CPU"
     assert set_files.recorded_sha256(kept) == old_sha
 
 
-def test_damaged_copy_is_refused(isolated_cache: Path, committed: Path) -> None:
-    write_set(committed / f"{NAME}.hdf5", b"damaged", recorded="0" * 64)
-    with pytest.raises(SystemExit, match="damaged.*git checkout -- "):
+def test_a_copy_unlike_its_record_is_refused(isolated_cache: Path, repository) -> None:
+    repository(b"changed", recorded="0" * 64)
+    with pytest.raises(SystemExit, match="was changed.*git checkout -- benchmarks/data"):
         set_files.ensure_dataset(NAME)
-    assert not (isolated_cache / "generated" / f"{NAME}.hdf5").exists()
+    assert not list((isolated_cache / "generated").iterdir())
 
 
-def test_without_a_copy_the_cached_file_is_used(isolated_cache: Path, committed: Path) -> None:
-    cached = isolated_cache / "generated" / f"{NAME}.hdf5"
-    sha = write_set(cached, b"made here")
+def test_a_clone_without_the_history_reads_the_cached_file(
+    isolated_cache: Path, repository
+) -> None:
+    repository(b"the repository's file", blob="1" * 40)  # not in this clone's objects
     assert set_files.committed_copy(NAME) is None
-    assert set_files.ensure_dataset(NAME) == cached
+    path, sha = cached(isolated_cache, b"made here")
+    assert set_files.ensure_dataset(NAME) == path
+    assert path.read_bytes() == b"made here"
     assert set_files.dataset_provenance(NAME)["sha256"] == sha
 
 
-def test_repository_copies_are_the_files_their_provenance_records() -> None:
-    names = [p.stem for p in set_files.COMMITTED_DIR.glob("*.hdf5")]
-    names += list(set_files.DEMO_COPIES)
-    for name in names:
-        copy = set_files.committed_copy(name)
-        assert copy is not None, f"{name}: no provenance beside its copy"
-        assert set_files.file_sha256(copy) == set_files.recorded_sha256(copy), name
+def test_the_listed_copies_match_their_provenance_files() -> None:
+    listing = json.loads(set_files.COPIES.read_text())
+    assert listing["format"] == set_files.COPIES_FORMAT
+    for name, entry in listing["sets"].items():
+        provenance = json.loads((ROOT / entry["provenance"]).read_text())
+        assert provenance["sha256"] == entry["sha256"], name
+        assert provenance["size_bytes"] == entry["bytes"], name
+        assert provenance["file"] == f"{name}.hdf5"
+    demo = set_files.committed_copy("hopper-medium-replay-gen")
+    assert set_files.file_sha256(demo.path) == set_files.copy_sha256(demo)
