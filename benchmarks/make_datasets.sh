@@ -10,6 +10,8 @@
 # medium_reference=d4rl, stop_at_medium=true; SAC_STEPS is only a cap). Medium = rollouts of
 # that checkpoint, medium-replay = the replay buffer up to it. Each command is resumable:
 # rerun it after a kill, or with a larger SAC_STEPS to continue a run that hit the cap.
+# The benchmark reads the repository's copy of a set where it keeps one (benchmarks/set_files.py):
+# this script makes the same file only on the CPU kind that made the copy (docs/datasets.md).
 # Extra arguments are passed to scripts/collect.py. Wall time per family is printed and
 # appended to benchmarks/results/make_datasets.log.
 set -euo pipefail
