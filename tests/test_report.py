@@ -422,6 +422,11 @@ def test_runs_on_an_earlier_file_of_a_set_are_a_row_of_their_own(tmp_path: Path)
     rows = {row["variant"]: row for row in score_rows(found)}
     assert rows["cbop (file aaaaaaaaaaaa)"]["seeds"] == "0 1"
 
+    # A caller that knows the set's current file (the benchmark's rows.json) names it; the
+    # file of the most recent run is then an earlier one, even before a run on it finished.
+    named = load_summaries([tmp_path], current={"w": "a" * 64})
+    assert sorted(s["variant"] for s in named) == ["cbop", "cbop", "cbop (file bbbbbbbbbbbb)"]
+
 
 def test_every_series_gets_its_own_colour() -> None:
     variants = ["cbop", "bc", "td3bc", "iql", "cql"] + [f"cbop-x{i}" for i in range(25)]

@@ -25,7 +25,7 @@ import io
 import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -285,8 +285,15 @@ def _read_summary_file(file: Path) -> dict[str, Any] | None:
     return value
 
 
-def load_summaries(paths: Iterable[str | Path], analysis: bool = True) -> list[dict[str, Any]]:
+def load_summaries(
+    paths: Iterable[str | Path],
+    analysis: bool = True,
+    current: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """Summaries from any mix of summary files, summary folders, run dirs and sweep dirs.
+
+    ``current``: each set's current file where the caller knows it (see
+    :func:`name_earlier_files`).
 
     A directory is searched recursively: every ``*.json`` whose
     ``summary_format`` is ours is a summary; every ``results.json`` is a run
@@ -333,7 +340,7 @@ def load_summaries(paths: Iterable[str | Path], analysis: bool = True) -> list[d
             f"no finished runs or summaries under {', '.join(map(str, paths))}: a run counts "
             "once it has written results.json; a summary is a benchmarks/results/**/seed*.json"
         )
-    return name_earlier_files(summaries)
+    return name_earlier_files(summaries, current)
 
 
 def _file_of(summary: dict[str, Any]) -> str | None:
@@ -363,15 +370,19 @@ def current_files(summaries: Sequence[dict[str, Any]]) -> dict[str, str]:
     return current
 
 
-def name_earlier_files(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def name_earlier_files(
+    summaries: list[dict[str, Any]], current: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The summaries, those made on an earlier file of their set renamed ``VARIANT (file SHA)``.
 
     Scores made on two versions of a set's data are not one row: a rerun on a new file then
     starts a row of its own, and the earlier file's runs stay visible beside it (the
-    headline's current variants are the current file's only). Renames in place and returns
-    the list.
+    headline's current variants are the current file's only). ``current``: ``dataset -> the
+    sha256 (or its first 12 characters) of the set's current file`` where the caller knows
+    it (the benchmark's ``rows.json``); other sets' current file is :func:`current_files`'.
+    Renames in place and returns the list.
     """
-    current = current_files(summaries)
+    current = {**current_files(summaries), **{k: v[:12] for k, v in (current or {}).items()}}
     for summary in summaries:
         file = _file_of(summary)
         if file and file != current.get(summary["dataset"]):

@@ -112,9 +112,16 @@ def cbop_headline_rows() -> dict[str, str]:
 
 
 def summaries() -> list[dict]:
+    """The benchmark's summaries, each set's current file the one its ``rows.json`` names (the
+    repository's copy of the set), not only the file of its most recent run."""
     from cbop_torchrl.evaluation.summaries import load_summaries
 
-    return load_summaries([RESULTS], analysis=False)
+    current = {}
+    for path in sorted(RESULTS.glob("*/rows.json")):
+        rows = json.loads(path.read_text())
+        if rows.get("sha256"):
+            current[rows["dataset"]] = rows["sha256"]
+    return load_summaries([RESULTS], analysis=False, current=current)
 
 
 def datasets_markdown(found: list[dict]) -> str:
