@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
 import sys
 from collections import defaultdict
@@ -86,23 +87,25 @@ RUN_WORDS = {
     "cbop-60k": "the default continued to 60,000 steps",
     "cbop-avg999": "a weight average of the actor (0.999)",
 }
+WALKER2D_AMD = ("walker2d-medium-replay-gen", "c3d99b8eb2f6")  # the file of Experiments 42-43
+HALFCHEETAH_AMD = ("halfcheetah-medium-replay-gen", "025a3446b8db")  # of Experiments 42-44
 SUMMARY_EXPERIMENTS = {
-    36: [("hopper-medium-replay-gen", ["bc", "td3bc", "iql", "cql", "cbop-starts"])],
-    37: [("hopper-medium-replay-gen", ["cbop-m10", "cbop-starts", "cql"])],
-    39: [("hopper-medium-replay-gen", ["cbop-penalty1", "cbop-starts", "cql"])],
-    40: [("hopper-medium-replay-gen", ["cbop-starts", "cbop-m10", "cql"])],
-    41: [("hopper-medium-replay-gen", ["cbop-ln", "cbop-starts"])],
-    42: [
-        ("walker2d-medium-replay-gen", ["cbop", "cbop-penalty1"]),
-        ("halfcheetah-medium-replay-gen", ["cbop-penalty1"]),
-    ],
+    36: [("hopper-medium-replay-gen", None, ["bc", "td3bc", "iql", "cql", "cbop-starts"])],
+    37: [("hopper-medium-replay-gen", None, ["cbop-m10", "cbop-starts", "cql"])],
+    39: [("hopper-medium-replay-gen", None, ["cbop-penalty1", "cbop-starts", "cql"])],
+    40: [("hopper-medium-replay-gen", None, ["cbop-starts", "cbop-m10", "cql"])],
+    41: [("hopper-medium-replay-gen", None, ["cbop-ln", "cbop-starts"])],
+    42: [(*WALKER2D_AMD, ["cbop-dyn15", "cbop-penalty1"]), (*HALFCHEETAH_AMD, ["cbop-penalty1"])],
     43: [
-        ("walker2d-medium-replay-gen", ["bc", "td3bc", "iql", "cql", "cbop"]),
-        ("halfcheetah-medium-replay-gen", ["cbop", "cql"]),
+        (*WALKER2D_AMD, ["bc", "td3bc", "iql", "cql", "cbop-dyn15"]),
+        (*HALFCHEETAH_AMD, ["cbop-dyn15", "cql"]),
     ],
-    44: [("halfcheetah-medium-replay-gen", ["bc", "td3bc", "iql", "cql", "cbop", "cbop-penalty1"])],
+    44: [(*HALFCHEETAH_AMD, ["bc", "td3bc", "iql", "cql", "cbop-dyn15", "cbop-penalty1"])],
 }
-"""Experiments whose runs are benchmark rows: (set, variants) drawn from the summaries."""
+"""Experiments whose runs are benchmark rows: (set, the file they ran on, the variants), drawn
+from the summaries; the file's first 12 sha256 characters, None: the set's current file (its
+``rows.json``). The ``cbop`` rows of Experiments 42-44 are named ``cbop-dyn15`` since the
+preset's dynamics cap changed."""
 
 
 def _pyplot():
@@ -285,8 +288,11 @@ def summary_runs(number: int) -> list[tuple[str, list[tuple[str, dict]]]]:
     from cbop_torchrl.evaluation.summaries import load_summaries
 
     groups = []
-    found = load_summaries([RESULTS], analysis=False)
-    for dataset, variants in SUMMARY_EXPERIMENTS[number]:
+    for dataset, file, variants in SUMMARY_EXPERIMENTS[number]:
+        if file is None:
+            file = json.loads((RESULTS / dataset / "rows.json").read_text())["sha256"]
+        # Named as if the experiment's file were current: its runs keep their plain names.
+        found = load_summaries([RESULTS / dataset], analysis=False, current={dataset: file})
         series = []
         for variant in variants:
             runs = [s for s in found if s["dataset"] == dataset and s["variant"] == variant]
