@@ -90,7 +90,10 @@ def committed_copy(name: str) -> Copy | None:
     entry = history_copies().get(name)
     if entry is None:
         return None
-    present = git("cat-file", "-e", f"{entry['blob']}^{{blob}}", capture_output=True)
+    try:
+        present = git("cat-file", "-e", f"{entry['blob']}^{{blob}}", capture_output=True)
+    except OSError:  # no git on this machine: as a clone without the history
+        return None
     if present.returncode != 0:
         return None
     return Copy(ROOT / entry["provenance"], blob=entry["blob"])

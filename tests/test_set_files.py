@@ -99,6 +99,21 @@ def test_a_clone_without_the_history_reads_the_cached_file(
     assert set_files.dataset_provenance(NAME)["sha256"] == sha
 
 
+def test_a_machine_without_git_reads_the_cached_file(
+    isolated_cache: Path, repository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repository(b"the repository's file")
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", "git")
+
+    monkeypatch.setattr(set_files, "git", no_git)
+    assert set_files.committed_copy(NAME) is None
+    path, sha = cached(isolated_cache, b"made here")
+    assert set_files.ensure_dataset(NAME) == path
+    assert set_files.recorded_sha256(path) == sha
+
+
 def test_the_listed_copies_match_their_provenance_files() -> None:
     listing = json.loads(set_files.COPIES.read_text())
     assert listing["format"] == set_files.COPIES_FORMAT
