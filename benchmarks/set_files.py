@@ -18,6 +18,7 @@ archive) has no copy and falls back to the generator.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -173,7 +174,12 @@ def ensure_dataset(name: str) -> Path:
     copy = committed_copy(name)
     if copy is not None:
         if not path.is_file() or recorded_sha256(path) != copy_sha256(copy):
-            install_copy(copy, path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Runs started side by side on an empty cache install the copy once.
+            with (path.parent / f".{path.name}.lock").open("w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not path.is_file() or recorded_sha256(path) != copy_sha256(copy):
+                    install_copy(copy, path)
         return path
     if path.is_file():
         return path

@@ -19,7 +19,9 @@ from pathlib import Path
 from d4rl_files import write_d4rl_hdf5
 
 ROOT = Path(__file__).resolve().parents[1]
-DATASET = "hopper-medium-replay-gen"
+# A set the repository keeps no copy of (benchmarks/set_files.py), so the driver reads the
+# tiny file each test writes into the cache.
+DATASET = "hopper-medium-gen"
 RETURNED_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -38,6 +40,7 @@ def run_session(tmp_path: Path, cache: Path, **settings: str) -> subprocess.Comp
         "START_STATES": "0",
         "RUN_THREADS": "1",
         "OVERRIDES": "estimator.rollout_dtype=float32",
+        "DATASETS": DATASET,
         **settings,
     }
     return subprocess.run(
