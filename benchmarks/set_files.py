@@ -100,17 +100,19 @@ def committed_copy(name: str) -> Copy | None:
     return Copy(ROOT / entry["provenance"], blob=entry["blob"])
 
 
+def record_sha256(record: Path) -> str | None:
+    """The sha256 a provenance file records (None: no such file)."""
+    return json.loads(record.read_text()).get("sha256") if record.is_file() else None
+
+
 def recorded_sha256(data: Path) -> str | None:
     """The sha256 the provenance file beside ``data`` records (None: no record)."""
-    path = provenance_path(data)
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text()).get("sha256")
+    return record_sha256(provenance_path(data))
 
 
 def copy_sha256(copy: Copy) -> str | None:
     """The sha256 the copy's provenance file records."""
-    return json.loads(copy.provenance.read_text()).get("sha256")
+    return record_sha256(copy.provenance)
 
 
 def file_sha256(path: Path) -> str:

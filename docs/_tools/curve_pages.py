@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import re
 import sys
 from collections import defaultdict
@@ -285,12 +284,13 @@ def screen_runs() -> dict[int, list[tuple[str, str, dict]]]:
 def summary_runs(number: int) -> list[tuple[str, list[tuple[str, dict]]]]:
     """(set, [(variant (n seeds), columns)]) of a benchmark experiment, mean over seeds."""
     sys.path.insert(0, str(ROOT))
+    from benchmarks import cbop_row
     from cbop_torchrl.evaluation.summaries import load_summaries
 
     groups = []
     for dataset, file, variants in SUMMARY_EXPERIMENTS[number]:
         if file is None:
-            file = json.loads((RESULTS / dataset / "rows.json").read_text())["sha256"]
+            file = cbop_row.current_file(cbop_row.load_rows(RESULTS, dataset))
         # Named as if the experiment's file were current: its runs keep their plain names.
         found = load_summaries([RESULTS / dataset], analysis=False, current={dataset: file})
         series = []

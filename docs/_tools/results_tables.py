@@ -114,13 +114,16 @@ def cbop_headline_rows() -> dict[str, str]:
 def summaries() -> list[dict]:
     """The benchmark's summaries, each set's current file the one its ``rows.json`` names (the
     repository's copy of the set), not only the file of its most recent run."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import cbop_row
     from cbop_torchrl.evaluation.summaries import load_summaries
 
     current = {}
     for path in sorted(RESULTS.glob("*/rows.json")):
-        rows = json.loads(path.read_text())
+        rows = cbop_row.load_rows(RESULTS, path.parent.name)
         if rows.get("sha256"):
-            current[rows["dataset"]] = rows["sha256"]
+            current[path.parent.name] = cbop_row.current_file(rows)
     return load_summaries([RESULTS], analysis=False, current=current)
 
 
