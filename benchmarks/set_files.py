@@ -188,10 +188,11 @@ def ensure_dataset(name: str) -> Path:
     family = name.split("-", 1)[0]
     print(f"[bench] {path} is missing: generating it (benchmarks/make_datasets.sh)", flush=True)
     env = {**os.environ, "FAMILIES": family, "PYTHON": sys.executable}
-    subprocess.run(["bash", str(ROOT / "benchmarks" / "make_datasets.sh")], env=env, check=True)
-    if not path.is_file():
+    made = subprocess.run(["bash", str(ROOT / "benchmarks" / "make_datasets.sh")], env=env)
+    if made.returncode != 0 or not path.is_file():
         raise SystemExit(
-            f"error: the generator did not write {path}; is {name!r} a kind it makes "
+            f"error: the generator did not write {path} (exit code {made.returncode}; its "
+            f"message is above); is {name!r} a kind it makes "
             "(hopper|walker2d|halfcheetah)-(medium|medium-replay)-gen?"
         )
     return path

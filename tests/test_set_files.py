@@ -115,6 +115,16 @@ def test_a_machine_without_git_reads_the_cached_file(
     assert set_files.recorded_sha256(path) == sha
 
 
+def test_a_set_the_generator_cannot_make_is_refused_in_a_sentence(
+    isolated_cache: Path, repository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        set_files.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 2)
+    )
+    with pytest.raises(SystemExit, match=r"did not write .*exit code 2.*a kind it makes"):
+        set_files.ensure_dataset("nosuch-medium-replay-gen")
+
+
 def test_the_listed_copies_match_their_provenance_files() -> None:
     listing = json.loads(set_files.COPIES.read_text())
     assert listing["format"] == set_files.COPIES_FORMAT
