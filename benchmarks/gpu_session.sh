@@ -72,18 +72,16 @@ mkdir -p "$OUT" "$STATE" "$CBOP_TORCHRL_CACHE/generated"
 
 minutes_left() { echo "$BUDGET_MIN $START $(date +%s)" | awk '{printf "%.2f", $1 - ($3 - $2) / 60}'; }
 skipped() { [[ " $SKIP " == *" $1 "* ]]; }
-# The set's file in the cache: copied from $DATA_DIR, or the bundled demo file for hopper.
+# The set's file in the cache: copied from $DATA_DIR, or the repository's copy (set_files.py).
 prepare_data() {
     local data="$CBOP_TORCHRL_CACHE/generated/$1.hdf5"
     if [ -f "$data" ]; then return 0; fi
     if [ -f "$DATA_DIR/$1.hdf5" ]; then
         cp "$DATA_DIR/$1.hdf5" "$data"
         [ -f "$DATA_DIR/$1.provenance.json" ] && cp "$DATA_DIR/$1.provenance.json" "${data%.hdf5}.provenance.json"
-    elif [ "$1" = hopper-medium-replay-gen ]; then
-        # The bundled demo file is this dataset (same generator settings, data_key
-        # 695feec0a915, 99,789 transitions): no SAC run needed on this machine.
-        cp cbop_torchrl/assets/hopper-demo-medium-replay-gen.hdf5 "$data"
-        cp cbop_torchrl/assets/hopper-demo-medium-replay-gen.provenance.json "${data%.hdf5}.provenance.json"
+    elif $PYTHON benchmarks/set_files.py --copies-only "$1" >>"$OUT/gpu_session.log" 2>&1; then
+        # The repository's copy (hopper's is the package's demo file): no SAC run here.
+        return 0
     else
         say "no file for $1: copy it and its provenance from the cache's generated/ to $DATA_DIR/ (docs/gpu.md)"
         return 1

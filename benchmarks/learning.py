@@ -88,6 +88,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python benchmarks/learning.py` puts benchmarks/, not the root
 
+from benchmarks import BenchmarkInputError, run_main  # noqa: E402
 from benchmarks.set_files import dataset_provenance, ensure_dataset  # noqa: E402
 from cbop_torchrl.evaluation.summaries import (  # noqa: E402
     CURRENT,
@@ -573,8 +574,8 @@ def run_command(
     script, overrides = VARIANTS[variant]
     steps = variant_steps(variant, args)
     if steps % args.steps_per_epoch:
-        raise SystemExit(
-            f"error: {variant} needs {steps} gradient steps, not a multiple of "
+        raise BenchmarkInputError(
+            f"{variant} needs {steps} gradient steps, not a multiple of "
             f"--steps-per-epoch {args.steps_per_epoch}; choose one that divides it"
         )
     command = [
@@ -803,4 +804,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

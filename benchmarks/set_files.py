@@ -28,10 +28,13 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from cbop_torchrl.data.sources import DEMO_DATASET_PATH
-from cbop_torchrl.io import cache_dir
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python benchmarks/set_files.py` puts benchmarks/, not the root
+
+from benchmarks import BenchmarkInputError, run_main  # noqa: E402
+from cbop_torchrl.data.sources import DEMO_DATASET_PATH  # noqa: E402
+from cbop_torchrl.io import cache_dir  # noqa: E402
+
 COPIES = ROOT / "benchmarks" / "data" / "copies.json"
 """``sets``: name -> ``blob`` (git object id), ``sha256``, ``bytes`` and ``provenance``
 (its provenance file, relative to the repository root)."""
@@ -137,7 +140,7 @@ def install_copy(copy: Copy, data: Path) -> None:
     """Puts the repository's file and its provenance at ``data``, each written atomically.
 
     Raises:
-        SystemExit: the copy's bytes are not the file its provenance records.
+        BenchmarkInputError: the copy's bytes are not the file its provenance records.
     """
     expected = copy_sha256(copy)
     data.parent.mkdir(parents=True, exist_ok=True)
@@ -146,8 +149,8 @@ def install_copy(copy: Copy, data: Path) -> None:
     actual = file_sha256(partial)
     if actual != expected:
         partial.unlink()
-        raise SystemExit(
-            f"error: the repository's copy of {data.name} has sha256 {actual[:12]}, but its "
+        raise BenchmarkInputError(
+            f"the repository's copy of {data.name} has sha256 {actual[:12]}, but its "
             f"provenance file {copy.provenance} records {str(expected)[:12]}: the copy or its "
             "record was changed. Restore both with `git checkout -- benchmarks/data "
             "cbop_torchrl/assets` in the repository."
@@ -190,8 +193,8 @@ def ensure_dataset(name: str) -> Path:
     env = {**os.environ, "FAMILIES": family, "PYTHON": sys.executable}
     made = subprocess.run(["bash", str(ROOT / "benchmarks" / "make_datasets.sh")], env=env)
     if made.returncode != 0 or not path.is_file():
-        raise SystemExit(
-            f"error: the generator did not write {path} (exit code {made.returncode}; its "
+        raise BenchmarkInputError(
+            f"the generator did not write {path} (exit code {made.returncode}; its "
             f"message is above); is {name!r} a kind it makes "
             "(hopper|walker2d|halfcheetah)-(medium|medium-replay)-gen?"
         )
@@ -218,11 +221,24 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("names", nargs="+", help="benchmark sets, e.g. walker2d-medium-replay-gen")
-    for name in parser.parse_args(argv).names:
+    parser.add_argument(
+        "--copies-only",
+        action="store_true",
+        help="never run the generator: a set without a readable repository copy is an error",
+    )
+    args = parser.parse_args(argv)
+    for name in args.names:
+        if args.copies_only and committed_copy(name) is None:
+            raise BenchmarkInputError(
+                f"the repository keeps no copy of {name} that this checkout can read (a bundled "
+                f"file, or a git blob of its history: {COPIES.relative_to(ROOT)}); put the "
+                f"file in the cache's generated/ yourself, or run `python "
+                f"benchmarks/set_files.py {name}` to generate it"
+            )
         path = ensure_dataset(name)
         print(f"{name}: {path} (sha256 {str(recorded_sha256(path))[:12]})")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -133,9 +133,10 @@ def test_after_failed_cuda_tests_the_runs_take_the_eager_step(
 def test_a_set_without_its_file_stops_with_exit_code_2_and_says_where_to_put_it(
     tmp_path: Path, isolated_cache: Path
 ) -> None:
+    """A set the repository keeps no copy of, with no file in the data folder."""
     done = run_session(
-        tmp_path, isolated_cache, DATASETS="walker2d-medium-replay-gen", DATA_DIR=str(tmp_path)
+        tmp_path, isolated_cache, DATASETS="walker2d-medium-gen", DATA_DIR=str(tmp_path)
     )
     assert done.returncode == 2
-    assert "no file for walker2d-medium-replay-gen" in done.stdout
+    assert "no file for walker2d-medium-gen" in done.stdout
     assert "docs/gpu.md" in done.stdout

@@ -154,6 +154,9 @@ def test_baselines_get_the_gradient_steps_of_cbops_whole_pipeline(tmp_path: Path
     assert driver.variant_steps("iql", args) == 20_000 + 3000 + cpu_fqe_steps
     command = driver.run_command("iql", tmp_path / "d.hdf5", 0, "cpu", tmp_path / "run", args)
     assert "train.epochs=28" in command and "train.steps_per_epoch=1000" in command
+    uneven = driver.parse_args(["--epochs", "20", "--steps-per-epoch", "3000"])  # iql: 70,000
+    with pytest.raises(driver.BenchmarkInputError, match="not a multiple of --steps-per-epoch"):
+        driver.run_command("iql", tmp_path / "d.hdf5", 0, "cpu", tmp_path / "run", uneven)
 
 
 def test_a_larger_budget_extends_a_run_and_a_smaller_one_restarts_it(

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import set_files  # noqa: E402
+from benchmarks import BenchmarkInputError, set_files  # noqa: E402
 
 NAME = "walker2d-medium-replay-gen"
 
@@ -83,7 +83,7 @@ def test_a_cached_file_of_another_sha_is_moved_aside(isolated_cache: Path, repos
 
 def test_a_copy_unlike_its_record_is_refused(isolated_cache: Path, repository) -> None:
     repository(b"changed", recorded="0" * 64)
-    with pytest.raises(SystemExit, match="was changed.*git checkout -- benchmarks/data"):
+    with pytest.raises(BenchmarkInputError, match="was changed.*git checkout -- benchmarks/data"):
         set_files.ensure_dataset(NAME)
     generated = isolated_cache / "generated"
     assert not list(generated.glob("*.hdf5")) and not list(generated.glob(".*partial"))
@@ -121,8 +121,35 @@ def test_a_set_the_generator_cannot_make_is_refused_in_a_sentence(
     monkeypatch.setattr(
         set_files.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 2)
     )
-    with pytest.raises(SystemExit, match=r"did not write .*exit code 2.*a kind it makes"):
+    with pytest.raises(BenchmarkInputError, match=r"did not write .*exit code 2.*a kind it makes"):
         set_files.ensure_dataset("nosuch-medium-replay-gen")
+
+
+def test_bad_input_ends_in_its_sentence_on_stderr_with_exit_code_2(
+    isolated_cache: Path, repository, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setattr(
+        set_files.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 2)
+    )
+    with pytest.raises(SystemExit) as ended:
+        set_files.run_main(lambda: set_files.main(["nosuch-medium-replay-gen"]))
+    assert ended.value.code == 2
+    message = capsys.readouterr().err
+    assert message.startswith("error: the generator did not write") and "Traceback" not in message
+
+
+def test_copies_only_installs_a_copy_and_never_runs_the_generator(
+    isolated_cache: Path, repository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_generator(*args, **kwargs):
+        raise AssertionError("the generator ran")
+
+    monkeypatch.setattr(set_files.subprocess, "run", no_generator)
+    repository(b"the repository's file")
+    assert set_files.main(["--copies-only", NAME]) == 0
+    assert (isolated_cache / "generated" / f"{NAME}.hdf5").read_bytes() == b"the repository's file"
+    with pytest.raises(set_files.BenchmarkInputError, match="keeps no copy of nosuch-medium"):
+        set_files.main(["--copies-only", "nosuch-medium-replay-gen"])
 
 
 def test_the_listed_copies_match_their_provenance_files() -> None:
