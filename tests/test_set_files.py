@@ -141,8 +141,11 @@ def test_bad_input_ends_in_its_sentence_on_stderr_with_exit_code_2(
 def test_copies_only_installs_a_copy_and_never_runs_the_generator(
     isolated_cache: Path, repository, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def no_generator(*args, **kwargs):
-        raise AssertionError("the generator ran")
+    run = subprocess.run
+
+    def no_generator(command, *args, **kwargs):
+        assert command[0] == "git", f"the generator ran: {command}"
+        return run(command, *args, **kwargs)
 
     monkeypatch.setattr(set_files.subprocess, "run", no_generator)
     repository(b"the repository's file")
