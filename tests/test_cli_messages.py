@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from programs import Call, logging_restored, run_programs, selected_ids
 
-from cbop_torchrl.config import capped_threads, usable_cores
+from cbop_torchrl.config import capped_threads, generated_psi, usable_cores
 from cbop_torchrl.trainers.logging import ProgressLines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,7 +145,8 @@ def test_a_run_logged_to_a_file_writes_a_few_lines_per_progress_bar(tmp_path: Pa
     assert "run directory runs/" in first[0]
     for stage in ("dynamics:", "bc:", "fqe:", "cbop:", "eval:"):
         assert any(f"[cbop]   {stage}" in line for line in first), first
-    assert any("psi=2.0" in line and "H=2" in line and "M=3" in line for line in first)
+    psi = generated_psi("hopper-demo-medium-replay-gen")  # the demo's set's offline choice
+    assert any(f"psi={psi}" in line and "H=2" in line and "M=3" in line for line in first)
     for stage in ("dynamics", "bc", "fqe", "cbop", "eval"):  # once, in the banner
         lines = [line for line in done.stdout.splitlines() if line.split()[1:2] == [f"{stage}:"]]
         assert len(lines) == 1, done.stdout

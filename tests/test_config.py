@@ -25,6 +25,7 @@ from cbop_torchrl.cli import (
 from cbop_torchrl.config import (
     GENERATED_PSI,
     PAPER_PSI,
+    SAME_FILE_AS,
     ConfigError,
     infer_dataset_kind,
     load_config,
@@ -101,6 +102,22 @@ def test_a_generated_set_takes_the_offline_choice_of_psi_and_the_table_otherwise
     assert psi("halfcheetah-medium-replay-v2") == PAPER_PSI["halfcheetah"]["medium-replay"]
 
 
+def test_the_demo_file_takes_its_sets_psi(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bundled demo is hopper-medium-replay-gen's file, so env=demo resolves psi as that
+    set does (the offline choice where one is listed, the table's otherwise)."""
+    from benchmarks.set_files import DEMO_COPIES
+
+    for name, same_as in SAME_FILE_AS.items():  # the alias is the set's repository copy
+        assert DEMO_COPIES[same_as].stem == name
+    monkeypatch.setitem(GENERATED_PSI, "hopper-medium-replay-gen", 3.0)
+    config, filled = load("env=demo")
+    assert config.estimator.psi == 3.0 and "estimator.psi" in filled
+    banner = run_banner(config, "hopper-demo-medium-replay-gen", Path("runs/x"), filled)
+    assert "psi: the paper's offline choice" in banner.splitlines()[-1], banner
+    monkeypatch.delitem(GENERATED_PSI, "hopper-medium-replay-gen")
+    assert load("env=demo")[0].estimator.psi == PAPER_PSI["hopper"]["medium-replay"]
+
+
 def test_the_generated_sets_psi_is_the_committed_offline_choice() -> None:
     """GENERATED_PSI lists exactly the sets whose psi_selection.json differs from the table."""
     expected = {}
@@ -153,7 +170,9 @@ def test_paper_preset_fills_the_table_and_explicit_overrides_win() -> None:
 def test_cpu_preset_takes_psi_from_the_dataset() -> None:
     config, filled = load()
     assert config.env == "demo" and config.preset == "cpu"
-    assert filled == ["estimator.psi"] and config.estimator.psi == 2.0  # hopper medium-replay
+    # the demo is hopper-medium-replay-gen's file: its set's offline choice
+    assert filled == ["estimator.psi"]
+    assert config.estimator.psi == GENERATED_PSI["hopper-medium-replay-gen"]
     assert config.dynamics.num_elites <= config.dynamics.num_members
 
 

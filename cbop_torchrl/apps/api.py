@@ -282,11 +282,11 @@ def run_banner(config: Any, dataset: str, run_dir: Path, filled: Sequence[str] =
         f"{_baseline_command(config, total)}",
     ]
     if filled:
-        from cbop_torchrl.config import GENERATED_PSI
+        from cbop_torchrl.config import generated_psi
 
         values = ", ".join(f"{key}={_value_of(config, key)}" for key in filled)
         source = "the paper's table"
-        if "estimator.psi" in filled and dataset in GENERATED_PSI:
+        if "estimator.psi" in filled and generated_psi(dataset) is not None:
             source += " (psi: the paper's offline choice, FQE over its grid, for this set)"
         lines.append(f"[cbop] from {source} for {dataset}: {values}")
     return "\n".join(lines)

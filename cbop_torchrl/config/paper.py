@@ -3,7 +3,8 @@
 A ``null`` in a table-fed field (``estimator.psi``, ``agent.num_qvalue_nets``, ...) means
 "the paper's value for this dataset": :func:`paper_settings` supplies it from
 :data:`PAPER_PSI` and :data:`PAPER_SHARED` (on a generated look-alike set listed in
-:data:`GENERATED_PSI`, psi is the paper's offline choice for that set instead), and
+:data:`GENERATED_PSI`, psi is the paper's offline choice for that set instead; the bundled
+demo is hopper-medium-replay-gen's file and resolves as that set does), and
 :func:`fill_nulls` writes it into a config's values. ``preset=paper`` leaves every
 table-fed field null; the CPU and debug presets set the compute sizes themselves and leave
 only ``estimator.psi`` (a property of the dataset, not of the budget) to the table. Any
@@ -54,6 +55,18 @@ their scores are ``benchmarks/results/<set>/psi_selection.json``; docs/results.m
 listed keep the D4RL table's psi for their family and kind; walker2d's and halfcheetah's
 grids are not made yet at the preset's 60-epoch dynamics model (the choices made before are
 ``benchmarks/results/<set>/psi_selection-dyn15.json``)."""
+
+SAME_FILE_AS: dict[str, str] = {"hopper-demo-medium-replay-gen": "hopper-medium-replay-gen"}
+"""Generated files that are another set's file under another name, so psi resolves as for
+that set: the bundled demo is hopper-medium-replay-gen's repository copy (the same generator
+settings, data_key 695feec0a915, and the same bytes; ``benchmarks/set_files.py``)."""
+
+
+def generated_psi(dataset_name: str) -> float | None:
+    """The offline choice of psi for a generated set (:data:`GENERATED_PSI`, through
+    :data:`SAME_FILE_AS`), or None where the D4RL table's psi applies."""
+    return GENERATED_PSI.get(SAME_FILE_AS.get(dataset_name, dataset_name))
+
 
 PAPER_QVALUE_NETS = {"hopper": 50}
 """Q-ensemble size M where it differs from :data:`PAPER_DEFAULT_QVALUE_NETS`."""
@@ -114,8 +127,8 @@ def fill_nulls(
     problems: list[str] = []
     kind = infer_dataset_kind(dataset_name)
     table = paper_settings(family, kind)
-    if dataset_name in GENERATED_PSI:  # the offline choice on a generated set
-        table["estimator.psi"] = GENERATED_PSI[dataset_name]
+    if (offline_psi := generated_psi(dataset_name)) is not None:
+        table["estimator.psi"] = offline_psi
     for dotted in [*table, "estimator.psi"]:
         section, _, key = dotted.partition(".")
         if values[section].get(key) is not None:
