@@ -136,19 +136,35 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def keep_mujoco_log_out_of_cwd() -> None:
-    """MuJoCo writes its warnings (a deprecated model attribute, an unstable simulation) to
-    ``MUJOCO_LOG.TXT`` in the working directory as well as to the console; no program of
-    this package writes into the working directory unless told to, so the file copy is
-    turned off (the console still shows them). Does nothing without MuJoCo."""
+    """Makes MuJoCo's warnings (a deprecated model attribute, an unstable simulation) Python
+    warnings (:class:`MuJoCoWarning`). MuJoCo's own handler prints each one to the console
+    every time it happens and appends it to ``MUJOCO_LOG.TXT`` in the working directory; a
+    halfcheetah run compiles its model once per evaluation environment, thousands of identical
+    lines. As Python warnings they show once per message and place, can be filtered, and no
+    program of this package writes into the working directory unless told to. Does nothing
+    without MuJoCo."""
     import importlib.util
 
     if importlib.util.find_spec("mujoco") is None:
         return
-    try:
-        import mujoco
+    import mujoco
 
+    try:
         config = mujoco.MjLogConfig.get()
         config.logto_file = False
         config.set()
     except Exception:  # another MuJoCo version without MjLogConfig: its default stays
-        return
+        pass
+    if hasattr(mujoco, "set_mju_user_warning"):
+        mujoco.set_mju_user_warning(_warn_from_mujoco)
+
+
+class MuJoCoWarning(RuntimeWarning):
+    """A warning of the MuJoCo library (its text as MuJoCo gives it)."""
+
+
+def _warn_from_mujoco(message: str) -> None:
+    import warnings
+
+    # stacklevel 2: the Python line that called into MuJoCo (a model load, a step)
+    warnings.warn(message.strip(), MuJoCoWarning, stacklevel=2)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from tensordict import TensorDict
 
 from cbop_torchrl.envs import describe_score, episode_returns, evaluate_policy, make_eval_env
+from cbop_torchrl.envs.starts import restore_states
 from cbop_torchrl.modules.actor_critic import make_actor
 from cbop_torchrl.registry import Task, get_family
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
@@ -43,6 +46,25 @@ def test_deterministic_evaluation_is_reproducible_and_leaves_the_rng_alone() -> 
     assert summary["normalized_score_mean"] == pytest.approx(
         sum(first.normalized_scores) / 3, rel=1e-6
     )
+
+
+def test_halfcheetah_envs_print_no_mujoco_warning(capfd: pytest.CaptureFixture[str]) -> None:
+    """HalfCheetah-v4's model has an attribute MuJoCo 3+ calls deprecated; MuJoCo's handler
+    prints it on every model load (one per evaluation env, thousands a run). The package's
+    envs, the batched ones and the start-state evaluation's, turn it into a filtered Python
+    warning: nothing reaches the console."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        env = make_eval_env(get_family("halfcheetah"), num_envs=3)
+        env.reset()  # the batched env makes its members on first use
+        env.close()
+        start_obs = torch.zeros(2, 17)  # the start-state evaluation makes one env per state
+        envs, _ = restore_states(get_family("halfcheetah"), start_obs)
+        for member in envs:
+            member.close()
+    out, err = capfd.readouterr()
+    assert "settotalmass" not in out + err
+    assert not [w for w in caught if "settotalmass" in str(w.message)]
 
 
 def test_a_task_without_reference_scores_reports_the_raw_return_only() -> None:

@@ -26,7 +26,7 @@ from torchrl.data import Unbounded
 from torchrl.envs import DoubleToFloat, GymWrapper, TransformedEnv, default_info_dict_reader
 
 from cbop_torchrl.registry import Task
-from cbop_torchrl.runtime import keep_mujoco_log_out_of_cwd
+from cbop_torchrl.runtime import MuJoCoWarning, keep_mujoco_log_out_of_cwd
 
 
 def filter_env_warnings() -> None:
@@ -39,7 +39,8 @@ def filter_env_warnings() -> None:
     warnings.filterwarnings("ignore", message=".*is out of date. You should consider upgrading")
     warnings.filterwarnings("ignore", message=".*[Dd]eprecat.*", module="gymnasium.*")
     warnings.filterwarnings("ignore", message=".*[Dd]eprecat.*", module="mujoco.*")
-    keep_mujoco_log_out_of_cwd()  # no MUJOCO_LOG.TXT in the working directory
+    warnings.filterwarnings("ignore", message=".*[Dd]eprecat.*", category=MuJoCoWarning)
+    keep_mujoco_log_out_of_cwd()  # MuJoCo's warnings as Python warnings, no MUJOCO_LOG.TXT
 
 
 _FULL_STATE = mujoco.mjtState.mjSTATE_INTEGRATION

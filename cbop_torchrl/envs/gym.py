@@ -31,7 +31,7 @@ from torchrl.envs import (
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.envs.task import TaskError
 from cbop_torchrl.registry import Task
-from cbop_torchrl.runtime import keep_mujoco_log_out_of_cwd
+from cbop_torchrl.runtime import MuJoCoWarning, keep_mujoco_log_out_of_cwd
 
 
 def filter_env_warnings() -> None:
@@ -43,7 +43,10 @@ def filter_env_warnings() -> None:
     warnings.filterwarnings(
         "ignore", message=r".*deprecated.*compiler", category=DeprecationWarning
     )
-    keep_mujoco_log_out_of_cwd()  # no MUJOCO_LOG.TXT in the working directory
+    warnings.filterwarnings(
+        "ignore", message=r"compiler attribute .* is deprecated", category=MuJoCoWarning
+    )
+    keep_mujoco_log_out_of_cwd()  # MuJoCo's warnings as Python warnings, no MUJOCO_LOG.TXT
 
 
 def make_env(task: Task) -> EnvBase:

@@ -29,6 +29,7 @@ import torch
 from tensordict import TensorDict
 
 from cbop_torchrl.envs.evaluate import EvalResult, deterministic_policy
+from cbop_torchrl.envs.gym import filter_env_warnings
 from cbop_torchrl.registry import Task
 
 START_STATES_SEED = 0
@@ -62,6 +63,7 @@ def restore_states(task: Any, start_obs: torch.Tensor) -> tuple[list[Any], torch
     Returns:
         The envs and their observations ``[E, O]`` after the restore.
     """
+    filter_env_warnings()  # one env per row: MuJoCo would print its notices once per env
     kwargs = getattr(task, "gym_kwargs", None) or {}
     envs = [gymnasium.make(task.gym_id, **kwargs) for _ in range(start_obs.shape[0])]
     obs = []
