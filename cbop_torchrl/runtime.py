@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,5 @@ class MuJoCoWarning(RuntimeWarning):
 
 
 def _warn_from_mujoco(message: str) -> None:
-    import warnings
-
     # stacklevel 2: the Python line that called into MuJoCo (a model load, a step)
     warnings.warn(message.strip(), MuJoCoWarning, stacklevel=2)
