@@ -1,23 +1,26 @@
 """The results bar on CPU, checked from the benchmark's committed summaries.
 
-    python benchmarks/bar.py                       # each set's headline row, both measures
-    python benchmarks/bar.py --cbop cbop-psi2      # one psi grid row on every set
+    python benchmarks/bar.py                       # the 50,000-step bar (benchmarks/bar_long.py)
+    python benchmarks/bar.py --protocol 20k        # the earlier 20,000-step bar, as below
+    python benchmarks/bar.py --protocol 20k --cbop cbop-psi2  # one psi grid row on every set
     python benchmarks/bar.py --cbop cbop-m10       # another CBOP row (a --label's variant)
     python benchmarks/bar.py --cbop cbop-psi2 hopper-medium-replay-gen=cbop-psi3  # a set's own
     python benchmarks/bar.py --measure starts      # one measure
     python benchmarks/bar.py --every-row           # every CBOP row of each set, one line each
 
-The bar (docs/learning.md, "Against the bar"): on the three D4RL-level sets, three seeds each,
-the baselines trained for CBOP's total gradient steps (BC + FQE + CBOP; benchmarks/learning.py
-gives them that budget), CBOP's final score is at least every baseline's on every set and at
-least the best baseline's + 5 on two sets; on every seed its final is at least 0.8 of its own
-best and Q is below the true return at the end (``analysis.conservatism.overestimation`` < 0,
-Q - MC at 100 dataset states). Finals are the rows of ``<results>/<set>/rows.json``
-(``python benchmarks/learning.py --rows``): the mean over seeds of each run's mean of its last
-3 evaluations, on the reset measure (10 episodes from ``env.reset()``) or the start-state
-measure (one episode from each of 100 fixed dataset states), on the set's current file (the
-one ``rows.json`` names); per-seed checks read the summaries made on that file. The demo
-command's own condition (it ends above its BC start) is the README's, not checked here.
+The bar of the 50,000-step protocol is :mod:`benchmarks.bar_long`'s. The earlier bar
+(``--protocol 20k``; docs/learning.md, "Against the bar"): on the three D4RL-level sets, three
+seeds each, the baselines trained for CBOP's total gradient steps (BC + FQE + CBOP;
+benchmarks/learning.py gives them that budget), CBOP's final score is at least every baseline's
+on every set and at least the best baseline's + 5 on two sets; on every seed its final is at
+least 0.8 of its own best and Q is below the true return at the end
+(``analysis.conservatism.overestimation`` < 0, Q - MC at 100 dataset states). Finals are the
+rows of ``<results>/<set>/rows.json`` (``python benchmarks/learning.py --rows``): the mean over
+seeds of each run's mean of its last 3 evaluations, on the reset measure (10 episodes from
+``env.reset()``) or the start-state measure (one episode from each of 100 fixed dataset states),
+on the set's current file (the one ``rows.json`` names); per-seed checks read the summaries made
+on that file. The demo command's own condition (it ends above its BC start) is the README's, not
+checked here.
 
 Prints one table per measure and a verdict; exits 0 whether or not the bar holds (1 when no
 ``rows.json`` is found). ``--every-row`` prints instead, per measure, one line for every CBOP
@@ -30,15 +33,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python benchmarks/bar.py` puts benchmarks/, not the root
 
+from benchmarks import bar_long  # noqa: E402
 from benchmarks.cbop_row import (  # noqa: E402
     SETS,
+    Check,
     current_file,
+    find_row,
     headline_row,
     load_rows,
     seed_summaries,
@@ -54,25 +59,6 @@ SEEDS = 3
 MARGIN = BAR_MARGIN  # above the best baseline, on MARGIN_SETS of the sets
 MARGIN_SETS = BAR_MARGIN_SETS
 KEEP = BAR_KEEP  # final >= KEEP * best, every seed
-
-
-@dataclass
-class Check:
-    """One condition of the bar on one set (or over the sets): whether it holds, and why."""
-
-    where: str
-    what: str
-    holds: bool
-    detail: str
-
-
-def find_row(rows: dict, variant: str, measure: str) -> dict | None:
-    """The variant's row on the set's current file."""
-    file = current_file(rows)
-    for row in rows["rows"]:
-        if (row["variant"], row["measure"], row.get("dataset_sha256")) == (variant, measure, file):
-            return row
-    return None
 
 
 def final_and_best(summary: dict, measure: str) -> tuple[float, float]:
@@ -268,6 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         f"(default {SELECTED}: each set's offline choice of psi, psi_selection.json, else its "
         "psi grid row at the D4RL table's psi)",
     )
+    parser.add_argument(
+        "--protocol",
+        choices=("50k", "20k"),
+        default="50k",
+        help="50k: the 50,000-step bar on the -50k rows (benchmarks/bar_long.py); 20k: the "
+        "earlier bar on each set's headline row (--cbop and --every-row apply to it only)",
+    )
     parser.add_argument("--measure", choices=("reset", "starts", "both"), default="both")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument(
@@ -276,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
         help="one line for every CBOP row of each set instead of the bar for one row",
     )
     args = parser.parse_args(argv)
+    if args.protocol == "50k" and args.cbop != [SELECTED]:
+        parser.exit(
+            2,
+            f"bar: --cbop {' '.join(args.cbop)} applies to the earlier bar only: the 50,000-step "
+            f"bar checks {bar_long.CBOP_ROW}; add --protocol 20k to check another CBOP row\n",
+        )
     try:
         cbop = cbop_rows(args.cbop, args.results)
     except ValueError as error:
@@ -289,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     measures = ("reset", "starts") if args.measure == "both" else (args.measure,)
     for measure in measures:
-        if args.every_row:
+        if args.protocol == "50k" and not args.every_row:
+            checks = bar_long.check_long_bar(args.results, measure)
+            print(render(checks, bar_long.CBOP_ROW, measure))
+        elif args.every_row:
             print(every_row(args.results, measure))
         else:
             print(render(check_bar(args.results, cbop, measure), cbop, measure))

@@ -15,6 +15,7 @@ rows through this module, so they name the same row for a set.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from cbop_torchrl.config import infer_dataset_kind, paper_settings
@@ -114,3 +115,22 @@ def headline_row(results: Path, dataset: str) -> str:
     psi = table_psi(dataset)
     found = grid_rows(results, dataset).get(psi)
     return found[0] if found else grid_variant(psi)
+
+
+@dataclass
+class Check:
+    """One condition of the bar on one set (or over the sets): whether it holds, and why."""
+
+    where: str
+    what: str
+    holds: bool
+    detail: str
+
+
+def find_row(rows: dict, variant: str, measure: str) -> dict | None:
+    """The variant's row on the set's current file."""
+    file = current_file(rows)
+    for row in rows["rows"]:
+        if (row["variant"], row["measure"], row.get("dataset_sha256")) == (variant, measure, file):
+            return row
+    return None

@@ -662,9 +662,12 @@ def write_rows(results: Path, dataset: str) -> Path | None:
         "dataset": dataset,
         "sha256": sha256,
         "how": "python benchmarks/learning.py --rows --datasets " + dataset,
-        "rule": "two rows of one measure differ when |final_a - final_b| > 1.96 * "
-        "sqrt(final_se_a^2 + final_se_b^2) (the same for last10 with last10_se); with 3 seeds "
-        "the bootstrap se is a lower bound (*_t_ci95 are wider)",
+        "rule": "a row's final is the mean over its seeds of each run's mean of its last "
+        "final_window evaluations (4 for a -50k row, 3 otherwise); two rows of one measure differ "
+        "when |final_a - final_b| > t(0.975, df) * sqrt(final_se_a^2 + final_se_b^2), each se "
+        "over the row's seeds (final_per_seed) and df Welch's (cbop_torchrl.evaluation.protocol."
+        "resolution); a one-seed row has no se and no resolution; *_bootstrap_* describe the "
+        "noise over seeds and evaluations and are never a resolution",
         "rows": row_intervals(summaries),
     }
     atomic_json_dump(rows, path)

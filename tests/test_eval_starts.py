@@ -210,26 +210,34 @@ def test_row_intervals_over_seeds_and_evaluations() -> None:
     summaries[-1].update(other_file)
     every = row_intervals(summaries, reps=2000)
     assert [r["last10"] for r in every if r["dataset_sha256"] == "f" * 12] == [99.0]
-    assert all(r["last10_t_ci95"] is None for r in every if r["seeds"] == [0])
+    # A one-seed row has no spread over seeds: no se, interval or resolution is invented.
+    for row in (r for r in every if r["seeds"] == [0]):
+        for name in ("final", "last10"):
+            assert row[f"{name}_se"] is None and row[f"{name}_ci95"] is None, row
+            assert row[f"{name}_min_difference"] is None
+            assert row[f"{name}_bootstrap_ci95"] is not None  # the noise is still described
     rows = {(r["variant"], r["measure"]): r for r in every if r["dataset_sha256"] is None}
     assert set(rows) == {("bc", "reset"), ("bc", "starts"), ("iql", "reset")}
     reset = rows[("bc", "reset")]
     assert reset["seeds"] == [0, 1, 2]
+    assert reset["final_window"] == 3  # not a -50k row: the earlier protocol's last 3
     assert reset["last10"] == pytest.approx(20.0)  # each seed's window averages its level
     assert reset["final"] == pytest.approx(statistics.fmean([10 - 1 / 3, 20 - 1 / 3, 30 - 1 / 3]))
+    assert reset["final_per_seed"] == pytest.approx([10 - 1 / 3, 20 - 1 / 3, 30 - 1 / 3])
     assert reset["across_seed_std"] == pytest.approx(10.0)
     # The window's 9 differences are -2, +2, ..., -2 (mean -2/9): their sample variance is
     # (5 (16/9)^2 + 4 (20/9)^2) / 8 = 2880 / 648, and the noise of one evaluation its root / sqrt 2.
     assert reset["eval_noise"] == pytest.approx(math.sqrt(2880 / 648) / math.sqrt(2), rel=1e-9)
-    # The final window (last 3: level - 1, + 1, - 1) is noisier than the last ten.
-    assert reset["final_ci95"][0] < reset["final"] < reset["final_ci95"][1]
-    assert reset["final_se"] > reset["last10_se"] > 0
-    low, high = reset["last10_ci95"]
+    low, high = reset["last10_bootstrap_ci95"]
     assert 10.0 <= low < 20.0 < high <= 30.0  # three seeds this far apart: a wide interval
-    assert reset["last10_min_difference"] == pytest.approx(1.96 * math.sqrt(2) * reset["last10_se"])
-    # Student's t over the seed means 10, 20, 30: 20 +- 4.303 * 10 / sqrt(3).
-    half = 4.303 * 10.0 / math.sqrt(3)
-    assert reset["last10_t_ci95"] == pytest.approx([20.0 - half, 20.0 + half])
+    # Over the seed means 10, 20, 30: se 10 / sqrt(3), Student's t with 2 df (4.303).
+    assert reset["last10_se"] == pytest.approx(10.0 / math.sqrt(3))
+    half = 4.302653 * 10.0 / math.sqrt(3)
+    assert reset["last10_ci95"] == pytest.approx([20.0 - half, 20.0 + half], rel=1e-6)
+    # Against a row of the same spread and seeds: Welch's df = 4, t = 2.776.
+    assert reset["last10_min_difference"] == pytest.approx(
+        2.776445 * math.sqrt(2) * 10.0 / math.sqrt(3), rel=1e-6
+    )
     assert rows[("bc", "starts")]["last10"] == pytest.approx(25.0)
     assert rows[("iql", "reset")]["across_seed_std"] is None
 

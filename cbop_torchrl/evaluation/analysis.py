@@ -45,6 +45,7 @@ from cbop_torchrl.config import RunConfig, load_config
 from cbop_torchrl.data import load_dataset_with_info
 from cbop_torchrl.envs import resolve_task
 from cbop_torchrl.envs.starts import START_STATES_SEED
+from cbop_torchrl.evaluation.protocol import final_window, seed_se, self_resolution, t_interval
 from cbop_torchrl.io import read_regular_text
 from cbop_torchrl.objectives.posterior import gaussian_posterior
 from cbop_torchrl.trainers.cbop_stage import build_cbop_loss
@@ -373,32 +374,29 @@ def hierarchical_bootstrap(
     return means
 
 
-#: Student's t 97.5% quantiles for 1-10 degrees of freedom (beyond: 1.96 + 2.4 / df, within 0.01).
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+def _row_fields(name: str, per_seed: list[list[float]], reps: int, seed: int) -> dict:
+    """A row's ``<name>`` with its spread over seeds and, beside it, the bootstrap's.
 
-
-def t_interval(values: Sequence[float]) -> list[float] | None:
-    """The 95% Student-t interval of the mean of ``values`` (None with fewer than 2)."""
-    if len(values) < 2:
-        return None
-    df = len(values) - 1
-    quantile = T_975[df - 1] if df <= len(T_975) else 1.96 + 2.4 / df
-    half = quantile * statistics.stdev(values) / math.sqrt(len(values))
-    mean = statistics.fmean(values)
-    return [mean - half, mean + half]
-
-
-def _bootstrap_fields(name: str, per_seed: list[list[float]], reps: int, seed: int) -> dict:
-    """``<name>``, ``<name>_ci95``, ``<name>_se``, ``<name>_t_ci95``, ``<name>_min_difference``."""
+    ``<name>``: the mean over seeds of each seed's mean; ``<name>_per_seed``; over the seeds
+    (None with one seed: one run has no spread over seeds): ``<name>_se``, ``<name>_ci95``
+    (Student t) and ``<name>_min_difference`` (:func:`~cbop_torchrl.evaluation.protocol.
+    self_resolution`); and ``<name>_bootstrap_ci95`` / ``<name>_bootstrap_se`` from
+    :func:`hierarchical_bootstrap` (seeds, then evaluations: descriptive, never a resolution).
+    """
+    seed_means = [statistics.fmean(values) for values in per_seed]
     means = hierarchical_bootstrap(per_seed, reps, seed)
     tail = (1 - CI_LEVEL) / 2
-    se = float(means.std(ddof=1))
     return {
-        name: statistics.fmean(statistics.fmean(values) for values in per_seed),
-        f"{name}_ci95": [float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))],
-        f"{name}_se": se,
-        f"{name}_t_ci95": t_interval([statistics.fmean(values) for values in per_seed]),
-        f"{name}_min_difference": 1.96 * math.sqrt(2) * se,
+        name: statistics.fmean(seed_means),
+        f"{name}_per_seed": seed_means,
+        f"{name}_se": seed_se(seed_means),
+        f"{name}_ci95": t_interval(seed_means),
+        f"{name}_min_difference": self_resolution(seed_means),
+        f"{name}_bootstrap_ci95": [
+            float(np.quantile(means, tail)),
+            float(np.quantile(means, 1 - tail)),
+        ],
+        f"{name}_bootstrap_se": float(means.std(ddof=1)),
     }
 
 
@@ -413,16 +411,17 @@ def row_intervals(
     For the reset evaluation (``measure: reset``, the summaries' ``curve``) and the
     start-state evaluation (``measure: starts``, ``start_states.curve``, where present),
     the row's ``final`` (the mean over seeds of each seed's mean of its last
-    :data:`FINAL_WINDOW` evaluations) and ``last10`` (the same over the last ``window_size``),
-    each with:
+    :func:`~cbop_torchrl.evaluation.protocol.final_window` evaluations: 4 for a ``-50k``
+    row, 3 otherwise; ``final_window``) and ``last10`` (the same over the last
+    ``window_size``), each with (:func:`_row_fields`):
 
-    - ``*_ci95`` and ``*_se``: percentile interval and std of :func:`hierarchical_bootstrap`
-      (seeds, then evaluations within a seed: both sources of noise). With three seeds it
-      cannot see more spread than those seeds show, so it is narrow;
-    - ``*_t_ci95``: the Student-t interval over the per-seed means (wide with 3 seeds);
-    - ``*_min_difference``: how far another row of the same ``se`` must be from this one to
-      differ, ``1.96 * sqrt(2) * se``; for two rows in general, ``|a - b| > 1.96 *
-      sqrt(se_a^2 + se_b^2)``;
+    - ``*_se``, ``*_ci95``: the standard error and Student-t interval over the per-seed
+      means (None for a one-seed row);
+    - ``*_min_difference``: how far another row of the same spread and seeds must be from
+      this one to differ (Welch's t resolution; for two rows in general
+      :func:`~cbop_torchrl.evaluation.protocol.resolution` of their ``*_per_seed``);
+    - ``*_bootstrap_ci95``, ``*_bootstrap_se``: the hierarchical bootstrap over seeds and
+      evaluations, a description of the noise and never a resolution;
 
     and ``across_seed_std`` (the std over seeds of their last-``window_size`` means) and
     ``eval_noise`` (the mean over seeds of :func:`consecutive_noise` in that window).
@@ -442,7 +441,7 @@ def row_intervals(
             if not curves:
                 continue
             lasts = [window(curve, window_size) for curve in curves.values()]
-            finals = [window(curve, FINAL_WINDOW) for curve in curves.values()]
+            finals = [window(curve, final_window(variant)) for curve in curves.values()]
             last_means = [statistics.fmean(values) for values in lasts]
             noises = [n for n in map(consecutive_noise, lasts) if n is not None]
             rows.append(
@@ -452,8 +451,9 @@ def row_intervals(
                     "dataset_sha256": sha or None,
                     "measure": measure,
                     "seeds": sorted(curves),
-                    **_bootstrap_fields("final", finals, reps, seed),
-                    **_bootstrap_fields("last10", lasts, reps, seed),
+                    "final_window": final_window(variant),
+                    **_row_fields("final", finals, reps, seed),
+                    **_row_fields("last10", lasts, reps, seed),
                     "across_seed_std": statistics.stdev(last_means)
                     if len(last_means) > 1
                     else None,

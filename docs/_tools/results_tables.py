@@ -157,6 +157,8 @@ def datasets_markdown(found: list[dict]) -> str:
 def _score(row: dict | None, key: str) -> str:
     if row is None:
         return ""
+    if row[f"{key}_ci95"] is None:  # one seed: no interval over seeds
+        return f"{row[key]:.1f} [1 seed]"
     low, high = row[f"{key}_ci95"]
     return f"{row[key]:.1f} [{low:.1f}, {high:.1f}]"
 
