@@ -35,7 +35,6 @@ from tensordict.nn import TensorDictModuleBase
 from torch import nn
 from torchrl.modules import MLP, ValueOperator
 from torchrl.objectives import CQLLoss, IQLLoss, LossModule, SoftUpdate, TD3BCLoss
-from torchrl.trainers import OptimizationStepper, Trainer
 
 from cbop_torchrl.config import RunConfig, range_problems
 from cbop_torchrl.data import DatasetInfo, make_replay_buffer
@@ -47,14 +46,12 @@ from cbop_torchrl.modules.actor_critic import (
     make_deterministic_actor,
     make_qvalue_ensemble,
 )
+from cbop_torchrl.modules.standardize import observation_statistics, standardize_observation
 from cbop_torchrl.objectives.pretrain import ACTION_EPS, BehaviourCloningLoss
 from cbop_torchrl.runtime import seed_everything
-from cbop_torchrl.trainers.checkpoint import (
-    CheckpointHook,
-    NonFiniteLossError,
-    training_config_hash,
-)
+from cbop_torchrl.trainers.checkpoint import CheckpointHook, training_config_hash
 from cbop_torchrl.trainers.datasize import check_dataset_size, warn_about_terminals
+from cbop_torchrl.trainers.grouped_step import GroupedOptimizationStepper
 from cbop_torchrl.trainers.offline_run import OfflineRun, write_results
 from cbop_torchrl.trainers.offline_training import (
     CBOP_KEYS,
@@ -62,6 +59,7 @@ from cbop_torchrl.trainers.offline_training import (
     final_evaluation,
     restore_final_records,
 )
+from cbop_torchrl.trainers.recipes import ACTOR_LR_SCHEDULES, REWARD_SCALES, reward_scale
 
 BASELINE_SEED_OFFSET = 5
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -136,10 +134,19 @@ class BaselineConfigError(ValueError):
 class AlgoConfig:
     """One baseline's hyperparameters (``cbop_torchrl/configs/algo/<name>.yaml``).
 
-    Fields an algorithm does not use are ignored by it.
+    Fields an algorithm does not use are ignored by it. The recipe's sizes and rates
+    (``batch_size``, ``hidden_sizes``, ``actor_lr``, ``critic_lr``) fall back to the run
+    config's (``train.batch_size``, ``agent.*``) where None.
     """
 
     name: str = "td3bc"
+    batch_size: int | None = None
+    hidden_sizes: list[int] | None = None  # the actor's and every critic's
+    actor_lr: float | None = None
+    critic_lr: float | None = None
+    normalize_states: bool = False  # standardize observations by the dataset's mean and std
+    reward_scale: str = "none"  # REWARD_SCALES
+    actor_lr_schedule: str = "constant"  # ACTOR_LR_SCHEDULES
     num_qvalue_nets: int = 2
     # TD3+BC
     alpha: float = 2.5
@@ -173,6 +180,15 @@ class AlgoConfig:
                 f"algo={config.name!r} is not a baseline; choose one of {', '.join(ALGOS)} "
                 "(CBOP and its ablations run through cbop-train, scripts/cbop.py in a checkout)"
             )
+        for key, value, allowed in (
+            ("reward_scale", config.reward_scale, REWARD_SCALES),
+            ("actor_lr_schedule", config.actor_lr_schedule, ACTOR_LR_SCHEDULES),
+        ):
+            if value not in allowed:
+                raise BaselineConfigError(
+                    f"algo.{key}={value!r} is not one of {', '.join(allowed)}; e.g. "
+                    f"algo.{key}={allowed[0]} (every algo setting: configs/algo/{config.name}.yaml)"
+                )
         problems = range_problems({"algo": asdict(config)})  # the one table of ranges
         if problems:
             raise BaselineConfigError(
@@ -223,31 +239,41 @@ def _params(module_params: TensorDictBase) -> list[nn.Parameter]:
 
 @dataclass(frozen=True)
 class _Sizes:
-    """The networks' sizes and device, for a baseline's builder."""
+    """The networks' sizes, device, input statistics and learning rates, for a builder."""
 
     obs: int
     act: int
     hidden: tuple[int, ...]
     device: torch.device
+    actor_lr: float
+    critic_lr: float
+    norm: tuple[torch.Tensor, torch.Tensor] | None = None  # [obs] mean and std, or none
+
+    def standardized(self, module: nn.Module) -> nn.Module:
+        """``module`` reading standardized observations where the recipe asks for them."""
+        return module if self.norm is None else standardize_observation(module, *self.norm)
 
     def actor(self) -> TensorDictModuleBase:
         """A tanh-Gaussian actor (:func:`make_actor`)."""
-        return make_actor(self.obs, self.act, self.hidden, device=self.device)
+        return self.standardized(make_actor(self.obs, self.act, self.hidden, device=self.device))
 
     def critics(self, count: int) -> TensorDictModuleBase:
         """``count`` Q-networks (:func:`make_qvalue_ensemble`)."""
-        return make_qvalue_ensemble(count, self.obs, self.act, self.hidden, device=self.device)
+        nets = make_qvalue_ensemble(count, self.obs, self.act, self.hidden, device=self.device)
+        return [self.standardized(net) for net in nets]
 
 
 def _build_bc(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
     actor = sizes.actor()
     loss = BehaviourCloningLoss(actor)
-    groups = [(("loss_bc",), list(actor.parameters()), agent.actor_lr, 1)]
+    groups = [(("loss_bc",), list(actor.parameters()), sizes.actor_lr, 1)]
     return BaselineParts(loss, actor, groups, False, "tanh_normal")
 
 
 def _build_td3bc(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
-    actor = make_deterministic_actor(sizes.obs, sizes.act, sizes.hidden, sizes.device)
+    actor = sizes.standardized(
+        make_deterministic_actor(sizes.obs, sizes.act, sizes.hidden, sizes.device)
+    )
     qnets = sizes.critics(algo.num_qvalue_nets)
     loss = TD3BCLoss(
         actor,
@@ -261,8 +287,8 @@ def _build_td3bc(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
     )
     loss.make_value_estimator(gamma=agent.gamma)
     groups = [
-        (("loss_actor",), _params(loss.actor_network_params), agent.actor_lr, algo.policy_delay),
-        (("loss_qvalue",), _params(loss.qvalue_network_params), agent.critic_lr, 1),
+        (("loss_actor",), _params(loss.actor_network_params), sizes.actor_lr, algo.policy_delay),
+        (("loss_qvalue",), _params(loss.qvalue_network_params), sizes.critic_lr, 1),
     ]
     return BaselineParts(loss, actor, groups, True, "deterministic")
 
@@ -270,7 +296,7 @@ def _build_td3bc(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
 def _build_iql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
     actor = sizes.actor()
     qnets = sizes.critics(algo.num_qvalue_nets)
-    value = make_state_value(sizes.obs, sizes.hidden, sizes.device)
+    value = sizes.standardized(make_state_value(sizes.obs, sizes.hidden, sizes.device))
     loss = IQLLoss(
         actor,
         qnets,
@@ -282,8 +308,8 @@ def _build_iql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
     )
     loss.make_value_estimator(gamma=agent.gamma)
     groups = [
-        (("loss_actor",), _params(loss.actor_network_params), agent.actor_lr, 1),
-        (("loss_qvalue",), _params(loss.qvalue_network_params), agent.critic_lr, 1),
+        (("loss_actor",), _params(loss.actor_network_params), sizes.actor_lr, 1),
+        (("loss_qvalue",), _params(loss.qvalue_network_params), sizes.critic_lr, 1),
         (("loss_value",), _params(loss.value_network_params), algo.value_lr, 1),
     ]
     return BaselineParts(loss, actor, groups, True, "tanh_normal")
@@ -307,12 +333,12 @@ def _build_cql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
     )
     loss.make_value_estimator(gamma=agent.gamma)
     groups = [
-        (("loss_actor",), _params(loss.actor_network_params), agent.actor_lr, 1),
-        (("loss_qvalue", "loss_cql"), _params(loss.qvalue_network_params), agent.critic_lr, 1),
+        (("loss_actor",), _params(loss.actor_network_params), sizes.actor_lr, 1),
+        (("loss_qvalue", "loss_cql"), _params(loss.qvalue_network_params), sizes.critic_lr, 1),
         (("loss_alpha",), [loss.log_alpha], agent.alpha_lr, 1),
     ]
     if algo.with_lagrange:
-        groups.append((("loss_alpha_prime",), [loss.log_alpha_prime], agent.critic_lr, 1))
+        groups.append((("loss_alpha_prime",), [loss.log_alpha_prime], sizes.critic_lr, 1))
     return BaselineParts(loss, actor, groups, True, "tanh_normal")
 
 
@@ -328,72 +354,53 @@ ALGOS = tuple(BUILDERS)
 
 
 def build_baseline(
-    algo: AlgoConfig, config: RunConfig, info: DatasetInfo, device: torch.device
+    algo: AlgoConfig,
+    config: RunConfig,
+    info: DatasetInfo,
+    device: torch.device,
+    data: TensorDictBase | None = None,
 ) -> BaselineParts:
-    """The loss, actor and optimizer groups of ``algo`` for the dataset's sizes."""
-    sizes = _Sizes(info.obs_dim, info.action_dim, tuple(config.agent.hidden_sizes), device)
-    return BUILDERS[algo.name](algo, config.agent, sizes)
+    """The loss, actor and optimizer groups of ``algo`` for the dataset's sizes.
 
-
-class GroupedOptimizationStepper(OptimizationStepper):
-    """One Adam step where each parameter group gets the gradient of its own losses only.
-
-    TorchRL's offline losses are meant for one optimizer per network (the
-    critic loss may read the actor, the CQL penalty samples actions from it):
-    summing all losses into one backward would leak critic gradients into the
-    actor. Each group's loss is differentiated w.r.t. its parameters with
-    ``torch.autograd.grad``; groups not due this step (TD3's delayed actor)
-    get no gradient, so Adam leaves them untouched. Non-finite values stop the
-    run before any parameter changes (:class:`NonFiniteLossError`).
+    ``data`` (the training data) gives the observation statistics of a recipe with
+    ``normalize_states``; it is needed only then.
     """
-
-    def __init__(self, groups: BaselineParts, checkpoint: CheckpointHook, algo: str) -> None:
-        self.groups = groups.groups
-        self.checkpoint = checkpoint
-        self.algo = algo
-
-    def step(self, trainer: Trainer, sub_batch: TensorDictBase) -> TensorDictBase:
-        losses = trainer.compute_loss(sub_batch)
-        step = trainer._optim_count
-        trainer.optimizer.zero_grad(set_to_none=True)
-        due = [g for g in self.groups if step % g[3] == 0]
-        bad = []
-        norms = []
-        for index, (keys, params, _, _) in enumerate(due):
-            total = sum(losses.get(key) for key in keys)
-            last = index == len(due) - 1
-            grads = torch.autograd.grad(total, params, retain_graph=not last, allow_unused=True)
-            for param, grad in zip(params, grads, strict=True):
-                param.grad = grad
-            norms += [g.norm() for g in grads if g is not None]
-            if not torch.isfinite(total):
-                bad.append("+".join(keys))
-        grad_norm = torch.stack(norms).norm() if norms else torch.zeros(())
-        if not torch.isfinite(grad_norm):
-            bad.append("gradient norm")
-        if bad:
-            trainer.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(
-                f"non-finite {', '.join(bad)} at gradient step {step} of the {self.algo} "
-                "baseline; the step was not applied and the run stopped. Last good checkpoint: "
-                f"{self.checkpoint.describe_last()}. Lower the learning rates (agent.*_lr) and "
-                "resume (the same command continues from that checkpoint)."
-            )
-        trainer.optimizer.step()
-        scalars = {
-            k: v.detach() for k, v in losses.items() if v.ndim == 0 and v.is_floating_point()
-        }
-        out = losses.empty()
-        out.update(scalars)
-        out.set("grad_norm", grad_norm.detach())
-        return out
+    norm = None
+    if algo.normalize_states:
+        if data is None:
+            raise ValueError(f"{algo.name} standardizes observations: pass the training data")
+        norm = tuple(t.to(device) for t in observation_statistics(data))
+    agent = config.agent
+    sizes = _Sizes(
+        info.obs_dim,
+        info.action_dim,
+        baseline_hidden_sizes(algo, config),
+        device,
+        actor_lr=agent.actor_lr if algo.actor_lr is None else algo.actor_lr,
+        critic_lr=agent.critic_lr if algo.critic_lr is None else algo.critic_lr,
+        norm=norm,
+    )
+    return BUILDERS[algo.name](algo, agent, sizes)
 
 
-def _dataset_for(algo: str, data: TensorDictBase) -> TensorDictBase:
-    """The keys a baseline reads; dataset actions moved off +-1 where a log-density is taken."""
+def baseline_hidden_sizes(algo: AlgoConfig, config: RunConfig) -> tuple[int, ...]:
+    """The hidden layer widths of the baseline's actor and critics."""
+    return tuple(algo.hidden_sizes or config.agent.hidden_sizes)
+
+
+def baseline_batch_size(algo: AlgoConfig, config: RunConfig) -> int:
+    """The baseline's batch: its recipe's, else ``train.batch_size``."""
+    return int(algo.batch_size or config.train.batch_size)
+
+
+def _dataset_for(algo: str, data: TensorDictBase, scale: float = 1.0) -> TensorDictBase:
+    """The keys a baseline reads, the rewards times ``scale`` (its recipe's reward scaling);
+    dataset actions moved off +-1 where a log-density is taken."""
     batch = data.select(*CBOP_KEYS)
     if algo in ("bc", "iql", "cql"):  # a TanhNormal has no density at exactly +-1
         batch.set("action", batch.get("action").clamp(-1.0 + ACTION_EPS, 1.0 - ACTION_EPS))
+    if scale != 1.0:
+        batch.set(("next", "reward"), batch.get(("next", "reward")) * scale)
     return batch
 
 
@@ -432,7 +439,9 @@ def run_baseline(
         CheckpointError: a checkpoint written with other settings (or none with ``resume=true``).
         NonFiniteLossError: a loss or gradient became NaN/inf.
     """
-    check_dataset_size(data, info.name, {"train.batch_size": config.train.batch_size})
+    batch_size = baseline_batch_size(algo, config)
+    size_key = "train.batch_size" if algo.batch_size is None else "algo.batch_size"
+    check_dataset_size(data, info.name, {size_key: batch_size})
     run = OfflineRun.open(config, info, run_dir, baseline_training_dict(config, algo))
     if (finished := run.finished_results()) is not None:
         return finished
@@ -441,13 +450,12 @@ def run_baseline(
     total_steps = config.train.total_steps
 
     seed_everything(config.seed + BASELINE_SEED_OFFSET)
-    parts = build_baseline(algo, config, info, run.device)
-    optimizer = torch.optim.Adam([{"params": p, "lr": lr} for _, p, lr, _ in parts.groups])
     data = run.specs.to_agent_actions(data.to(run.device))
+    parts = build_baseline(algo, config, info, run.device, data)
+    optimizer = torch.optim.Adam([{"params": p, "lr": lr} for _, p, lr, _ in parts.groups])
     warn_about_action_range(data, info.name)
-    buffer = make_replay_buffer(
-        _dataset_for(algo.name, data), config.train.batch_size, device=run.device
-    )
+    scale = reward_scale(algo.reward_scale, data)
+    buffer = make_replay_buffer(_dataset_for(algo.name, data, scale), batch_size, device=run.device)
     generator = torch.Generator(device=run.device).manual_seed(config.seed + BASELINE_SEED_OFFSET)
     buffer.set_rng(generator)
     eval_env = make_eval_env(run.task, config.eval.episodes, config.eval.backend)
@@ -457,7 +465,11 @@ def run_baseline(
     )  # fmt: skip
     training = build_offline_training(
         run, loss=parts.loss, optimizer=optimizer,
-        stepper=GroupedOptimizationStepper(parts, checkpoint, algo.name), checkpoint=checkpoint,
+        stepper=GroupedOptimizationStepper(
+            parts.groups, checkpoint, algo.name,
+            total_steps if algo.actor_lr_schedule == "cosine" else None,
+        ),
+        checkpoint=checkpoint,
         buffer=buffer, generator=generator, actor=parts.actor, eval_env=eval_env,
         target_update=SoftUpdate(parts.loss, tau=config.agent.tau) if parts.has_targets else None,
     )  # fmt: skip
@@ -474,8 +486,9 @@ def run_baseline(
         "algo": algo.name,
         "final_train_metrics": {k: v for k, v in last_window.items() if math.isfinite(v)},
         "settings": {
-            "batch_size": config.train.batch_size,
-            "hidden_sizes": run.hidden_sizes,
+            "batch_size": batch_size,
+            "hidden_sizes": list(baseline_hidden_sizes(algo, config)),
+            "reward_scale": scale,
             "algo": asdict(algo),
         },
     }
@@ -486,7 +499,13 @@ def _policy_metadata(
     run: OfflineRun, algo: AlgoConfig, parts: BaselineParts, step: int
 ) -> dict[str, Any]:
     meta = run.policy_metadata(step)
-    return {**meta, "algo": algo.name, "actor_kind": parts.actor_kind}
+    return {
+        **meta,
+        "hidden_sizes": list(baseline_hidden_sizes(algo, run.config)),
+        "algo": algo.name,
+        "actor_kind": parts.actor_kind,
+        "observation_norm": algo.normalize_states,
+    }
 
 
 def _checkpoint_payload(

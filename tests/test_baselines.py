@@ -154,6 +154,22 @@ def test_evaluate_script_scores_a_td3bc_policy(sweep: Path, workspace: dict) -> 
     assert "normalized score" in done.stdout and "Hopper-v4" in done.stdout
 
 
+def test_a_standardizing_policy_file_carries_the_datasets_statistics(
+    sweep: Path, workspace: dict
+) -> None:
+    from cbop_torchrl.modules.standardize import observation_statistics
+
+    actor, _, meta = load_policy(sweep / "td3bc" / "policy.pt")
+    assert meta["observation_norm"] is True and meta["hidden_sizes"] == [256, 256]
+    data, _ = load_dataset_with_info(str(workspace["dataset"]))
+    loc, scale = observation_statistics(data)
+    weights = actor.state_dict()
+    assert torch.equal(weights["module.0.module.loc"], loc)
+    assert torch.equal(weights["module.0.module.scale"], scale)
+    trained = load_checkpoint(sweep / "td3bc" / "checkpoint.pt")["actor"]
+    assert all(torch.equal(weights[k], v) for k, v in trained.items())
+
+
 def _run_config(run: Path, workspace: dict, **agent: float) -> tuple:
     values = json.loads((run / "config.json").read_text())
     algo = AlgoConfig.from_dict(values.pop("algo"))

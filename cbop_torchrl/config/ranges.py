@@ -102,6 +102,15 @@ SIZE = "a count of steps, rows or networks, e.g. {key}={example}"
 
 PROGRAM_RANGES: tuple[Range, ...] = (
     # cbop-baseline's algo section
+    positive("algo.batch_size", "the recipe's batch, or null for train.batch_size, e.g. "
+             "algo.batch_size=256", integer=True),
+    Range("algo.hidden_sizes", 1, integer=True, items=True,
+          reason="the actor's and critics' hidden widths, or null for agent.hidden_sizes, e.g. "
+          "algo.hidden_sizes=[256,256]"),
+    positive("algo.actor_lr", "the recipe's actor learning rate, or null for agent.actor_lr, "
+             "e.g. algo.actor_lr=0.0003"),
+    positive("algo.critic_lr", "the recipe's critic learning rate, or null for "
+             "agent.critic_lr, e.g. algo.critic_lr=0.0003"),
     positive("algo.num_qvalue_nets", "e.g. algo.num_qvalue_nets=2", integer=True),
     positive("algo.policy_delay", "e.g. algo.policy_delay=2", integer=True),
     non_negative("algo.alpha", "TD3+BC's weight of Q against BC, e.g. algo.alpha=2.5"),

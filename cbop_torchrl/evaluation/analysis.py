@@ -64,6 +64,7 @@ from cbop_torchrl.trainers.conservatism import (
     start_states,
 )
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
+from cbop_torchrl.trainers.recipes import reward_scale
 
 ensemble_q = member_q_values
 """``Q_m(obs, action)`` for every member ``[M, N]`` (the name this module always exported)."""
@@ -150,9 +151,10 @@ def analyze_baseline_run(
     if algo.name == "bc":
         return None
     config, data, info = load_run_config(run_dir)
-    parts = build_baseline(algo, config, info, torch.device("cpu"))
+    parts = build_baseline(algo, config, info, torch.device("cpu"), data)
     state = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
     parts.loss.load_state_dict(state["trainer"]["loss_module"])
+    scale = reward_scale(algo.reward_scale, data)  # Q is in the scaled rewards' units
     # No baseline's critic target holds an entropy term (CQL runs with a deterministic backup).
     return {
         "conservatism": dataset_conservatism(
@@ -162,6 +164,7 @@ def analyze_baseline_run(
             config.agent.gamma,
             alpha=0.0,
             max_steps=config.eval.max_steps,
+            value_scale=scale,
         )
     }
 

@@ -61,6 +61,7 @@ from cbop_torchrl.io import (
     require_regular_file,
 )
 from cbop_torchrl.modules.actor_critic import make_actor, make_deterministic_actor
+from cbop_torchrl.modules.standardize import standardize_observation
 from cbop_torchrl.registry import Task, get_family
 
 CHECKPOINT_FORMAT = "cbop-torchrl/1"
@@ -361,7 +362,9 @@ def load_policy(
 
     CBOP's and the stochastic baselines' actors are TanhNormal policies
     (:func:`make_actor`); TD3+BC's records ``actor_kind="deterministic"`` in
-    its metadata (:func:`make_deterministic_actor`).
+    its metadata (:func:`make_deterministic_actor`). An actor recorded with
+    ``observation_norm`` standardizes its observations
+    (:func:`~cbop_torchrl.modules.standardize.standardize_observation`).
 
     Args:
         path: the checkpoint or policy file.
@@ -391,6 +394,9 @@ def load_policy(
             make_deterministic_actor if meta.get("actor_kind") == "deterministic" else make_actor
         )
         actor = build(meta["obs_dim"], meta["action_dim"], tuple(meta["hidden_sizes"]))
+        if meta.get("observation_norm"):  # the dataset's statistics come with the weights
+            ones = torch.ones(int(meta["obs_dim"]))
+            standardize_observation(actor, torch.zeros_like(ones), ones)
         actor.load_state_dict(state["actor"])
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         raise CheckpointError(

@@ -150,6 +150,7 @@ def dataset_conservatism(
     alpha: float = 0.0,
     max_steps: int = 1000,
     generator: torch.Generator | None = None,
+    value_scale: float = 1.0,
 ) -> dict[str, Any]:
     """The paper's conservatism numbers for any TorchRL loss with an actor and a Q-ensemble.
 
@@ -162,6 +163,9 @@ def dataset_conservatism(
         alpha: the entropy temperature of the critic's target (0: no entropy term).
         max_steps: episode cap.
         generator: draws the entropy part's action samples (None: the global stream).
+        value_scale: the factor the critics' rewards were scaled by in training (IQL's
+            recipe, :func:`~cbop_torchrl.trainers.recipes.reward_scale`): Q is divided by
+            it, so that it compares with the environment's returns.
 
     Returns:
         Plain numbers (see the module doc): ``overestimation`` (mean of ``Q - MC``),
@@ -180,6 +184,7 @@ def dataset_conservatism(
     mc_return, lengths = rollout[0].to(start_obs.device), rollout[1]
     entropy_sum = rollout[2].to(start_obs.device) if alpha > 0 else torch.zeros_like(mc_return)
     q = member_q_values(loss.qvalue_network, loss.qvalue_network_params, start_obs, action)
+    q = q / value_scale
     difference = q.mean(0) - mc_return
     entropy_part = alpha * entropy_sum
     return {
