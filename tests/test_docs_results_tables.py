@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS_REPORT = ROOT / "benchmarks" / "results" / "report"
 sys.path.insert(0, str(ROOT / "docs" / "_tools"))
 import results_tables  # noqa: E402
 
@@ -146,3 +147,41 @@ def test_the_bar_is_defined_once_and_every_page_includes_that_definition() -> No
         assert "10 above the behaviour policy" not in text, page
         if page.parent.name != "_snippets":
             assert text.count("0.8 x its own best") <= (1 if page.name == "README.md" else 0), page
+
+
+def test_every_headline_figure_plots_every_row_of_its_table(generated: dict[str, str]) -> None:
+    """``curves_<set>.png`` (README.md and the results page show it beside the table) plots
+    each algorithm the headline table has a score for on that set, as the same row."""
+    from cbop_torchrl.evaluation.figures import figure_series
+    from cbop_torchrl.evaluation.headline import headline_of
+    from cbop_torchrl.evaluation.summaries import ALGO_NAMES
+
+    lines = [line for line in generated["headline"].splitlines() if line.startswith("| ")]
+    datasets = [cell.strip() for cell in lines[0].split("|")[2:-1]]
+    algo_of = {name: algo for algo, name in ALGO_NAMES.items()}
+    rows = results_tables.headline()
+    checked = 0
+    for line in lines[1:]:
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        algo = algo_of.get(cells[0].split(" (")[0])
+        if algo is None:  # the behaviour policy's and the data's lines
+            continue
+        for dataset, cell in zip(datasets, cells[1:], strict=True):
+            if cell == "not run":
+                continue
+            figure = RESULTS_REPORT / f"curves_{dataset}.png"
+            series = figure_series(figure)
+            variant = headline_of(rows, dataset)[algo]
+            assert series is not None and variant in series, (
+                f"{figure.name} lacks {variant}, the table's {cells[0]} row: "
+                "python scripts/report.py paths=benchmarks/results out=benchmarks/results/report"
+            )
+            checked += 1
+    assert checked >= len(datasets) * 2  # CBOP and at least one baseline on every set
+
+
+def test_the_reports_headline_is_the_pages_headline(generated: dict[str, str]) -> None:
+    assert (RESULTS_REPORT / "headline.md").read_text() == generated["headline"], (
+        "benchmarks/results/report is stale: "
+        "python scripts/report.py paths=benchmarks/results out=benchmarks/results/report"
+    )

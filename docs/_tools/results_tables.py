@@ -93,44 +93,28 @@ def bar_markdown() -> str:
     )
 
 
-def cbop_headline_rows() -> dict[str, str]:
-    """Each set's CBOP row in the headline (:func:`benchmarks.cbop_row.headline_row`: the psi
-    FQE chose offline, else the psi grid's row at the D4RL table's psi); none where that row
-    has no run."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from benchmarks import cbop_row
+def headline() -> dict[str, dict[str, str]]:
+    """Each set's headline rows, ``dataset -> algorithm -> variant``
+    (:func:`cbop_torchrl.evaluation.headline.headline_rows`): the rows the report's
+    ``curves_<set>.png`` plots too."""
+    from cbop_torchrl.evaluation.headline import headlines_in
 
-    rows = {}
-    for dataset in cbop_row.SETS:
-        if (found := cbop_row.load_rows(RESULTS, dataset)) is None:
-            continue
-        row = cbop_row.headline_row(RESULTS, dataset)
-        if cbop_row.seed_summaries(RESULTS, dataset, row, cbop_row.current_file(found)):
-            rows[dataset] = row
-    return rows
+    return headlines_in([RESULTS])
 
 
 def summaries() -> list[dict]:
     """The benchmark's summaries, each set's current file the one its ``rows.json`` names (the
     repository's copy of the set), not only the file of its most recent run."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from benchmarks import cbop_row
+    from cbop_torchrl.evaluation.headline import current_files_in
     from cbop_torchrl.evaluation.summaries import load_summaries
 
-    current = {}
-    for path in sorted(RESULTS.glob("*/rows.json")):
-        rows = cbop_row.load_rows(RESULTS, path.parent.name)
-        if rows.get("sha256"):
-            current[path.parent.name] = cbop_row.current_file(rows)
-    return load_summaries([RESULTS], analysis=False, current=current)
+    return load_summaries([RESULTS], analysis=False, current=current_files_in([RESULTS]))
 
 
-def datasets_markdown(found: list[dict]) -> str:
-    """The sets of the headline (the current variants' runs): size, behaviour policy, file."""
+def datasets_markdown(found: list[dict], rows: dict[str, dict[str, str]]) -> str:
+    """The sets of the headline (its rows' runs): size, behaviour policy, file."""
+    from cbop_torchrl.evaluation.headline import headline_of
     from cbop_torchrl.evaluation.report import file_versions
-    from cbop_torchrl.evaluation.summaries import CURRENT
 
     lines = [
         "| dataset | transitions | episodes | the data's mean episode score | behaviour policy "
@@ -141,7 +125,9 @@ def datasets_markdown(found: list[dict]) -> str:
         provenances = [
             s["dataset_provenance"]
             for s in found
-            if s["dataset"] == dataset and s["variant"] in CURRENT and s.get("dataset_provenance")
+            if s["dataset"] == dataset
+            and s["variant"] in headline_of(rows, dataset).values()
+            and s.get("dataset_provenance")
         ]
         if not provenances:
             continue
@@ -237,9 +223,10 @@ def blocks(found: list[dict] | None = None) -> dict[str, str]:
     from cbop_torchrl.evaluation.report import headline_markdown
 
     found = summaries() if found is None else found
+    rows = headline()
     return {
-        "headline": headline_markdown(found, cbop_headline_rows()),
-        "datasets": datasets_markdown(found),
+        "headline": headline_markdown(found, rows),
+        "datasets": datasets_markdown(found, rows),
         "rows": rows_markdown(),
         "bar": bar_markdown(),
     }
