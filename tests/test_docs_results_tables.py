@@ -185,3 +185,53 @@ def test_the_reports_headline_is_the_pages_headline(generated: dict[str, str]) -
         "benchmarks/results/report is stale: "
         "python scripts/report.py paths=benchmarks/results out=benchmarks/results/report"
     )
+
+
+@pytest.mark.parametrize("name", ["status", "status-site"])
+def test_the_status_is_four_short_bullets(generated: dict[str, str], name: str) -> None:
+    bullets = [line for line in generated[name].splitlines() if line.strip()]
+    assert 0 < len(bullets) <= results_tables.STATUS_BULLETS, bullets
+    for bullet in bullets:
+        assert bullet.startswith("- "), bullet
+        assert results_tables.words(bullet) <= results_tables.STATUS_WORDS, bullet
+    labels = ("**Faithful to the paper:**", "**Shown**", "**Not shown:**", "**On which data:**")
+    assert [b.split(" ", 1)[1].startswith(labels[i]) for i, b in enumerate(bullets)] == [True] * 4
+
+
+def test_the_readmes_first_screen_holds_the_status_and_the_headline() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    tool = "(python docs/_tools/results_tables.py --write) -->"
+    names = ("first-run", "status", "headline")
+    where = {name: lines.index(f"<!-- generated: {name} {tool}") for name in names}
+    assert where["first-run"] < where["status"] < where["headline"] < 50, where
+    assert "<!-- generated: status-site " in (ROOT / "docs" / "index.md").read_text()
+
+
+def test_every_line_the_first_run_prints_is_explained() -> None:
+    record = json.loads(results_tables.FIRST_RUN.read_text())
+    table = results_tables.first_run_output_markdown(record)
+    assert table.count("\n| ") - 1 == len(record["stdout"])  # the header, then one per line
+    assert "17 min 47 s" in results_tables.first_run_markdown(record)
+    assert record["cpu"] in results_tables.first_run_markdown(record)
+
+
+def test_the_earlier_rows_are_on_their_page_only(generated: dict[str, str]) -> None:
+    names = [line.split(" | ")[0] for line in generated["rows"].splitlines() if line[:2] == "| "]
+    assert names and not [name for name in names if "-dyn15" in name or " (file " in name]
+    assert "-dyn15" in generated["rows-earlier"]
+    assert "<!-- generated: rows-earlier " in (ROOT / "docs" / "earlier.md").read_text()
+
+
+def test_the_cbop_page_names_each_hyperparameters_key_and_both_presets(
+    generated: dict[str, str],
+) -> None:
+    table = generated["hyperparameters"].splitlines()
+    assert table[0].startswith("| key | what it sets | the paper")
+    keys = [line.split("|")[1].strip().strip("`") for line in table[2:]]
+    assert keys == [key for key, _ in results_tables.HYPERPARAMETERS]
+    horizon = next(line for line in table if line.startswith("| `estimator.horizon`"))
+    assert horizon.endswith("| null: 10 | 5 |")  # the paper's H, the CPU preset's
+    assert (
+        "learning.py --datasets hopper-medium-replay-gen --algos cbop-psi5"
+        in (generated["reproduce"])
+    )
