@@ -1,120 +1,31 @@
 """Each set's CBOP row: the committed results a headline, the bar and the psi grid read.
 
-A set's results live in ``benchmarks/results/<set>/``: ``rows.json`` (``python
-benchmarks/learning.py --rows``) and one folder of per-seed summaries per variant. The psi
-grid's rows are the variants ``cbop-psi<value>`` (:data:`GRID`), and the set's CBOP row in a
-headline (:func:`headline_row`) is the psi fitted Q evaluation chose offline
-(``psi_selection.json``, ``benchmarks/psi_grid.py --select``), else the grid's row at the psi
-the paper's D4RL table gives the set's family and kind (what ``estimator.psi: null`` resolves
-to while no choice is made).
-
-``benchmarks/bar.py``, ``benchmarks/psi_grid.py`` and the docs' results tables all read the
-rows through this module, so they name the same row for a set.
+The rule lives in :mod:`cbop_torchrl.evaluation.headline` (the report draws the headline
+figure from it too); this module gives the benchmark tools its names.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
-from cbop_torchrl.config import infer_dataset_kind, paper_settings
-
-SETS = ("hopper-medium-replay-gen", "walker2d-medium-replay-gen", "halfcheetah-medium-replay-gen")
-"""The three D4RL-level generated sets the results are reported on."""
-SELECTION_NAME = "psi_selection.json"
-"""Each set's offline choice of psi, ``<results>/<set>/psi_selection.json``."""
-GRID = (0.5, 2.0, 3.0, 5.0)
-"""The paper's psi grid (appendix, "Hyperparameters")."""
-DEFAULT_PSI_ROWS = ("cbop-starts", "cbop")
-"""The CPU preset's own rows, which count at the set's default psi, in order of preference:
-``cbop-starts`` (hopper's rerun with the start-state measure) before ``cbop`` (on hopper, the
-runs that chose the preset's critic sizes)."""
-
-
-def load_rows(results: Path, dataset: str) -> dict | None:
-    """The set's ``rows.json``, or None where it has none."""
-    path = results / dataset / "rows.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def current_file(rows: dict) -> str:
-    """The set's current file as rows name it (``dataset_sha256``: 12 characters)."""
-    return str(rows["sha256"])[:12]
-
-
-def seed_summaries(results: Path, dataset: str, variant: str, file: str) -> list[dict]:
-    """The variant's per-seed summaries made on the file whose sha256 begins with ``file``."""
-    summaries = []
-    for path in sorted((results / dataset / variant).glob("seed*.json")):
-        summary = json.loads(path.read_text())
-        if str(summary.get("dataset_provenance", {}).get("sha256"))[:12] == file:
-            summaries.append(summary)
-    return summaries
-
-
-def summaries_on(results: Path, dataset: str, variant: str, file: str) -> dict[int, dict]:
-    """The variant's summaries made on the file whose sha256 begins with ``file``, by seed."""
-    return {int(s["seed"]): s for s in seed_summaries(results, dataset, variant, file)}
-
-
-def summary_psi(summary: dict) -> float | None:
-    """The psi a CBOP run trained with (its resolved settings)."""
-    psi = summary.get("diagnostics", {}).get("settings", {}).get("psi")
-    return None if psi is None else float(psi)
-
-
-def grid_variant(psi: float) -> str:
-    """The benchmark variant of one grid value (``cbop-psi0.5``, ``cbop-psi2``)."""
-    return f"cbop-psi{psi:g}"
-
-
-def grid_rows(results: Path, dataset: str) -> dict[float, tuple[str, dict[int, dict]]]:
-    """Per grid psi: the row's variant and its summaries on the set's current file, by seed.
-
-    Per psi the row is the variant with the most seeds there; ties go to ``cbop-psi<value>``,
-    then to :data:`DEFAULT_PSI_ROWS` in their order. A psi without a run is left out.
-    """
-    rows = load_rows(results, dataset)
-    if rows is None:
-        return {}
-    file = current_file(rows)
-    grid = {}
-    for psi in GRID:
-        options = []
-        for preference, variant in enumerate((grid_variant(psi), *DEFAULT_PSI_ROWS)):
-            found = summaries_on(results, dataset, variant, file)
-            found = {seed: s for seed, s in found.items() if summary_psi(s) == psi}
-            if found:
-                options.append((len(found), -preference, variant, found))
-        if options:
-            _, _, variant, found = max(options, key=lambda option: option[:2])
-            grid[psi] = (variant, found)
-    return grid
-
-
-def selected_row(results: Path, dataset: str) -> str | None:
-    """The set's row of the psi FQE chose, or None where no choice has been made."""
-    path = results / dataset / SELECTION_NAME
-    variant = json.loads(path.read_text()).get("variant") if path.is_file() else None
-    return None if variant is None else str(variant)  # null: the grid is not complete yet
-
-
-def table_psi(dataset: str) -> float:
-    """The psi the paper's D4RL table gives the set's family and kind."""
-    family = dataset.split("-", 1)[0]
-    return float(paper_settings(family, infer_dataset_kind(dataset))["estimator.psi"])
-
-
-def headline_row(results: Path, dataset: str) -> str:
-    """The set's CBOP row in a headline: the offline choice of psi where one is made, else the
-    grid's row at the D4RL table's psi (``cbop-psi<value>`` when that psi has no run yet, so a
-    check names the row it misses)."""
-    if chosen := selected_row(results, dataset):
-        return chosen
-    psi = table_psi(dataset)
-    found = grid_rows(results, dataset).get(psi)
-    return found[0] if found else grid_variant(psi)
+from cbop_torchrl.evaluation.headline import (
+    DEFAULT_PSI_ROWS,
+    GRID,
+    HEADLINE_LABEL,
+    SELECTION_NAME,
+    SETS,
+    current_file,
+    grid_rows,
+    grid_variant,
+    headline_row,
+    headline_rows,
+    load_rows,
+    seed_summaries,
+    selected_row,
+    summaries_on,
+    summary_psi,
+    table_psi,
+)
 
 
 @dataclass
@@ -134,3 +45,25 @@ def find_row(rows: dict, variant: str, measure: str) -> dict | None:
         if (row["variant"], row["measure"], row.get("dataset_sha256")) == (variant, measure, file):
             return row
     return None
+
+
+__all__ = [
+    "Check",
+    "find_row",
+    "DEFAULT_PSI_ROWS",
+    "GRID",
+    "HEADLINE_LABEL",
+    "SELECTION_NAME",
+    "SETS",
+    "current_file",
+    "grid_rows",
+    "grid_variant",
+    "headline_row",
+    "headline_rows",
+    "load_rows",
+    "seed_summaries",
+    "selected_row",
+    "summaries_on",
+    "summary_psi",
+    "table_psi",
+]

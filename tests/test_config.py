@@ -91,7 +91,9 @@ def test_a_generated_set_takes_the_offline_choice_of_psi_and_the_table_otherwise
     assert psi("hopper-medium-replay-gen") == GENERATED_PSI["hopper-medium-replay-gen"]
     config, filled = load_config(composed("env=hopper-medium-replay-gen"), generated)
     banner = run_banner(config, "hopper-medium-replay-gen", Path("runs/x"), filled)
-    assert "psi: the paper's offline choice" in banner.splitlines()[-1], banner
+    last = banner.splitlines()[-1]
+    assert last.startswith("[cbop] estimator.psi=5.0: this project's offline choice"), banner
+    assert "paper's table" not in banner, banner  # hopper's other keys are the CPU preset's
     unlisted = "walker2d-medium-gen"  # a generated set without an offline choice
     assert unlisted not in GENERATED_PSI
     config, filled = load_config(composed(f"env={unlisted}"), generated)
@@ -113,7 +115,7 @@ def test_the_demo_file_takes_its_sets_psi(monkeypatch: pytest.MonkeyPatch) -> No
     config, filled = load("env=demo")
     assert config.estimator.psi == 3.0 and "estimator.psi" in filled
     banner = run_banner(config, "hopper-demo-medium-replay-gen", Path("runs/x"), filled)
-    assert "psi: the paper's offline choice" in banner.splitlines()[-1], banner
+    assert "estimator.psi=3.0: this project's offline choice" in banner.splitlines()[-1], banner
     monkeypatch.delitem(GENERATED_PSI, "hopper-medium-replay-gen")
     assert load("env=demo")[0].estimator.psi == PAPER_PSI["hopper"]["medium-replay"]
 

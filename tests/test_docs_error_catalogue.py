@@ -19,15 +19,16 @@ def test_raised_and_refused_messages_are_found_with_their_placeholders(tmp_path:
     module.write_text(
         "def f(seed):\n"
         "    raise ConfigError(f'seed={seed} must be an integer, e.g. seed=0')\n"
-        "def g(path):\n"
-        "    refuse('cannot write ' + f'{path}')\n"
+        "def g(path, unknown):\n"
+        "    refuse('cannot write ' + f'{str(path)!r}: '\n"
+        "           + f\"{', '.join('a.' + k for k in unknown)}\")\n"
         "def h():\n"
         "    raise RuntimeError(message)\n"  # not a message written in place: not listed
     )
     found = error_catalogue.messages(module)
     assert found == [
-        (2, "ConfigError", "seed={seed} must be an integer, e.g. seed=0"),
-        (4, "refused (exit code 2)", "cannot write {path}"),
+        (2, "ConfigError", "seed=<seed> must be an integer, e.g. seed=0"),
+        (4, "refused (exit code 2)", "cannot write <path>: <unknown>"),
     ]
 
 
@@ -42,3 +43,9 @@ def test_every_error_raised_with_a_written_message_is_in_the_catalogue():
         if written:
             module = path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
             assert sections.get(module, 0) >= written, module
+
+
+def test_the_catalogue_shows_messages_as_a_user_sees_them():
+    catalogue = error_catalogue.generate()
+    assert "&lt;" in catalogue  # placeholders named plainly, <seed>
+    assert not re.search(r"\{[^}]*[(.'][^}]*\}", catalogue)  # no f-string source such as {x.y}

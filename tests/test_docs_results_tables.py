@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS_REPORT = ROOT / "benchmarks" / "results" / "report"
 sys.path.insert(0, str(ROOT / "docs" / "_tools"))
 import results_tables  # noqa: E402
 
@@ -134,7 +135,8 @@ def test_an_earlier_file_row_that_repeats_the_current_one_is_left_out_and_explai
 
 def test_the_bar_is_defined_once_and_every_page_includes_that_definition() -> None:
     bar = results_tables.bar_markdown()
-    assert "0.8 x its own best" in bar and "best baseline's + 5" in bar and "Q - MC < 0" in bar
+    assert "at least its own BC start" in bar and "best baseline's + 5" in bar
+    assert "Q - MC < 0" in bar and "Welch's df" in bar and "last 4 evaluations" in bar
     assert (ROOT / "docs" / "_snippets" / "bar.md").read_text() == bar
     assert "<!-- generated: bar " in (ROOT / "README.md").read_text()
     include = '--8<-- "bar.md"'
@@ -145,4 +147,93 @@ def test_the_bar_is_defined_once_and_every_page_includes_that_definition() -> No
         text = page.read_text()
         assert "10 above the behaviour policy" not in text, page
         if page.parent.name != "_snippets":
-            assert text.count("0.8 x its own best") <= (1 if page.name == "README.md" else 0), page
+            count = text.count("at least its own BC start")
+            assert count <= (1 if page.name == "README.md" else 0), page
+
+
+def test_every_headline_figure_plots_every_row_of_its_table(generated: dict[str, str]) -> None:
+    """``curves_<set>.png`` (README.md and the results page show it beside the table) plots
+    each algorithm the headline table has a score for on that set, as the same row."""
+    from cbop_torchrl.evaluation.figures import figure_series
+    from cbop_torchrl.evaluation.headline import headline_of
+    from cbop_torchrl.evaluation.summaries import ALGO_NAMES
+
+    lines = [line for line in generated["headline"].splitlines() if line.startswith("| ")]
+    datasets = [cell.strip() for cell in lines[0].split("|")[2:-1]]
+    algo_of = {name: algo for algo, name in ALGO_NAMES.items()}
+    rows = results_tables.headline()
+    checked = 0
+    for line in lines[1:]:
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        algo = algo_of.get(cells[0].split(" (")[0])
+        if algo is None:  # the behaviour policy's and the data's lines
+            continue
+        for dataset, cell in zip(datasets, cells[1:], strict=True):
+            if cell == "not run":
+                continue
+            figure = RESULTS_REPORT / f"curves_{dataset}.png"
+            series = figure_series(figure)
+            variant = headline_of(rows, dataset)[algo]
+            assert series is not None and variant in series, (
+                f"{figure.name} lacks {variant}, the table's {cells[0]} row: "
+                "python scripts/report.py paths=benchmarks/results out=benchmarks/results/report"
+            )
+            checked += 1
+    assert checked >= len(datasets) * 2  # CBOP and at least one baseline on every set
+
+
+def test_the_reports_headline_is_the_pages_headline(generated: dict[str, str]) -> None:
+    assert (RESULTS_REPORT / "headline.md").read_text() == generated["headline"], (
+        "benchmarks/results/report is stale: "
+        "python scripts/report.py paths=benchmarks/results out=benchmarks/results/report"
+    )
+
+
+@pytest.mark.parametrize("name", ["status", "status-site"])
+def test_the_status_is_four_short_bullets(generated: dict[str, str], name: str) -> None:
+    bullets = [line for line in generated[name].splitlines() if line.strip()]
+    assert 0 < len(bullets) <= results_tables.STATUS_BULLETS, bullets
+    for bullet in bullets:
+        assert bullet.startswith("- "), bullet
+        assert results_tables.words(bullet) <= results_tables.STATUS_WORDS, bullet
+    labels = ("**Faithful to the paper:**", "**Shown**", "**Not shown:**", "**On which data:**")
+    assert [b.split(" ", 1)[1].startswith(labels[i]) for i, b in enumerate(bullets)] == [True] * 4
+
+
+def test_the_readmes_first_screen_holds_the_status_and_the_headline() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    tool = "(python docs/_tools/results_tables.py --write) -->"
+    names = ("first-run", "status", "headline")
+    where = {name: lines.index(f"<!-- generated: {name} {tool}") for name in names}
+    assert where["first-run"] < where["status"] < where["headline"] < 50, where
+    assert "<!-- generated: status-site " in (ROOT / "docs" / "index.md").read_text()
+
+
+def test_every_line_the_first_run_prints_is_explained() -> None:
+    record = json.loads(results_tables.FIRST_RUN.read_text())
+    table = results_tables.first_run_output_markdown(record)
+    assert table.count("\n| ") - 1 == len(record["stdout"])  # the header, then one per line
+    assert "17 min 47 s" in results_tables.first_run_markdown(record)
+    assert record["cpu"] in results_tables.first_run_markdown(record)
+
+
+def test_the_earlier_rows_are_on_their_page_only(generated: dict[str, str]) -> None:
+    names = [line.split(" | ")[0] for line in generated["rows"].splitlines() if line[:2] == "| "]
+    assert names and not [name for name in names if "-dyn15" in name or " (file " in name]
+    assert "-dyn15" in generated["rows-earlier"]
+    assert "<!-- generated: rows-earlier " in (ROOT / "docs" / "earlier.md").read_text()
+
+
+def test_the_cbop_page_names_each_hyperparameters_key_and_both_presets(
+    generated: dict[str, str],
+) -> None:
+    table = generated["hyperparameters"].splitlines()
+    assert table[0].startswith("| key | what it sets | the paper")
+    keys = [line.split("|")[1].strip().strip("`") for line in table[2:]]
+    assert keys == [key for key, _ in results_tables.HYPERPARAMETERS]
+    horizon = next(line for line in table if line.startswith("| `estimator.horizon`"))
+    assert horizon.endswith("| null: 10 | 5 |")  # the paper's H, the CPU preset's
+    assert (
+        "learning.py --datasets hopper-medium-replay-gen --algos cbop-psi5"
+        in (generated["reproduce"])
+    )

@@ -398,7 +398,7 @@ def test_the_headline_can_take_cbops_row_per_dataset_and_names_its_psi() -> None
     summaries += [_summary("bc", 0, 10.0, "b")]
     for summary, psi in zip(summaries[:3], (0.5, 5.0, 2.0), strict=True):
         summary["diagnostics"] = {"settings": {"psi": psi}}
-    lines = headline_markdown(summaries, {"a": "cbop-psi5"}).splitlines()
+    lines = headline_markdown(summaries, {"a": {"cbop": "cbop-psi5"}}).splitlines()
     assert lines[2] == "| CBOP (10 steps) | **30.0** (psi 5; 1 seed) | **12.0** (psi 2; 1 seed) |"
     assert lines[3] == "| BC (10 steps) | 20.0 (1 seed) | 10.0 (1 seed) |"
     assert headline_markdown(summaries).splitlines()[2].startswith("| CBOP (10 steps) | 5.0 (")

@@ -37,6 +37,7 @@ from cbop_torchrl.cli import (
 from cbop_torchrl.config import ConfigError
 from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs import filter_env_warnings
+from cbop_torchrl.evaluation.headline import current_files_in, headlines_in
 from cbop_torchrl.evaluation.report import write_report
 from cbop_torchrl.evaluation.summaries import ReportError, load_summaries
 from cbop_torchrl.io import (
@@ -105,14 +106,16 @@ def run(cfg: DictConfig) -> None:
     except ForeignFileError as error:
         refuse(f"out={cfg.out}: {error}")
     try:
-        summaries = load_summaries(paths, analysis=cfg.analysis)
+        # a benchmark results folder names each set's current file and headline rows
+        summaries = load_summaries(paths, analysis=cfg.analysis, current=current_files_in(paths))
         prefix = cfg.figure_prefix
         if prefix is None:
             prefix = os.path.relpath(cfg.out).rstrip("/") + "/"
         # every file it writes (figures too) checked, and all renamed into place together
         # once all are written: a failure half way (a full disk) changes no file
         with owned_outputs(cfg.out, PROGRAM), deferred_replace():
-            report = write_report(summaries, cfg.out, figure_prefix=prefix)
+            headline = headlines_in(paths)
+            report = write_report(summaries, cfg.out, figure_prefix=prefix, headline=headline)
         remove_stale_outputs(cfg.out, PROGRAM, report["files"])
     except (ReportError, ConfigError, DatasetError, CheckpointError) as error:
         refuse(error)

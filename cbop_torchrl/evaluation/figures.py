@@ -13,11 +13,13 @@ series, each its own colour; every score axis is the 0-100 normalized scale.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cbop_torchrl.evaluation.headline import HEADLINE_ALGOS, headline_of
 from cbop_torchrl.evaluation.summaries import (
     ALGO_NAMES,
     CURRENT,
@@ -46,10 +48,17 @@ MAX_SERIES = 8
 """The most series one plot holds; more go to further panels."""
 
 
-def _save_figure(fig: Any, path: Path) -> Path:
-    """Lays out, writes (atomically: never a half-written PNG) and closes ``fig``."""
+SERIES_KEY = "cbop-torchrl series"
+"""The PNG text chunk in which a learning-curve figure lists the variants it plots (a JSON
+list), so a check can read what a committed figure shows (:func:`figure_series`)."""
+
+
+def _save_figure(fig: Any, path: Path, series: Sequence[str] | None = None) -> Path:
+    """Lays out, writes (atomically: never a half-written PNG) and closes ``fig``; ``series``,
+    the variants it plots, goes into the PNG's :data:`SERIES_KEY` text chunk."""
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"))
+    metadata = {SERIES_KEY: json.dumps(list(series))} if series is not None else None
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png", metadata=metadata))
     _pyplot().close(fig)
     return path
 
@@ -122,38 +131,56 @@ def panels(variants: Sequence[str], steps: dict[str, int]) -> list[list[str]]:
 
 
 def plot_learning_curves(
-    summaries: Sequence[dict[str, Any]], out_dir: Path, current_only: bool = True
+    summaries: Sequence[dict[str, Any]],
+    out_dir: Path,
+    current_only: bool = True,
+    headline: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[Path]:
     """Normalized score vs gradient step per dataset, mean +- std over seeds.
 
-    ``current_only``: the :data:`CURRENT` variants into ``curves_<dataset>.png``; else every
-    variant into ``curves_all_<dataset>.png``, in panels of at most :data:`MAX_SERIES` series
-    (:func:`panels`), each panel's x-axis as long as its own runs.
+    ``current_only``: the headline's rows into ``curves_<dataset>.png``, one per algorithm
+    (``headline``: dataset -> algorithm -> variant, as
+    :func:`~cbop_torchrl.evaluation.report.headline_markdown` takes it; default, and for a
+    set or algorithm it does not name, the algorithm's own name); else every variant into
+    ``curves_all_<dataset>.png``, in panels of at most :data:`MAX_SERIES` series
+    (:func:`panels`), each panel's x-axis as long as its own runs. Each figure lists the
+    variants it plots in its :data:`SERIES_KEY` text chunk (:func:`figure_series`).
     """
     plt = _pyplot()
     written = []
     groups = group_runs(summaries)
     for dataset in sorted({d for d, _ in groups}):
+        rows = headline_of(headline, dataset)
+        algo_of = {variant: algo for algo, variant in rows.items()}
         curves = {}
         for (d, variant), runs in groups.items():
-            if d != dataset or (current_only and variant not in CURRENT):
+            if d != dataset or (current_only and variant not in algo_of):
                 continue
             steps, mean, std = _mean_curve(runs, lambda r: r["curve"])
             if steps:
                 curves[variant] = (steps, mean, std, len(runs))
         if not curves:
             continue
-        layout = panels(list(curves), {v: c[0][-1] for v, c in curves.items()})
+        if current_only:  # one panel, the algorithms in the headline's order
+            layout = [[rows[a] for a in HEADLINE_ALGOS if rows[a] in curves]]
+        else:
+            layout = panels(list(curves), {v: c[0][-1] for v, c in curves.items()})
         fig, axes = plt.subplots(
             len(layout), 1, figsize=(FIGURE_WIDTH_IN, 3.6 * len(layout)), squeeze=False
         )
         for ax, group in zip(axes[:, 0], layout, strict=True):
-            colours = variant_colours(group)  # distinct within the panel
+            if current_only:  # an algorithm's colour is the same on every set
+                by_algo = variant_colours(HEADLINE_ALGOS)
+                colours = {v: by_algo[algo_of[v]] for v in group}
+            else:
+                colours = variant_colours(group)  # distinct within the panel
             for variant in group:
                 steps, mean, std, n = curves[variant]
                 colour = colours[variant]
-                label = f"{ALGO_NAMES.get(variant, variant)} (n={n})"
-                ax.plot(steps, mean, marker="o", ms=2.5, lw=1.5, color=colour, label=label)
+                label = _series_label(variant, algo_of.get(variant) if current_only else None)
+                ax.plot(
+                    steps, mean, marker="o", ms=2.5, lw=1.5, color=colour, label=f"{label} (n={n})"
+                )
                 _band(ax, steps, mean, std, colour)
             ax.set_xlabel("gradient step", fontsize=LEGEND_POINTS)
             ax.set_ylabel("normalized score (0-100)\nmean ± std over seeds", fontsize=LEGEND_POINTS)
@@ -161,8 +188,28 @@ def plot_learning_curves(
             _legend_outside(ax)
         axes[0, 0].set_title(dataset, fontsize=10)
         name = f"curves_{dataset}.png" if current_only else f"curves_all_{dataset}.png"
-        written.append(_save_figure(fig, out_dir / name))
+        series = [variant for group in layout for variant in group]
+        written.append(_save_figure(fig, out_dir / name, series))
     return written
+
+
+def _series_label(variant: str, algo: str | None) -> str:
+    """A headline series by its algorithm's name (CBOP's with the row it is: ``CBOP
+    (cbop-psi5)``); any other by its variant's."""
+    if algo is None:
+        return ALGO_NAMES.get(variant, variant)
+    name = ALGO_NAMES.get(algo, algo)
+    return name if variant == algo else f"{name} ({variant})"
+
+
+def figure_series(path: str | Path) -> list[str] | None:
+    """The variants a learning-curve PNG plots (its :data:`SERIES_KEY` chunk), or None where
+    the figure names none (drawn before figures named their series)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        text = image.info.get(SERIES_KEY)
+    return None if text is None else list(json.loads(text))
 
 
 def plot_expected_horizon(summaries: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
@@ -321,6 +368,7 @@ def plot_rliable(aggregates: dict[str, dict[str, list[float]]], out_dir: Path) -
 __all__ = [
     "panels",
     "plot_expected_horizon",
+    "figure_series",
     "plot_learning_curves",
     "plot_rh_histograms",
     "plot_rliable",

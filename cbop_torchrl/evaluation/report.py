@@ -7,7 +7,7 @@ into these files:
 output                          from
 ==============================  =============================================
 ``results.md`` / ``.csv``       final and best normalized score per run
-``curves_<dataset>.png``        ``curve`` of the current variants (:data:`CURRENT`)
+``curves_<dataset>.png``        ``curve`` of the headline's rows (:func:`headline_rows`)
 ``curves_all_<dataset>.png``    ``curve`` of every variant (earlier ones too)
 ``horizon_<dataset>.png``       ``train_curves["cbop/expected_horizon"]``
 ``targets_<dataset>.png``       ``train_curves``: target mean, critic loss
@@ -38,13 +38,13 @@ from cbop_torchrl.evaluation.figures import (
     plot_share_histograms,
     plot_target_diagnostics,
 )
+from cbop_torchrl.evaluation.headline import HEADLINE_ALGOS, headline_of
 from cbop_torchrl.evaluation.summaries import (
     ALGO_NAMES,
     BAR_KEEP,
     BAR_MARGIN,
     BAR_MARGIN_SETS,
     BASELINES,
-    CURRENT,
     FINAL_EVALUATIONS,
     group_runs,
     mean_std,
@@ -159,9 +159,10 @@ def dataset_markdown(summaries: Sequence[dict[str, Any]]) -> str:
 
 
 def headline_markdown(
-    summaries: Sequence[dict[str, Any]], cbop_rows: Mapping[str, str] | None = None
+    summaries: Sequence[dict[str, Any]],
+    headline: Mapping[str, Mapping[str, str]] | None = None,
 ) -> str:
-    """Algorithm x dataset: each current variant's final score, the behaviour policy's.
+    """Algorithm x dataset: each headline row's final score, the behaviour policy's.
 
     A cell is the mean over seeds of the runs' final scores (each the mean of its last
     :data:`FINAL_EVALUATIONS` evaluations; the highest of a column in bold), then in words the
@@ -170,20 +171,20 @@ def headline_markdown(
 
     Args:
         summaries: from :func:`~cbop_torchrl.evaluation.summaries.load_summaries`.
-        cbop_rows: dataset -> the variant that is CBOP's row there (e.g. the psi chosen
-            offline, ``cbop-psi5``); each CBOP cell then names its psi. Default: ``cbop``.
+        headline: dataset -> algorithm -> the variant that is the algorithm's row there
+            (:func:`~cbop_torchrl.evaluation.headline.headline_rows`: e.g. CBOP's psi chosen
+            offline, ``cbop-psi5``); each CBOP cell then names its psi. Default, and for an
+            algorithm or set it does not name: the algorithm's own name (``cbop``, ``bc``).
 
     Deterministic: the same summaries give the same text (the docs are checked against it).
     """
     groups = group_runs(summaries)
     datasets = sorted({d for d, _ in groups})
 
-    def runs_of(dataset: str, variant: str) -> list[dict[str, Any]] | None:
-        if variant == "cbop" and cbop_rows is not None:
-            variant = cbop_rows.get(dataset, "cbop")
-        return groups.get((dataset, variant))
+    def runs_of(dataset: str, algo: str) -> list[dict[str, Any]] | None:
+        return groups.get((dataset, headline_of(headline, dataset)[algo]))
 
-    variants = [v for v in CURRENT if any(runs_of(d, v) for d in datasets)]
+    variants = [a for a in HEADLINE_ALGOS if any(runs_of(d, a) for d in datasets)]
     if not datasets or not variants:
         return ""
     lines = [
@@ -211,9 +212,8 @@ def headline_markdown(
             mean = statistics.fmean(scores)
             cell = f"**{mean:.1f}**" if mean == best[dataset] else f"{mean:.1f}"
             notes = []
-            if variant == "cbop" and cbop_rows is not None:
-                psis = {(r.get("diagnostics") or {}).get("settings", {}).get("psi") for r in runs}
-                notes.append("psi " + "/".join(f"{p:g}" for p in sorted(psis - {None})))
+            if variant == "cbop" and headline is not None:
+                notes.append(_psi_note(runs))
             if len(scores) > 1:
                 notes.append(f"seeds {min(scores):.1f} to {max(scores):.1f}; {len(scores)} seeds")
             else:
@@ -222,12 +222,13 @@ def headline_markdown(
         budget = "/".join(f"{s:,}" for s in sorted(steps))
         name = f"{ALGO_NAMES.get(variant, variant)} ({budget} steps)"
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    shown = {(d, headline_of(headline, d)[a]) for d in datasets for a in variants}
     behaviour, sizes = [], []
     for dataset in datasets:
         found = [
             s.get("dataset_provenance") or {}
             for s in summaries
-            if s["dataset"] == dataset and s["variant"] in variants
+            if s["dataset"] == dataset and (dataset, s["variant"]) in shown
         ]
         p = next((p for p in found if p), {})
         score = p.get("policy_normalized_score")
@@ -239,6 +240,12 @@ def headline_markdown(
     lines.append("| *behaviour policy (medium)* | " + " | ".join(behaviour) + " |")
     lines.append("| *data* | " + " | ".join(sizes) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _psi_note(runs: Sequence[dict[str, Any]]) -> str:
+    """``psi 5`` (or ``psi 2/5`` where the runs differ): the psi CBOP's runs trained with."""
+    psis = {(r.get("diagnostics") or {}).get("settings", {}).get("psi") for r in runs}
+    return "psi " + "/".join(f"{p:g}" for p in sorted(psis - {None}))
 
 
 def _fmt(value: Any) -> str:
@@ -478,13 +485,19 @@ def rliable_markdown(aggregates: dict[str, dict[str, list[float]]]) -> str:
 
 # ----------------------------------------------------------------------------- report
 def write_report(
-    summaries: Sequence[dict[str, Any]], out_dir: str | Path, figure_prefix: str = ""
+    summaries: Sequence[dict[str, Any]],
+    out_dir: str | Path,
+    figure_prefix: str = "",
+    headline: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Writes every table and figure into ``out_dir``; returns ``{"files": [...], ...}``.
 
     Args:
         summaries: from :func:`load_summaries`.
         out_dir: created if needed.
+        headline: dataset -> algorithm -> its row, for ``headline.md`` and
+            ``curves_<dataset>.png`` alike (:func:`headline_markdown`; for a benchmark
+            results folder :func:`~cbop_torchrl.evaluation.headline.headlines_in`).
         figure_prefix: path prefix of the figures in ``README_results.md`` (the
             report directory as seen from the file that shows them); a prefix naming
             ``out_dir`` itself is dropped, so the file's links work where it sits.
@@ -511,21 +524,21 @@ def write_report(
         for s in variant_runs
     ]
     files.append(_write_csv(out_dir / "runs.csv", runs))
-    figures = plot_learning_curves(summaries, out_dir)
+    figures = plot_learning_curves(summaries, out_dir, headline=headline)
     figures += plot_learning_curves(summaries, out_dir, current_only=False)
     figures += plot_expected_horizon(summaries, out_dir)
     figures += plot_target_diagnostics(summaries, out_dir)
     figures += plot_rh_histograms(summaries, out_dir)
     figures += plot_share_histograms(summaries, out_dir)
     conservatism = conservatism_rows(summaries)
-    headline = headline_markdown(summaries)
-    _write_text(out_dir / "headline.md", headline)
+    headline_table = headline_markdown(summaries, headline)
+    _write_text(out_dir / "headline.md", headline_table)
     files.append(out_dir / "headline.md")
     sections = [
         "## Results\n",
         f"Final normalized score (mean over seeds of each run's last {FINAL_EVALUATIONS} "
         "evaluations; in parentheses the lowest and highest seed's and the number of seeds):\n",
-        headline,
+        headline_table,
         "\nEvery variant:\n",
         table,
     ]

@@ -74,9 +74,10 @@ BASELINES = ("bc", "td3bc", "iql", "cql")
 """The baseline algorithms (``cbop_torchrl.baselines.ALGOS``, named here too because the
 reports and benchmark tools read this light module without importing torch)."""
 CURRENT = ("cbop", *BASELINES)
-"""The variants of the headline table and curves: CBOP as the preset makes it and the
-baselines; a labelled variant (``cbop-c2x256``, ``cbop-psi5``, ...) is an earlier
-configuration or an experiment and appears in the full tables and ``curves_all_*`` only."""
+"""Each algorithm's variant under its own name: CBOP as the preset makes it and the baselines,
+listed first and given the first colours in the report. The headline table and curves of a
+benchmark results folder take each set's rows from :mod:`cbop_torchrl.evaluation.headline`
+(CBOP's offline psi choice, ``cbop-psi5``, ...); elsewhere (a user's runs) these names."""
 BAR_MARGIN = 5.0
 """The bar CBOP is held to: its final at least the best baseline's + this on
 :data:`BAR_MARGIN_SETS` sets (and at least every baseline's on every set)."""

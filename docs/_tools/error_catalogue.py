@@ -2,7 +2,8 @@
 
 Every ``raise SomethingError(...)`` and every ``refuse(...)`` (``cbop_torchrl.cli``: exit code
 2) in ``cbop_torchrl/`` with a message written in place is listed, grouped by module, with the
-values filled in at run time shown as ``{...}`` (the expression that fills them). Internal
+values filled in at run time shown as a plain name in angle brackets (``<seed>``, ``<keys>``),
+named after what fills them (:func:`value_name`), as a user sees the message. Internal
 programming errors are listed too: they are what a user of the Python API meets.
 """
 
@@ -15,8 +16,39 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "cbop_torchrl"
 
 
+WRAPPERS = frozenset(
+    "str repr len int float sorted list set tuple join format fspath abs round min max".split()
+)
+"""Calls whose value is named after their argument (``str(path)`` is the path)."""
+
+
+def value_name(node: ast.expr) -> str:
+    """A plain name for what an expression fills into a message: ``config.seed`` -> ``seed``,
+    ``', '.join(k for k in unknown)`` -> ``unknown``, ``str(path)`` -> ``path``."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Subscript):
+        return value_name(node.value)
+    if isinstance(node, ast.Call):
+        func = node.func
+        called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+        if called in WRAPPERS and node.args:
+            return value_name(node.args[0])
+        return called or "value"
+    if isinstance(node, ast.GeneratorExp | ast.ListComp | ast.SetComp):
+        return value_name(node.generators[0].iter)
+    if isinstance(node, ast.BinOp):
+        return value_name(node.left)
+    if isinstance(node, ast.IfExp):
+        return value_name(node.body)
+    return "value"
+
+
 def placeholder(node: ast.expr, source: str) -> str:
-    return "{" + (ast.get_source_segment(source, node) or "...") + "}"
+    """``<name>``: the plain name of the value the expression fills in."""
+    return "<" + value_name(node).strip("_").replace("_", " ") + ">"
 
 
 def message_text(node: ast.expr, source: str) -> str | None:
@@ -29,7 +61,7 @@ def message_text(node: ast.expr, source: str) -> str | None:
             if isinstance(value, ast.Constant):
                 parts.append(str(value.value))
             else:
-                parts.append("{" + (ast.get_source_segment(source, value.value) or "...") + "}")
+                parts.append(placeholder(value.value, source))
         return "".join(parts)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = message_text(node.left, source), message_text(node.right, source)

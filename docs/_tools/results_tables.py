@@ -21,6 +21,12 @@ fails when one differs. Blocks:
 - ``rows``: every row (algorithm or configuration) of every set on its current file, on both
   measures (reset and start states), with the seeds and 95% intervals of
   ``benchmarks/results/<dataset>/rows.json`` (``python benchmarks/learning.py --rows``).
+- ``status`` (README.md) and ``status-site`` (the site's pages, links relative to docs/): at
+  most :data:`STATUS_BULLETS` bullets of at most :data:`STATUS_WORDS` words, what is faithful,
+  shown, not shown and on which data, from ``benchmarks/bar.py``'s verdict on each set's
+  headline rows and ``rows.json``'s resolution (:func:`status_markdown`).
+- ``first-run`` and ``first-run-output``: the first command's measured time with its CPU, and
+  what it printed, each line explained (``benchmarks/first_run.json``).
 - ``bar``: the one definition of the bar CBOP is held to and of the statistic every claim uses,
   made from ``benchmarks/bar.py``'s constants (:func:`bar_markdown`). ``--write`` also writes it
   to ``docs/_snippets/bar.md``, which the docs pages include (``--8<-- "bar.md"``,
@@ -42,7 +48,15 @@ PAGES = (
     ROOT / "docs" / "index.md",
     ROOT / "docs" / "results.md",
     ROOT / "docs" / "datasets.md",
+    ROOT / "docs" / "getting-started.md",
+    ROOT / "docs" / "cbop.md",
+    ROOT / "docs" / "earlier.md",
 )
+FIRST_RUN = ROOT / "benchmarks" / "first_run.json"
+"""The README's first command, timed once from a fresh clone: its time, CPU and output."""
+STATUS_BULLETS = 4
+STATUS_WORDS = 30
+"""The status is at most this many bullets of at most this many words each."""
 SNIPPETS = ROOT / "docs" / "_snippets"
 """Generated text the docs pages include whole (pymdownx.snippets' ``base_path``)."""
 BLOCK = re.compile(
@@ -64,73 +78,72 @@ def _bar_constants() -> dict:
 
 
 def bar_markdown() -> str:
-    """The bar and the statistic, in words, from the constants ``benchmarks/bar.py`` checks."""
-    from cbop_torchrl.evaluation.summaries import FINAL_EVALUATIONS
+    """The bar and the statistic, in words, from the constants the bar's checks use
+    (:mod:`benchmarks.bar_long` and :mod:`cbop_torchrl.evaluation.protocol`; the earlier bar's
+    from ``benchmarks/bar.py``)."""
+    from cbop_torchrl.evaluation import protocol
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import bar_long
 
     c = _bar_constants()
     sets = len(c["SETS"])
-    words = {2: "two", 3: "three"}
+    words = {1: "one", 2: "two", 3: "three"}
     return (
         f"**The bar** CBOP is held to (`python benchmarks/bar.py` checks it condition by "
-        f"condition, on each measure): on the {words.get(sets, sets)} `*-medium-replay-gen` "
-        f"sets, {c['SEEDS']} seeds each, with the baselines trained for as many gradient steps "
-        f"as CBOP's whole pipeline (BC + FQE + CBOP),\n\n"
+        f"condition, on each measure; declared in the notebook's Experiment 63): "
+        f"on the {words.get(sets, sets)} `*-medium-replay-gen` sets, "
+        f"{protocol.LONG_SEEDS} seeds a row, CBOP trained for {protocol.LONG_STEPS:,} steps "
+        f"(`{bar_long.CBOP_ROW}`) and the baselines on their papers' recipes for as many "
+        f"gradient steps as CBOP's whole pipeline (BC + FQE + CBOP; rows `<algo>-50k`),\n\n"
         f"1. CBOP's final score is at least every baseline's, on every set;\n"
-        f"2. it is at least the best baseline's + {c['MARGIN']:g}, on "
-        f"{words.get(c['MARGIN_SETS'], c['MARGIN_SETS'])} of the sets;\n"
-        f"3. on every seed, the run's final is at least {c['KEEP']:g} x its own best "
-        f"evaluation (its *share of best*, on the same measure);\n"
+        f"2. it is at least the best baseline's + {bar_long.MARGIN:g}, on at least "
+        f"{words.get(bar_long.MARGIN_SETS, bar_long.MARGIN_SETS)} set;\n"
+        f"3. it is at least its own BC start (the mean over seeds of the step-0 evaluation), "
+        f"on every set;\n"
         f"4. on every seed, Q - MC < 0 at the end: the critics' value of the policy's actions "
         f"is below the true discounted return (Monte-Carlo) from 100 dataset states.\n\n"
-        f"**The statistic.** A run's *final score* is the mean of its last {FINAL_EVALUATIONS} "
-        f"evaluations, normalized (0 = random, 100 = D4RL's expert), on the *reset measure* "
-        f"(10 episodes from `env.reset()` every 1,000 steps); a row's final is the mean over "
-        f"its seeds. The *start-state final* (one episode from each of 100 fixed dataset states "
-        f"restored in the simulator, less noisy) stands beside it where it was logged. Two rows "
-        f"are said to differ only where their finals differ by more than the resolution "
-        f"`benchmarks/results/<set>/rows.json` gives for them: 1.96 x the root of the sum of "
-        f"their squared standard errors (its `rule`; a row's `final_min_difference`).\n"
+        f"**The statistic.** A run's *final score* is the mean of its last "
+        f"{protocol.LONG_FINAL_WINDOW} evaluations (one every 2,500 steps: the last 10,000 "
+        f"steps), normalized (0 = random, 100 = D4RL's expert), on the *reset measure* (10 "
+        f"episodes from `env.reset()`); a row's final is the mean over its seeds. The "
+        f"*start-state final* (one episode from each of 100 fixed dataset states restored in "
+        f"the simulator, less noisy) stands beside it. Two rows are said to differ only where "
+        f"their finals differ by more than their resolution, t(0.975, df) x the root of the sum "
+        f"of their squared standard errors over seeds, with Welch's df (`rows.json`'s `rule`); "
+        f"a row of one seed has no resolution.\n\n"
+        f"**The earlier protocol** (20,000 CBOP steps, {c['SEEDS']} seeds, the final the mean "
+        f"of the last {protocol.EARLIER_FINAL_WINDOW} evaluations, `python benchmarks/bar.py "
+        f"--protocol 20k`) asked for the best baseline's + {c['MARGIN']:g} on "
+        f"{words.get(c['MARGIN_SETS'], c['MARGIN_SETS'])} sets and a final of at least "
+        f"{c['KEEP']:g} x each run's best evaluation; the tables of 20,000-step rows are "
+        f"judged by it.\n"
     )
 
 
-def cbop_headline_rows() -> dict[str, str]:
-    """Each set's CBOP row in the headline (:func:`benchmarks.cbop_row.headline_row`: the psi
-    FQE chose offline, else the psi grid's row at the D4RL table's psi); none where that row
-    has no run."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from benchmarks import cbop_row
+def headline() -> dict[str, dict[str, str]]:
+    """Each set's headline rows, ``dataset -> algorithm -> variant``
+    (:func:`cbop_torchrl.evaluation.headline.headline_rows`): the rows the report's
+    ``curves_<set>.png`` plots too."""
+    from cbop_torchrl.evaluation.headline import headlines_in
 
-    rows = {}
-    for dataset in cbop_row.SETS:
-        if (found := cbop_row.load_rows(RESULTS, dataset)) is None:
-            continue
-        row = cbop_row.headline_row(RESULTS, dataset)
-        if cbop_row.seed_summaries(RESULTS, dataset, row, cbop_row.current_file(found)):
-            rows[dataset] = row
-    return rows
+    return headlines_in([RESULTS])
 
 
 def summaries() -> list[dict]:
     """The benchmark's summaries, each set's current file the one its ``rows.json`` names (the
     repository's copy of the set), not only the file of its most recent run."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from benchmarks import cbop_row
+    from cbop_torchrl.evaluation.headline import current_files_in
     from cbop_torchrl.evaluation.summaries import load_summaries
 
-    current = {}
-    for path in sorted(RESULTS.glob("*/rows.json")):
-        rows = cbop_row.load_rows(RESULTS, path.parent.name)
-        if rows.get("sha256"):
-            current[path.parent.name] = cbop_row.current_file(rows)
-    return load_summaries([RESULTS], analysis=False, current=current)
+    return load_summaries([RESULTS], analysis=False, current=current_files_in([RESULTS]))
 
 
-def datasets_markdown(found: list[dict]) -> str:
-    """The sets of the headline (the current variants' runs): size, behaviour policy, file."""
+def datasets_markdown(found: list[dict], rows: dict[str, dict[str, str]]) -> str:
+    """The sets of the headline (its rows' runs): size, behaviour policy, file."""
+    from cbop_torchrl.evaluation.headline import headline_of
     from cbop_torchrl.evaluation.report import file_versions
-    from cbop_torchrl.evaluation.summaries import CURRENT
 
     lines = [
         "| dataset | transitions | episodes | the data's mean episode score | behaviour policy "
@@ -141,7 +154,9 @@ def datasets_markdown(found: list[dict]) -> str:
         provenances = [
             s["dataset_provenance"]
             for s in found
-            if s["dataset"] == dataset and s["variant"] in CURRENT and s.get("dataset_provenance")
+            if s["dataset"] == dataset
+            and s["variant"] in headline_of(rows, dataset).values()
+            and s.get("dataset_provenance")
         ]
         if not provenances:
             continue
@@ -163,8 +178,17 @@ def _score(row: dict | None, key: str) -> str:
     return f"{row[key]:.1f} [{low:.1f}, {high:.1f}]"
 
 
-def rows_markdown(results: Path = RESULTS) -> str:
+def superseded(name: str) -> bool:
+    """Whether a row is an earlier configuration's: made on an earlier file of its set (named
+    ``VARIANT (file SHA)``) or at the earlier preset (``<row>-dyn15``)."""
+    return " (file " in name or "-dyn15" in name
+
+
+def rows_markdown(results: Path = RESULTS, part: str = "all") -> str:
     """One table per set of its ``rows.json``: each row's final and last-10 on both measures.
+
+    ``part``: ``current`` leaves out the :func:`superseded` rows (the results page's table),
+    ``earlier`` keeps only those (the earlier configurations' page), ``all`` keeps every row.
 
     Rows made on an earlier file of the set (another sha256 than the current file's, the one
     ``rows.json`` names) are named with that file and come after the current file's rows;
@@ -196,7 +220,10 @@ def rows_markdown(results: Path = RESULTS) -> str:
             if earlier and _same_runs(by_name[name], by_name[variant]):
                 repeated.append(name)
                 del by_name[name]
-        order = sorted(by_name, key=row_order)
+        keep = {"all": lambda n: True, "current": lambda n: not superseded(n)}.get(part, superseded)
+        order = sorted((name for name in by_name if keep(name)), key=row_order)
+        if part == "current":
+            repeated = []
         parts += [
             f"**{rows['dataset']}** (file sha256 {current})",
             "",
@@ -235,15 +262,320 @@ def _same_runs(earlier: dict[str, dict], current: dict[str, dict]) -> bool:
     return all(reset_a.get(k) == reset_b.get(k) for k in keys)
 
 
+SHORT = {
+    d: d.split("-", 1)[0]
+    for d in (
+        "hopper-medium-replay-gen",
+        "walker2d-medium-replay-gen",
+        "halfcheetah-medium-replay-gen",
+    )
+}
+
+
+def _relation(rows: dict, cbop: str, baseline: str) -> tuple[str, dict, dict] | None:
+    """``above``, ``level with`` or ``below``: CBOP's reset final against a baseline's, by their
+    resolution (:func:`~cbop_torchrl.evaluation.protocol.resolution`, Welch's t over the
+    seeds; a row of one seed has none, and is never above or below); None where a row is
+    missing."""
+    from cbop_torchrl.evaluation.headline import current_file
+    from cbop_torchrl.evaluation.protocol import resolution as row_resolution
+
+    file = current_file(rows)
+    found = {
+        r["variant"]: r
+        for r in rows["rows"]
+        if r["measure"] == "reset" and r.get("dataset_sha256") == file
+    }
+    a, b = found.get(cbop), found.get(baseline)
+    if a is None or b is None:
+        return None
+    resolution = row_resolution(a.get("final_per_seed") or [], b.get("final_per_seed") or [])
+    if resolution is None:
+        return "level with", a, b
+    lead = a["final"] - b["final"]
+    word = "above" if lead > resolution else "below" if lead < -resolution else "level with"
+    return word, a, b
+
+
+def status_markdown(rows_of: dict[str, dict[str, str]], prefix: str) -> str:
+    """The status: faithful, shown, not shown, on which data; ``prefix`` before docs' links."""
+    from cbop_torchrl.evaluation.headline import SETS, load_rows
+    from cbop_torchrl.evaluation.summaries import ALGO_NAMES, BASELINES
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import bar
+
+    seeds = bar.SEEDS
+    cbop_rows = {d: rows_of[d]["cbop"] for d in SETS if d in rows_of}
+    checks = bar.check_bar(RESULTS, cbop_rows, "reset")
+    failed = sum(not c.holds for c in checks)
+    shown, below, few = [], [], []
+    for dataset, cbop in cbop_rows.items():
+        rows = load_rows(RESULTS, dataset)
+        relations = [_relation(rows, cbop, rows_of[dataset][b]) for b in BASELINES]
+        present = [r for r in relations if r is not None]
+        if not present:
+            continue
+        word, a, best = max(present, key=lambda r: r[2]["final"])
+        name = ALGO_NAMES[best["variant"].split("-")[0]]
+        if len(a["seeds"]) < seeds:
+            few.append(SHORT.get(dataset, dataset))
+        elif word == "below":
+            below.append(
+                f"{SHORT.get(dataset, dataset)} ({a['final']:.1f} against {name}'s "
+                f"{best['final']:.1f})"
+            )
+        else:
+            shown.append(
+                f"{word} {name}, the best baseline, on {SHORT.get(dataset, dataset)} "
+                f"({a['final']:.1f} against {best['final']:.1f})"
+            )
+    q_holds = [c for c in checks if c.what.startswith("Q - MC") and c.holds]
+    steps = sorted({int(s["gradient_steps"]) for s in _headline_cbop_runs(cbop_rows)})
+    bullets = [
+        f"**Faithful to the paper:** the h-step targets, the posterior over horizons and the LCB "
+        f"target, tested against the equations written as loops "
+        f"([the algorithm]({prefix}algorithm.md)).",
+        f"**Shown** ({seeds} seeds, reset measure): CBOP "
+        + ("; ".join(shown) if shown else "level with or above its best baseline on no set yet")
+        + (", Q below the true return on every seed." if shown and q_holds else "."),
+        (
+            f"**Not shown:** CBOP does not meet [its bar]({prefix}results.md#the-bar-and-the-"
+            f"statistic): {failed} of {len(checks)} conditions fail"
+            if failed
+            else f"**Not shown:** nothing [the bar]({prefix}results.md#the-bar-and-the-statistic)"
+            f" asks; every condition holds"
+        )
+        + (f"; below on {', '.join(below)}" if below else "")
+        + (f"; {' and '.join(few)} under {seeds} seeds" if few else "")
+        + ".",
+        f"**On which data:** D4RL look-alikes this project generates, not D4RL's files; CPU "
+        f"preset, {'/'.join(f'{n:,}' for n in steps)} CBOP steps; the paper's sizes need a "
+        f"[GPU]({prefix}gpu.md).",
+    ]
+    return "\n".join(f"- {bullet}" for bullet in bullets) + "\n"
+
+
+def _headline_cbop_runs(cbop_rows: dict[str, str]) -> list[dict]:
+    from cbop_torchrl.evaluation.headline import current_file, load_rows, seed_summaries
+
+    runs = []
+    for dataset, row in cbop_rows.items():
+        found = load_rows(RESULTS, dataset)
+        runs += seed_summaries(RESULTS, dataset, row, current_file(found))
+    cbop_stage = [dict(r, gradient_steps=_cbop_steps(r)) for r in runs]
+    return cbop_stage
+
+
+def _cbop_steps(summary: dict) -> int:
+    """The CBOP stage's gradient steps of a run (its curve's last step)."""
+    curve = summary.get("curve") or [[summary["gradient_steps"], 0]]
+    return int(max(step for step, _ in curve))
+
+
+def words(bullet: str) -> int:
+    """A bullet's words as a reader counts them: link targets and markup left out."""
+    text = re.sub(r"\]\([^)]*\)", "]", bullet)
+    return len(re.sub(r"[*`\[\]]", "", text).split())
+
+
+LINE_MEANINGS = (
+    ("task:", "the environment the policy is scored in, and the returns that score 0 and 100"),
+    ("dynamics:", "the dynamics ensemble: members, elites (K), layers x width, epoch cap, batch"),
+    ("bc:", "behaviour cloning of the actor, CBOP's starting policy"),
+    ("fqe:", "fitted Q evaluation of that policy: the M critics' starting values"),
+    (
+        "cbop:",
+        "the CBOP stage: steps, batch, psi (the LCB's pessimism), M critics, K elites, "
+        "horizon H, the target, the rollouts' precision",
+    ),
+    ("eval:", "how the policy is scored: episodes, and when"),
+    (
+        "gradient steps in all",
+        "the whole pipeline's budget, and a baseline trained for as many steps",
+    ),
+    ("estimator.psi=", "where psi came from: this project's offline choice for the set"),
+    ("from the paper's table", "the keys left null, filled from the paper's table"),
+    (
+        "normalized score",
+        "the result: the normalized score (0 random, 100 D4RL's expert) +- its "
+        "std over the episodes, the raw return, E[h] (the posterior's expected "
+        "horizon) at CBOP's start and end, the run's seconds",
+    ),
+    ("results:", "where the run's results.json is"),
+)
+"""What each line the first run prints says, by a phrase that line holds."""
+
+
+def _meaning(line: str, first: bool) -> str:
+    if first:
+        return "the data, the preset, the seed, the device and its threads, the run directory"
+    for phrase, meaning in LINE_MEANINGS:
+        if phrase in line:
+            return meaning
+    raise ValueError(f"no meaning for the first run's line {line!r}: add it to LINE_MEANINGS")
+
+
+def _minutes(seconds: float) -> str:
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+def first_run_markdown(record: dict) -> str:
+    """One sentence: the first command's measured time, on which CPU, and its score."""
+    return (
+        f"Measured from a fresh clone with an empty cache ({record['date']}, "
+        f"{record['cpu']}): the set-up {_minutes(record['setup_s'])}, then the run "
+        f"{_minutes(record['run_s'])}, ending at a normalized score of "
+        f"{record['normalized_score']:.1f} after a short CBOP stage.\n"
+    )
+
+
+def first_run_output_markdown(record: dict) -> str:
+    """What the first run printed, then each line's meaning."""
+    stdout = record["stdout"]
+    lines = ["```text", *stdout, "```", "", "| line | what it says |", "|---|---|"]
+    for index, line in enumerate(stdout):
+        key = " ".join(line.removeprefix("[cbop]").split()[:3]).replace("|", "/")
+        lines.append(f"| {index + 1}: `{key} ...` | {_meaning(line, index == 0)} |")
+    stages = ", ".join(f"{name} {_minutes(t)}" for name, t in record["stages_s"].items())
+    lines += [
+        "",
+        f"Its stages took {stages}; the CBOP stage ran {record['cbop_steps_per_s']:g} gradient "
+        f"steps/s with {record['rollout_dtype']} rollouts; peak memory "
+        f"{record['peak_rss_mib']} MiB.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+HYPERPARAMETERS = (
+    ("estimator.horizon", "H, the longest model rollout of a target"),
+    ("estimator.psi", "psi, the lower confidence bound's width (pessimism)"),
+    ("estimator.mode", "the target: lcb (the paper's), map, fixed or quantile"),
+    ("agent.num_qvalue_nets", "M, the Q ensemble's size"),
+    ("agent.critic_hidden_sizes", "the Q-networks' hidden widths"),
+    ("agent.hidden_sizes", "the actor's hidden widths"),
+    ("dynamics.num_members", "the dynamics ensemble's members"),
+    ("dynamics.num_elites", "K, the members the rollouts use (the best on held-out data)"),
+    ("dynamics.max_epochs", "the dynamics model's epoch cap"),
+    ("bc.steps", "behaviour cloning's steps (CBOP's starting actor)"),
+    ("fqe.steps", "fitted Q evaluation's steps (the critics' start)"),
+    ("fqe.target_tau", "FQE's target-network rate"),
+    ("train.epochs", "CBOP's epochs (x train.steps_per_epoch gradient steps)"),
+    ("train.steps_per_epoch", "gradient steps per epoch"),
+    ("train.batch_size", "CBOP's batch"),
+    ("agent.actor_lr", "the actor's learning rate"),
+    ("agent.critic_lr", "the critics' learning rate"),
+    ("agent.tau", "the critics' target-network rate"),
+    ("agent.gamma", "the discount"),
+)
+"""The hyperparameters of the CBOP page's table: each config key and what it sets."""
+
+
+def _show(value: object) -> str:
+    from omegaconf import ListConfig, OmegaConf
+
+    if isinstance(value, ListConfig):
+        value = OmegaConf.to_container(value)
+    value = getattr(value, "value", value)  # an enum choice
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list | tuple):
+        return "x".join(map(str, value)) if len(set(value)) > 1 else f"{len(value)}x{value[0]}"
+    return str(value)
+
+
+def _null(key: str, preset: str) -> str:
+    """What a null value of ``key`` resolves to under ``preset``."""
+    from cbop_torchrl.config.paper import (
+        GENERATED_PSI,
+        PAPER_DEFAULT_QVALUE_NETS,
+        PAPER_QVALUE_NETS,
+        PAPER_SHARED,
+    )
+
+    if key == "estimator.psi":
+        chosen = ", ".join(f"{d.split('-')[0]} {v:g}" for d, v in GENERATED_PSI.items())
+        own = f"the set's offline choice ({chosen}); " if preset == "cpu" else ""
+        return f"null: {own}the paper's D4RL table for a D4RL set"
+    if key == "agent.num_qvalue_nets":
+        families = ", ".join(f"{f} {n}" for f, n in PAPER_QVALUE_NETS.items())
+        return f"null: {families}, {PAPER_DEFAULT_QVALUE_NETS} elsewhere"
+    if key == "agent.critic_hidden_sizes":
+        return "null: the actor's widths"
+    if key == "dynamics.max_epochs":
+        return "null: until the held-out loss stops improving"
+    if key in PAPER_SHARED:
+        return f"null: {_show(PAPER_SHARED[key])}"
+    return "null"
+
+
+def hyperparameters_markdown() -> str:
+    """The paper's preset beside the CPU preset, key by key, from the composed configs."""
+    from omegaconf import OmegaConf
+
+    from cbop_torchrl.apps.api import compose_config
+
+    presets = {p: compose_config([f"preset={p}"]) for p in ("paper", "cpu")}
+    lines = [
+        "| key | what it sets | the paper (`preset=paper`) | the CPU preset (`preset=cpu`) |",
+        "|---|---|---|---|",
+    ]
+    for key, meaning in HYPERPARAMETERS:
+        cells = []
+        for preset, config in presets.items():
+            value = OmegaConf.select(config, key)
+            cells.append(_null(key, preset) if value is None else _show(value))
+        lines.append(f"| `{key}` | {meaning} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + "\n"
+
+
+def reproduce_markdown(rows_of: dict[str, dict[str, str]], found: list[dict]) -> str:
+    """The commands that make the headline rows again: one per set and set of seeds."""
+    from cbop_torchrl.evaluation.headline import HEADLINE_ALGOS
+
+    lines = ["```bash"]
+    for dataset in sorted(rows_of):
+        by_seeds: dict[tuple[int, ...], list[str]] = {}
+        for algo in HEADLINE_ALGOS:
+            variant = rows_of[dataset][algo]
+            seeds = tuple(
+                sorted(
+                    int(s["seed"])
+                    for s in found
+                    if (s["dataset"], s["variant"]) == (dataset, variant)
+                )
+            )
+            if seeds:
+                by_seeds.setdefault(seeds, []).append(variant)
+        for seeds, variants in by_seeds.items():
+            lines.append(
+                f"python benchmarks/learning.py --datasets {dataset} --algos "
+                f"{' '.join(variants)} --seeds {' '.join(map(str, seeds))} --threads 1"
+            )
+    lines.append("```")
+    return "\n".join(lines) + "\n"
+
+
 def blocks(found: list[dict] | None = None) -> dict[str, str]:
     from cbop_torchrl.evaluation.report import headline_markdown
 
     found = summaries() if found is None else found
+    rows = headline()
+    record = json.loads(FIRST_RUN.read_text())
     return {
-        "headline": headline_markdown(found, cbop_headline_rows()),
-        "datasets": datasets_markdown(found),
-        "rows": rows_markdown(),
+        "headline": headline_markdown(found, rows),
+        "datasets": datasets_markdown(found, rows),
+        "rows": rows_markdown(part="current"),
+        "rows-earlier": rows_markdown(part="earlier"),
         "bar": bar_markdown(),
+        "status": status_markdown(rows, "docs/"),
+        "status-site": status_markdown(rows, ""),
+        "first-run": first_run_markdown(record),
+        "first-run-output": first_run_output_markdown(record),
+        "hyperparameters": hyperparameters_markdown(),
+        "reproduce": reproduce_markdown(rows, found),
     }
 
 
