@@ -203,9 +203,10 @@ def test_the_status_is_four_short_bullets(generated: dict[str, str], name: str) 
 def test_the_readmes_first_screen_holds_the_status_and_the_headline() -> None:
     lines = (ROOT / "README.md").read_text().splitlines()
     tool = "(python docs/_tools/results_tables.py --write) -->"
-    names = ("first-run", "status", "headline")
+    names = ("first-run", "status", "headline-50k", "headline")
     where = {name: lines.index(f"<!-- generated: {name} {tool}") for name in names}
-    assert where["first-run"] < where["status"] < where["headline"] < 50, where
+    assert where["first-run"] < where["status"] < where["headline-50k"] < 50, where
+    assert where["headline-50k"] < where["headline"], where  # the earlier protocol below
     assert "<!-- generated: status-site " in (ROOT / "docs" / "index.md").read_text()
 
 
@@ -237,3 +238,26 @@ def test_the_cbop_page_names_each_hyperparameters_key_and_both_presets(
         "learning.py --datasets hopper-medium-replay-gen --algos cbop-psi5"
         in (generated["reproduce"])
     )
+
+
+def test_the_50k_headline_gives_each_long_row_its_final_and_seeds(tmp_path: Path) -> None:
+    from cbop_torchrl.evaluation.headline import SETS
+
+    sha = "d" * 64
+    row = {
+        "variant": "cbop-50k",
+        "measure": "reset",
+        "dataset_sha256": sha[:12],
+        "seeds": [0, 1],
+        "final": 11.0,
+        "final_per_seed": [10.0, 12.0],
+    }
+    other = {**row, "variant": "cbop-psi5", "final": 99.0}  # not a 50k row: never shown
+    (tmp_path / SETS[0]).mkdir()
+    (tmp_path / SETS[0] / "rows.json").write_text(json.dumps({"sha256": sha, "rows": [row, other]}))
+    table = results_tables.long_headline_markdown(tmp_path).splitlines()
+    assert table[0] == "| algorithm | " + " | ".join(SETS) + " |"
+    cell = "11.0 (seeds 10.0 to 12.0; 2 of 5 seeds)"
+    assert table[2] == f"| CBOP (50,000 steps) | {cell} | not run yet | not run yet |"
+    assert table[3].startswith("| BC (60,000 steps) | not run yet |")
+    assert "99.0" not in "\n".join(table)
