@@ -14,7 +14,8 @@ sizes and evaluation (every 1,000 steps, 10 episodes). CBOP trains
 dynamics ensemble, its BC actor and its FQE critic (the preset's ``bc.steps``
 and ``fqe.steps``); each baseline trains as many gradient steps as CBOP's
 whole pipeline, BC + FQE + CBOP, so no algorithm gets fewer updates. A run's
-final score is the mean of its last 3 evaluations; its summary states that measure
+summary's final score is the mean of its last 3 evaluations (``rows.json`` takes a ``-50k``
+row's over its last 4, the 50,000-step protocol's); its summary states that measure
 (``final_measure``) and adds the mean of the last 10 with a bootstrap interval and the
 evaluation-to-evaluation noise. Every evaluation also scores one episode from each of
 ``--start-states`` (100) fixed dataset states restored in the simulator (the summary's
