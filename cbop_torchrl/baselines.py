@@ -140,13 +140,13 @@ class AlgoConfig:
     """
 
     name: str = "td3bc"
-    batch_size: int | None = None
-    hidden_sizes: list[int] | None = None  # the actor's and every critic's
-    actor_lr: float | None = None
-    critic_lr: float | None = None
-    normalize_states: bool = False  # standardize observations by the dataset's mean and std
-    reward_scale: str = "none"  # REWARD_SCALES
-    actor_lr_schedule: str = "constant"  # ACTOR_LR_SCHEDULES
+    batch_size: int | None = None  # the recipe's batch (null: train.batch_size)
+    hidden_sizes: list[int] | None = None  # actor's and critics' widths (null: agent's)
+    actor_lr: float | None = None  # the actor's learning rate (null: agent.actor_lr)
+    critic_lr: float | None = None  # the critics' learning rate (null: agent.critic_lr)
+    normalize_states: bool = False  # standardize states by the dataset's mean and std
+    reward_scale: str = "none"  # none | return_range: x 1000 / (max - min return)
+    actor_lr_schedule: str = "constant"  # constant | cosine: the actor's rate decays to 0
     num_qvalue_nets: int = 2
     # TD3+BC
     alpha: float = 2.5
