@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from cbop_torchrl.config import infer_dataset_kind, paper_settings
+from cbop_torchrl.io import find_regular_files, read_regular_text
 
 SETS = ("hopper-medium-replay-gen", "walker2d-medium-replay-gen", "halfcheetah-medium-replay-gen")
 """The three D4RL-level generated sets the results are reported on."""
@@ -45,8 +46,8 @@ def current_file(rows: dict) -> str:
 def seed_summaries(results: Path, dataset: str, variant: str, file: str) -> list[dict]:
     """The variant's per-seed summaries made on the file whose sha256 begins with ``file``."""
     summaries = []
-    for path in sorted((results / dataset / variant).glob("seed*.json")):
-        summary = json.loads(path.read_text())
+    for path in find_regular_files(results / dataset / variant, "seed*.json", depth=0):
+        summary = json.loads(read_regular_text(path))
         if str(summary.get("dataset_provenance", {}).get("sha256"))[:12] == file:
             summaries.append(summary)
     return summaries

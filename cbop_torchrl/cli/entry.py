@@ -432,10 +432,11 @@ def run_entry(main: Callable[[], Any], argv: Sequence[str] | None = None) -> int
     if argv is not None:
         sys.argv = [saved[0] if saved else "cbop", *argv]
     try:
-        main()
+        returned = main()
     except SystemExit as exit_:
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     finally:
         sys.argv = saved
-    return 0
+    # a program whose main returns its exit code (cbop-report) rather than exiting
+    return returned if isinstance(returned, int) and not isinstance(returned, bool) else 0

@@ -11,6 +11,7 @@ module             job
 ``reading``        regular files only, never blocking; their JSON; what a wrong file holds
 ``atomic``         atomic writes, one at a time or renamed together
 ``manifest``       which files of a user's folder the package wrote (only those replaced)
+``walking``        the one walker of folders of inputs: regular files only, the others named
 =================  ==========================================================================
 """
 
@@ -75,6 +76,7 @@ from cbop_torchrl.io.temporaries import (
     open_own_file,
     remove_stale_temporaries,
 )
+from cbop_torchrl.io.walking import find_regular_files
 
 __all__ = [
     "LOCK_REPORT_INTERVAL_S",
@@ -101,6 +103,7 @@ __all__ = [
     "describe_load_error",
     "disk_full_error",
     "file_kind",
+    "find_regular_files",
     "require_regular_file",
     "guarded_writes",
     "is_disk_full",

@@ -1,0 +1,124 @@
+"""The five rules of docs/reliability.md, each held by one mechanism in every program.
+
+1. Only regular files are opened by programs that gather files
+   (``cbop_torchrl.io.find_regular_files``).
+2. Every setting is checked before work starts (``cbop_torchrl.cli.hydra_entry``).
+3. A file's family and kind are read from any legal file name
+   (``cbop_torchrl.registry.parse_dataset_name``).
+4. Every way a write can fail reads like a full disk (``cbop_torchrl.io.write_failure``).
+5. Nothing is written into a folder another program made before the check
+   (``cbop_torchrl.cli.guard``).
+
+Programs run in this process (tests/inprocess.py); a FIFO that were opened would block,
+so each such call runs under an alarm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from inprocess import run_program
+
+BLOCKED_AFTER_S = 60  # far above the seconds each call takes; only a blocked open reaches it
+
+
+@contextlib.contextmanager
+def no_blocking(seconds: int = BLOCKED_AFTER_S) -> Iterator[None]:
+    """Fails the test when the block takes ``seconds`` (a FIFO opened for reading)."""
+
+    def blocked(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s: a special file was opened")
+
+    previous = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# ------------------------------------------------------ 1. only regular files are opened
+
+
+def _fifo_folder(root: Path, *names: str) -> Path:
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(root / name)
+    return root
+
+
+def _skipped(stderr: str, path: Path) -> bool:
+    return f"skipped {str(path)!r}" in stderr and "FIFO" in stderr
+
+
+def test_report_skips_a_fifo_named_json(tmp_path: Path) -> None:
+    folder = _fifo_folder(tmp_path / "runs", "x.json", "run/results.json")
+    with no_blocking():
+        done = run_program("report", [f"paths={folder}", f"out={tmp_path / 'out'}"],
+                           {"CBOP_TORCHRL_CACHE": str(tmp_path / "cache")})  # fmt: skip
+    assert _skipped(done.stderr, folder / "x.json"), done.stderr
+    assert _skipped(done.stderr, folder / "run" / "results.json"), done.stderr
+    assert done.returncode == 2 and "no finished runs" in done.stderr  # nothing else there
+
+
+def test_select_psi_skips_a_fifo_named_json(tmp_path: Path) -> None:
+    sweep = _fifo_folder(tmp_path / "sweep", "run/config.json", "run/results.json")
+    (sweep / "run" / "policy.pt").write_bytes(b"x")
+    with no_blocking():
+        done = run_program("select_psi", [f"sweep_dir={sweep}"],
+                           {"CBOP_TORCHRL_CACHE": str(tmp_path / "cache")})  # fmt: skip
+    assert _skipped(done.stderr, sweep / "run" / "config.json"), done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+def test_the_sweep_readers_skip_a_fifo(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    from cbop_torchrl.sweeps import collect_results, find_runs
+
+    sweep = _fifo_folder(tmp_path, "a/results.json", "b/config.json")
+    (tmp_path / "b" / "policy.pt").write_bytes(b"x")
+    with no_blocking():
+        assert collect_results(sweep) == [] and find_runs(sweep) == []
+    err = capfd.readouterr().err
+    assert _skipped(err, sweep / "a" / "results.json"), err
+    assert _skipped(err, sweep / "b" / "config.json"), err
+
+
+def test_the_benchmark_tools_skip_a_fifo(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    from benchmarks import cbop_row, learning, psi_grid
+
+    results = _fifo_folder(tmp_path, "set/cbop/seed0.json", "set/cbop-psi1/seed1.json")
+    with no_blocking():
+        assert learning.write_rows(results, "set") is None
+        assert cbop_row.seed_summaries(results, "set", "cbop", "abc") == []
+        assert psi_grid.main(["--datasets", "set", "--results", str(results)]) == 0
+    err = capfd.readouterr().err
+    assert _skipped(err, results / "set" / "cbop" / "seed0.json"), err
+    assert _skipped(err, results / "set" / "cbop-psi1" / "seed1.json"), err
+
+
+def test_no_program_walks_a_folder_but_through_the_one_walker() -> None:
+    """Every glob, rglob and os.walk of the package and the benchmark tools is the walker's,
+    or lists a folder without opening what it finds (named here with why)."""
+    root = Path(__file__).resolve().parents[1]
+    allowed = {
+        "cbop_torchrl/io/walking.py": "the walker",
+        "cbop_torchrl/evaluation/summaries.py": "globs folders (logs/*/scalars), then walks",
+    }
+    found = []
+    for folder in ("cbop_torchrl", "benchmarks"):
+        for path in sorted((root / folder).rglob("*.py")):
+            name = path.relative_to(root).as_posix()
+            text = path.read_text()
+            if name not in allowed and any(
+                word in text for word in (".glob(", ".rglob(", "os.walk(", "fnmatch.filter(")
+            ):
+                found.append(name)
+    assert found == [
+        "cbop_torchrl/data/safe_memmap.py",  # lists a memmap folder to refuse what is not its own
+    ], found
