@@ -122,3 +122,78 @@ def test_no_program_walks_a_folder_but_through_the_one_walker() -> None:
     assert found == [
         "cbop_torchrl/data/safe_memmap.py",  # lists a memmap folder to refuse what is not its own
     ], found
+
+
+# ------------------------------------------ 3. family and kind read from any legal name
+
+
+@pytest.mark.parametrize(
+    ("name", "family", "kind"),
+    [
+        ("hopper-medium-replay-gen.hdf5", "hopper", "medium-replay"),
+        ("hopper medium replay.hdf5", "hopper", "medium-replay"),
+        ("Hopper.Medium.v2.hdf5", "hopper", "medium"),
+        ("walker2d--medium---expert.hdf5", "walker2d", "medium-expert"),
+        ("halfcheetah_full_replay (copy 2).hdf5", "halfcheetah", "full-replay"),
+        ("hopper\u2013medium.hdf5", "hopper", "medium"),  # an en dash
+        ("hopper@random.hdf5", "hopper", "random"),
+        ("hopper\u2122-expert.hdf5", "hopper", "expert"),  # a trade mark sign
+        ("\uff48\uff4f\uff50\uff50\uff45\uff52-medium.hdf5", "hopper", "medium"),  # full width
+        ("HalfCheetah MediumReplay \u00fcber-d\u00e4ten.hdf5", "halfcheetah", "medium-replay"),
+        ("Walker 2d \u2014 medium.hdf5", "walker2d", "medium"),
+        ("2024.my-hopper.data.hdf5", "hopper", None),
+        ("data.hdf5", None, None),
+        ("hopper-vs-walker2d.hdf5", None, None),  # two families: the name does not say
+    ],
+)
+def test_family_and_kind_are_read_from_any_legal_name(
+    name: str, family: str | None, kind: str | None
+) -> None:
+    from cbop_torchrl.config import infer_dataset_kind
+    from cbop_torchrl.registry import family_in_name
+
+    assert (family_in_name(name), infer_dataset_kind(name)) == (family, kind)
+
+
+def test_a_file_named_with_an_unusual_character_loads_as_its_family(tmp_path: Path) -> None:
+    from d4rl_files import write_d4rl_hdf5
+
+    from cbop_torchrl.data import dataset_info
+
+    for name, family in (("hopper\u2019s medium (1).hdf5", "hopper"),
+                         ("walker2d\u00b7medium.expert.hdf5", "walker2d")):  # fmt: skip
+        assert dataset_info(write_d4rl_hdf5(tmp_path / name, family)).family == family
+
+
+@pytest.mark.parametrize(
+    ("name", "family", "fixes"),
+    [
+        ("data.hdf5", "hopper", ["Hopper-v4"]),
+        ("my-robot.hdf5", "walker2d", ["Walker2d-v4", "HalfCheetah-v4"]),
+        ("hopper-vs-walker2d.hdf5", "hopper", ["Hopper-v4"]),
+    ],
+)
+def test_a_name_that_does_not_say_names_the_setting_that_does(
+    tmp_path: Path, name: str, family: str, fixes: list[str]
+) -> None:
+    """The message gives, for each known family of the data's sizes, a command whose task
+    settings resolve the task as written."""
+    import shlex
+
+    from d4rl_files import write_d4rl_hdf5
+
+    from cbop_torchrl.data import dataset_info
+    from cbop_torchrl.envs.task import TaskError, resolve_task
+
+    info = dataset_info(write_d4rl_hdf5(tmp_path / name, family))
+    assert info.family is None
+    with pytest.raises(TaskError) as error:
+        resolve_task(None, info)
+    message = str(error.value)
+    commands = [part for i, part in enumerate(message.split("`")) if i % 2]
+    assert len(commands) == len(fixes), message
+    for command, gym_id in zip(commands, fixes, strict=True):
+        words = shlex.split(command)
+        task = dict(w.removeprefix("task.").split("=", 1) for w in words if w.startswith("task."))
+        assert task == {"gym_id": gym_id} and f"env={info.source}" in words, command
+        assert resolve_task(task, info).gym_id == gym_id  # the suggestion works as written
