@@ -16,9 +16,12 @@ so each such call runs under an alarm.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -197,3 +200,126 @@ def test_a_name_that_does_not_say_names_the_setting_that_does(
         task = dict(w.removeprefix("task.").split("=", 1) for w in words if w.startswith("task."))
         assert task == {"gym_id": gym_id} and f"env={info.source}" in words, command
         assert resolve_task(task, info).gym_id == gym_id  # the suggestion works as written
+
+
+# --------------------------------- 4. every way a write can fail reads like a full disk
+
+USER_CAUSED = {
+    errno.ENOSPC: "not enough disk space", errno.EDQUOT: "quota", errno.EFBIG: "ulimit -f",
+    errno.EROFS: "EROFS", errno.EACCES: "EACCES", errno.EPERM: "EPERM",
+}  # fmt: skip
+
+
+def _writers(folder: Path) -> dict:
+    """One writer per kind of file the programs write, each failing as the OS would."""
+    import torch
+
+    from cbop_torchrl.io import atomic_json_dump, atomic_torch_save, atomic_write
+
+    def failing(number: int, text: bool = False) -> Callable[..., None]:
+        def write(*args: object) -> None:
+            if text:  # h5py's form: the errno in the text only
+                raise OSError(
+                    f"Can't synchronously write data (file write failed: filename = "
+                    f"'{folder / 'data.hdf5'}', file descriptor = 3, errno = {number}, "
+                    f"error message = '{os.strerror(number)}')"
+                )
+            raise OSError(number, os.strerror(number), str(folder / "file"))
+
+        return write
+
+    return {
+        "checkpoint": lambda n: atomic_torch_save(
+            {"x": torch.zeros(4)}, _failing_save(folder / "checkpoint.pt", failing(n))
+        ),
+        "results": lambda n: atomic_write(folder / "results.json", failing(n)),
+        "log": lambda n: failing(n)(),  # a logger appending a row
+        "cache": lambda n: atomic_write(folder / "cache" / "leaves.json", failing(n, True)),
+        "json": lambda n: atomic_json_dump({"a": 1}, _failing_json(folder, failing(n))),
+    }
+
+
+def _failing_save(path: Path, fail: Callable[..., None]) -> Path:
+    import torch
+
+    _patches.append(("save", torch.save))
+    torch.save = fail  # restored by the test (monkeypatch would not reach the lambda)
+    return path
+
+
+def _failing_json(folder: Path, fail: Callable[..., None]) -> Path:
+    _patches.append(("write_text", Path.write_text))
+    Path.write_text = fail
+    return folder / "config.json"
+
+
+_patches: list[tuple[str, object]] = []
+
+
+def _restore() -> None:
+    import torch
+
+    while _patches:
+        name, original = _patches.pop()
+        setattr(torch if name == "save" else Path, name, original)
+
+
+@pytest.mark.parametrize("number", sorted(USER_CAUSED), ids=errno.errorcode.get)
+@pytest.mark.parametrize("kind", ["checkpoint", "results", "log", "cache", "json"])
+def test_every_write_the_system_stops_is_one_paragraph(
+    tmp_path: Path, kind: str, number: int, capsys: pytest.CaptureFixture
+) -> None:
+    """Each user-caused errno, from each kind of file, raised inside any program's task,
+    ends in one paragraph with exit code 2 and no temporary left (``io.write_failure``)."""
+    from cbop_torchrl.cli import hydra_entry, run_entry
+
+    folder = tmp_path / "out"
+    (folder / "cache").mkdir(parents=True)
+    write = _writers(folder)[kind]
+
+    def task(cfg: object) -> None:
+        try:
+            write(number)
+        finally:
+            _restore()
+
+    code = run_entry(hydra_entry("report")(task), [f"paths={tmp_path}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert USER_CAUSED[number] in err and "Traceback" not in err, err
+    assert "Nothing half-written" in err or kind in ("log", "json"), err
+    assert [p.name for p in folder.rglob("*") if p.is_file()] == [], "a temporary was left"
+
+
+def test_a_real_file_size_limit_reads_like_a_full_disk(tmp_path: Path) -> None:
+    """``ulimit -f`` (RLIMIT_FSIZE) stops a checkpoint (torch, which gives no cause) and an
+    HDF5 file (h5py): each is one paragraph, exit 2, nothing half-written."""
+    script = f"""
+import resource, sys
+import numpy as np, torch, h5py
+from cbop_torchrl.cli import hydra_entry, run_entry
+from cbop_torchrl.io import atomic_torch_save, atomic_write
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+def checkpoint(cfg):
+    atomic_torch_save({{"x": torch.zeros(1 << 19)}}, {str(tmp_path / "out" / "checkpoint.pt")!r})
+def dataset(cfg):
+    def write(tmp):
+        with h5py.File(tmp, "w", locking=False) as handle:  # its temporary is flock-ed
+            handle["observations"] = np.zeros(1 << 19)
+    atomic_write({str(tmp_path / "out" / "data.hdf5")!r}, write)
+for task in (checkpoint, dataset):
+    print("code", run_entry(hydra_entry("report")(task), ["paths=."]), file=sys.stderr)
+"""
+    env = {**os.environ, "CBOP_TORCHRL_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+        timeout=300, env=env,
+    )  # fmt: skip
+    err = done.stderr
+    assert done.returncode == 0 and err.count("code 2") == 2, err
+    paragraphs = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(paragraphs) == 2 and "Traceback" not in err, err
+    assert all("not enough room" in p and "ulimit -f" in p for p in paragraphs), err
+    assert all("Nothing half-written" in p for p in paragraphs), err
+    assert list((tmp_path / "out").iterdir()) == []

@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from cbop_torchrl.cli import check_output_writable, hydra_entry, refuse
-from cbop_torchrl.io import ForeignFileError, check_owned_output, refused_write
+from cbop_torchrl.io import ForeignFileError, check_owned_output, write_failure
 
 
 def train(cfg: DictConfig) -> dict:
@@ -99,8 +99,8 @@ def run(cfg: DictConfig) -> None:
     except (
         DatasetError, ValueError, KeyError, RuntimeError, OSError, NonFiniteLossError
     ) as error:  # fmt: skip
-        if isinstance(error, OSError) and (refused := refused_write(error)) is not None:
-            error = refused  # a refused write: the file, the OS's cause and what to do
+        if (failure := write_failure(error, cfg.output_dir)) is not None:
+            error = failure  # a write the system stopped: the file, the cause, what to do
         refuse(error.args[0] if isinstance(error, KeyError) and error.args else error, run_dir)
     summary = {
         key: metrics[key]

@@ -43,17 +43,15 @@ from cbop_torchrl.trainers.logging import ProgressLines
 from cbop_torchrl.trainers.rundir import LOCK_NAME, MARKER_NAME, remember_hydra_job
 from cbop_torchrl.utils import (
     ForeignFileError,
-    as_disk_full_error,
     cache_root,
-    is_disk_full,
     is_out_of_memory,
     keep_mujoco_log_out_of_cwd,
     out_of_memory_message,
     program_command,
-    refused_write,
     running_program,
     set_output_setting,
     unwritable_reason,
+    write_failure,
 )
 
 EXIT_BAD_INPUT = 2
@@ -347,12 +345,12 @@ def refuse_known_failure(error: Exception, run_dir: str) -> None:
     of Ctrl-C is the interrupt. Returns for any other error."""
     if raised_while_interrupted(error):
         raise KeyboardInterrupt from None
-    if is_disk_full(error):
-        refuse(as_disk_full_error(error, run_dir), run_dir)
     if isinstance(error, ForeignFileError):
         refuse(error, run_dir)
-    if (refused := refused_write(error)) is not None:  # read-only, no permission
-        refuse(refused, run_dir)
+    # every write the system stopped (no space, quota, file-size limit, read-only, no
+    # permission), whoever raised it, in one paragraph (io.write_failure)
+    if (failure := write_failure(error, run_dir, cleaned=False)) is not None:
+        refuse(failure, run_dir)
     if is_out_of_memory(error):
         refuse(out_of_memory_message(error), run_dir)
 

@@ -41,6 +41,7 @@ from cbop_torchrl.io.failures import (
     out_of_memory_message,
     refused_write,
     tensor_bytes,
+    write_failure,
     write_refused,
 )
 from cbop_torchrl.io.folders import check_no_link, linked_part, make_dirs
@@ -128,5 +129,6 @@ __all__ = [
     "special_file_kind",
     "tensor_bytes",
     "unwritable_reason",
+    "write_failure",
     "write_refused",
 ]
