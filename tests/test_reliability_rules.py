@@ -323,3 +323,183 @@ for task in (checkpoint, dataset):
     assert all("not enough room" in p and "ulimit -f" in p for p in paragraphs), err
     assert all("Nothing half-written" in p for p in paragraphs), err
     assert list((tmp_path / "out").iterdir()) == []
+
+
+# ------------------- 5. nothing written into a folder another program made, before the check
+
+OTHER_APP = """
+import logging, hydra
+@hydra.main(version_base="1.3", config_path=None)
+def my_app(cfg):
+    logging.getLogger(__name__).info("hello from another application")
+my_app()
+"""
+
+PROGRAM_ARGS = {  # each program's required settings, refused or finished before any stage
+    "cbop": ["preset=debug"],
+    "baseline": ["preset=debug", "algo=bc"],
+    "evaluate": ["checkpoint=missing.pt"],
+    "collect": ["compression_level=99"],
+    "train_dynamics": ["output_dir=out", "dynamics.lr=0"],
+    "select_psi": ["sweep_dir=missing"],
+    "report": ["paths=missing"],
+}
+
+
+@pytest.fixture(scope="module")
+def other_app_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder another Hydra application made: its .hydra/ record and its job log."""
+    root = tmp_path_factory.mktemp("other_app")
+    folder = root / "outputs"
+    (root / "my_app.py").write_text(OTHER_APP)
+    subprocess.run([sys.executable, "my_app.py", f"hydra.run.dir={folder}"], cwd=root,
+                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    assert {p.name for p in folder.iterdir()} == {".hydra", "my_app.log"}
+    assert (folder / ".hydra" / "config.yaml").is_file()
+    assert "hello" in (folder / "my_app.log").read_text()
+    return folder
+
+
+def _snapshot(folder: Path) -> dict[str, bytes | None]:
+    return {
+        p.relative_to(folder).as_posix(): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(folder.rglob("*"))
+    } | {".": None}
+
+
+@pytest.mark.parametrize("module", list(PROGRAM_ARGS))
+def test_no_program_writes_into_another_applications_folder(
+    module: str, other_app_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    folder = tmp_path / "theirs"
+    shutil.copytree(other_app_folder, folder)
+    before = _snapshot(folder)
+    monkeypatch.chdir(tmp_path)
+    done = run_program(module, [*PROGRAM_ARGS[module], f"hydra.run.dir={folder}"],
+                       {"CBOP_TORCHRL_CACHE": str(tmp_path / "cache")})  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert _snapshot(folder) == before, done.stderr
+    if module in ("cbop", "baseline"):  # their run directory: refused before Hydra starts it
+        assert "no .cbop-run marker" in done.stderr and ".hydra" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("setting", ["hydra.output_subdir=.hydra", "hydra/job_logging=default"])
+@pytest.mark.parametrize("module", list(PROGRAM_ARGS))
+def test_no_program_lets_hydra_write_before_the_check(
+    module: str, setting: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)
+    done = run_program(module, [*PROGRAM_ARGS[module], f"hydra.run.dir={folder}", setting],
+                       {"CBOP_TORCHRL_CACHE": str(tmp_path / "cache")})  # fmt: skip
+    assert done.returncode == 2 and "Hydra would write into" in done.stderr, done.stderr
+    assert setting.partition("=")[0] in done.stderr and not folder.exists(), done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["cache"]), list(tmp_path.iterdir())
+
+
+# ---------------------------------------- 2. every setting checked before work starts
+
+FIRST_STAGES = {  # each program's first piece of work, which no refusal may follow
+    "cbop": "cbop_torchrl.trainers.offline.dynamics_stage",
+    "baseline": "cbop_torchrl.baselines.build_baseline",
+    "collect": "cbop_torchrl.apps.collect.generate_datasets",
+    "train_dynamics": "cbop_torchrl.trainers.dynamics.load_or_train_dynamics",
+    "evaluate": "cbop_torchrl.envs.evaluate_policy",
+    "select_psi": "cbop_torchrl.apps.select_psi.score_runs",
+    "report": "cbop_torchrl.apps.report.load_summaries",
+}
+REFUSED_WITHIN_S = 20  # in this process, on a loaded 2-core machine; no stage takes less
+
+BAD_VALUES = {  # program -> section -> (one bad value, words of the refusal)
+    "cbop": {
+        "": (["seed=-1"], "seed=-1"),
+        "env": (["env=/no/such/data.hdf5"], "/no/such/data.hdf5"),
+        "task": (["task.termination=bogus"], "task.termination='bogus'"),
+        "agent": (["agent.hidden_sizes=[]"], "agent.hidden_sizes"),
+        "estimator": (["estimator.psi=-1"], "estimator.psi"),
+        "dynamics": (["dynamics.lr=0"], "dynamics.lr"),
+        "bc": (["bc.steps=0"], "bc.steps"),
+        "fqe": (["fqe.target_tau=5"], "fqe.target_tau"),
+        "train": (["train.batch_size=0"], "train.batch_size"),
+        "eval": (["eval.episodes=0"], "eval.episodes"),
+    },
+    "baseline": {
+        "algo": (["algo=iql", "algo.expectile=2"], "algo.expectile"),
+        "env": (["env=/no/such/data.hdf5"], "/no/such/data.hdf5"),
+        "task": (["task.termination=bogus"], "task.termination='bogus'"),
+        "train": (["train.batch_size=0"], "train.batch_size"),
+    },
+    "collect": {
+        "": (["compression_level=99"], "compression_level=99"),
+        "env": (["env=swimmer"], "swimmer"),
+        "task": (["task.termination=bogus"], "bogus"),
+        "kind": (["kind=bogus"], "bogus"),
+        "sac": (["sac.lr=0"], "sac.lr"),
+        "out_dir": (["out_dir=/dev/null/x"], "out_dir=/dev/null/x"),
+    },
+    "train_dynamics": {
+        "env": (["env=/no/such/data.hdf5"], "/no/such/data.hdf5"),
+        "task": (["task.termination=bogus"], "bogus"),
+        "dynamics": (["dynamics.lr=0"], "dynamics.lr"),
+        "output_dir": (["output_dir=/dev/null/x"], "output_dir=/dev/null/x"),
+    },
+    "evaluate": {
+        "checkpoint": (["checkpoint=/no/such/policy.pt"], "/no/such/policy.pt"),
+        "": (["episodes=0"], "episodes=0"),
+    },
+    "select_psi": {
+        "sweep_dir": (["sweep_dir=/no/such/sweep"], "/no/such/sweep"),
+        "": (["qvalue_nets=1"], "qvalue_nets=1"),
+        "json": (["json=/dev/null/x/x.json"], "json=/dev/null/x"),
+    },
+    "report": {
+        "paths": (["paths=/no/such/runs"], "/no/such/runs"),
+        "out": (["out=/dev/null/x"], "out=/dev/null/x"),
+    },
+}
+REQUIRED = {"cbop": ["preset=debug"], "baseline": ["preset=debug"],
+            "train_dynamics": ["output_dir=out"], "evaluate": ["checkpoint=policy.pt"],
+            "select_psi": ["sweep_dir=sweep"], "report": ["paths=runs"]}  # fmt: skip
+CASES = [(m, s) for m, sections in BAD_VALUES.items() for s in sections]
+
+
+@pytest.mark.parametrize(("module", "section"), CASES, ids=[f"{m}-{s or 'top'}" for m, s in CASES])
+def test_one_bad_value_per_section_is_refused_before_any_stage(
+    module: str, section: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+    import time
+
+    values, words = BAD_VALUES[module][section]
+    started: list[str] = []
+    owner, _, name = FIRST_STAGES[module].rpartition(".")
+
+    def stage(*args: object, **kwargs: object) -> None:
+        started.append(name)
+        raise AssertionError(f"{name} started before the bad value was refused")
+
+    monkeypatch.setattr(importlib.import_module(owner), name, stage)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sweep").mkdir()  # the required folders exist (and hold nothing)
+    (tmp_path / "runs").mkdir()
+    given = {value.partition("=")[0] for value in values}
+    args = [a for a in REQUIRED.get(module, []) if a.partition("=")[0] not in given] + values
+    begin = time.perf_counter()
+    done = run_program(module, args, {"CBOP_TORCHRL_CACHE": str(tmp_path / "cache")})
+    took = time.perf_counter() - begin
+    assert started == [], done.stderr
+    # one paragraph: the error line, and the list of every problem load_config found
+    lines = done.stderr[done.stderr.find("error: ") :].splitlines()
+    assert (
+        done.returncode == 2
+        and lines
+        and all(line.startswith("  - ") for line in lines[1:] if not line.startswith("note: "))
+    ), done.stderr
+    assert words in lines[0] + "".join(lines[1:2]), done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert took < REFUSED_WITHIN_S, f"refused after {took:.1f} s"
+    assert sorted(p.name for p in tmp_path.iterdir()) in (["runs", "sweep"],
+                                                          ["cache", "runs", "sweep"])  # fmt: skip
+    assert not any((tmp_path / "runs").iterdir())

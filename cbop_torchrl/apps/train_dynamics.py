@@ -82,18 +82,24 @@ OUTPUT_NAMES = ("dynamics_log.jsonl", "dynamics.pt", "dynamics_metrics.json")
 """What this program writes into ``output_dir``; it replaces only its own (its manifest)."""
 
 
+def validate(cfg: DictConfig) -> None:
+    """Refuses (exit 2) before any work an ``output_dir`` that cannot be written or holds a
+    file this program did not write."""
+    run_dir = HydraConfig.get().runtime.output_dir
+    check_output_writable("output_dir", cfg.output_dir, created_dir=run_dir)
+    for name in OUTPUT_NAMES:  # a file of the user's is never replaced
+        try:
+            check_owned_output(Path(cfg.output_dir) / name, PROGRAM)
+        except ForeignFileError as error:
+            refuse(error, run_dir)
+
+
 def run(cfg: DictConfig) -> None:
     """The Hydra task: train, print the fit's summary."""
     from cbop_torchrl.data import DatasetError
     from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
 
     run_dir = HydraConfig.get().runtime.output_dir
-    check_output_writable("output_dir", cfg.output_dir, created_dir=run_dir)
-    for name in OUTPUT_NAMES:  # before any work: a file of the user's is never replaced
-        try:
-            check_owned_output(Path(cfg.output_dir) / name, PROGRAM)
-        except ForeignFileError as error:
-            refuse(error, run_dir)
     try:
         metrics = train(cfg)
     except (
@@ -111,4 +117,4 @@ def run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    hydra_entry("train_dynamics", uses_cache=True)(run)()
+    hydra_entry("train_dynamics", uses_cache=True, validate=validate)(run)()

@@ -286,6 +286,23 @@ def _read_summary_file(file: Path) -> dict[str, Any] | None:
     return value
 
 
+def check_report_paths(paths: Sequence[str | Path]) -> None:
+    """Refuses (:class:`ReportError`) a ``paths=`` entry that does not exist or is a folder
+    no program searches (:func:`cbop_torchrl.sweeps.check_search_root`); checked before any
+    summary is read."""
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise ReportError(
+                f"{str(path)!r} does not exist; paths= takes run directories (holding "
+                "results.json), sweep directories or results folders such as benchmarks/results"
+            )
+        try:
+            check_search_root(path, "paths")
+        except SweepError as error:
+            raise ReportError(str(error)) from None
+
+
 def load_summaries(
     paths: Iterable[str | Path],
     analysis: bool = True,
@@ -307,17 +324,9 @@ def load_summaries(
     summaries: list[dict[str, Any]] = []
     seen_runs: set[str] = set()
     run_dirs: list[Path] = []
+    check_report_paths(paths)
     for raw in paths:
         path = Path(raw)
-        if not path.exists():
-            raise ReportError(
-                f"{str(path)!r} does not exist; paths= takes run directories (holding "
-                "results.json), sweep directories or results folders such as benchmarks/results"
-            )
-        try:
-            check_search_root(path, "paths")
-        except SweepError as error:
-            raise ReportError(str(error)) from None
         files = [path] if path.is_file() else find_regular_files(path, "*.json")
         for file in files:
             if file.name == "results.json":
