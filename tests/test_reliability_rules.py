@@ -21,7 +21,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -210,58 +210,33 @@ USER_CAUSED = {
 }  # fmt: skip
 
 
-def _writers(folder: Path) -> dict:
-    """One writer per kind of file the programs write, each failing as the OS would."""
+def _write(kind: str, folder: Path, number: int, patch: pytest.MonkeyPatch) -> None:
+    """Writes one kind of file the programs write, failing with ``number`` as the OS would:
+    a checkpoint (``torch.save`` fails), a result (its writer fails), a logger's row, a
+    cache entry (h5py's form: the errno in the text only), a JSON record (``write_text``)."""
     import torch
 
     from cbop_torchrl.io import atomic_json_dump, atomic_torch_save, atomic_write
 
-    def failing(number: int, text: bool = False) -> Callable[..., None]:
-        def write(*args: object) -> None:
-            if text:  # h5py's form: the errno in the text only
-                raise OSError(
-                    f"Can't synchronously write data (file write failed: filename = "
-                    f"'{folder / 'data.hdf5'}', file descriptor = 3, errno = {number}, "
-                    f"error message = '{os.strerror(number)}')"
-                )
-            raise OSError(number, os.strerror(number), str(folder / "file"))
+    def fail(*args: object, **kwargs: object) -> None:
+        if kind == "cache":
+            raise OSError(
+                f"Can't synchronously write data (file write failed: filename = "
+                f"'{folder / 'data.hdf5'}', file descriptor = 3, errno = {number}, "
+                f"error message = '{os.strerror(number)}')"
+            )
+        raise OSError(number, os.strerror(number), str(folder / "file"))
 
-        return write
-
-    return {
-        "checkpoint": lambda n: atomic_torch_save(
-            {"x": torch.zeros(4)}, _failing_save(folder / "checkpoint.pt", failing(n))
-        ),
-        "results": lambda n: atomic_write(folder / "results.json", failing(n)),
-        "log": lambda n: failing(n)(),  # a logger appending a row
-        "cache": lambda n: atomic_write(folder / "cache" / "leaves.json", failing(n, True)),
-        "json": lambda n: atomic_json_dump({"a": 1}, _failing_json(folder, failing(n))),
-    }
-
-
-def _failing_save(path: Path, fail: Callable[..., None]) -> Path:
-    import torch
-
-    _patches.append(("save", torch.save))
-    torch.save = fail  # restored by the test (monkeypatch would not reach the lambda)
-    return path
-
-
-def _failing_json(folder: Path, fail: Callable[..., None]) -> Path:
-    _patches.append(("write_text", Path.write_text))
-    Path.write_text = fail
-    return folder / "config.json"
-
-
-_patches: list[tuple[str, object]] = []
-
-
-def _restore() -> None:
-    import torch
-
-    while _patches:
-        name, original = _patches.pop()
-        setattr(torch if name == "save" else Path, name, original)
+    if kind == "checkpoint":
+        patch.setattr(torch, "save", fail)
+        atomic_torch_save({"x": torch.zeros(4)}, folder / "checkpoint.pt")
+    elif kind == "json":
+        patch.setattr(Path, "write_text", fail)
+        atomic_json_dump({"a": 1}, folder / "config.json")
+    elif kind == "log":
+        fail()  # a logger appending a row to its file
+    else:
+        atomic_write(folder / ("results.json" if kind == "results" else "leaves.json"), fail)
 
 
 @pytest.mark.parametrize("number", sorted(USER_CAUSED), ids=errno.errorcode.get)
@@ -274,14 +249,11 @@ def test_every_write_the_system_stops_is_one_paragraph(
     from cbop_torchrl.cli import hydra_entry, run_entry
 
     folder = tmp_path / "out"
-    (folder / "cache").mkdir(parents=True)
-    write = _writers(folder)[kind]
+    folder.mkdir()
 
     def task(cfg: object) -> None:
-        try:
-            write(number)
-        finally:
-            _restore()
+        with pytest.MonkeyPatch.context() as patch:
+            _write(kind, folder, number, patch)
 
     code = run_entry(hydra_entry("report")(task), [f"paths={tmp_path}"])
     err = capsys.readouterr().err
