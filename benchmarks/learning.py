@@ -96,7 +96,12 @@ from cbop_torchrl.evaluation.summaries import (  # noqa: E402
     read_scalar_curves,
     summarize_run,
 )
-from cbop_torchrl.io import atomic_json_dump, cache_dir  # noqa: E402
+from cbop_torchrl.io import (  # noqa: E402
+    atomic_json_dump,
+    cache_dir,
+    find_regular_files,
+    read_regular_text,
+)
 from cbop_torchrl.trainers.rundir import MARKER_NAME  # noqa: E402
 from cbop_torchrl.trainers.slicing import (  # noqa: E402
     DEADLINE_ENV,
@@ -645,8 +650,8 @@ def write_rows(results: Path, dataset: str) -> Path | None:
 
     provenance = dataset_provenance(dataset)
     summaries = []
-    for path in sorted((results / dataset).glob("*/seed*.json")):
-        summary = json.loads(path.read_text())
+    for path in find_regular_files(results / dataset, "seed*.json", depth=1):
+        summary = json.loads(read_regular_text(path))
         if "variant" in summary and "seed" in summary:
             summaries.append(summary)
     if not summaries:

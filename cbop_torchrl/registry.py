@@ -16,6 +16,8 @@ observations in model rollouts.
 from __future__ import annotations
 
 import math
+import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -236,6 +238,73 @@ def d4rl_ids() -> list[str]:
     return [f"{name}-{kind}-v2" for name in _FAMILIES for kind in D4RL_KINDS]
 
 
+_WORD = re.compile(r"[^\W_]+")  # a run of letters and digits, in any script
+
+
+def name_words(name: str) -> list[str]:
+    """The words of a (file) name: its runs of letters and digits, in any script, each then
+    case-folded and in Unicode's compatibility form (NFKC: full-width letters are letters).
+    Every other character (spaces, dots, dashes of any kind, underscores, symbols such as
+    a trade mark sign) separates words."""
+    return [
+        word
+        for raw in _WORD.findall(name)
+        for word in _WORD.findall(unicodedata.normalize("NFKC", raw).casefold())
+    ]
+
+
+def _named(words: list[str], term: str) -> int | None:
+    """Where the term (a family or kind, its words joined: ``medium-replay`` is
+    ``mediumreplay``) begins in ``words``, spelled as one word or as 2-3 consecutive ones
+    (``walker2d``, ``walker 2d``; ``medium replay``, ``MediumReplay``), or None."""
+    compact = "".join(name_words(term))
+    for start in range(len(words)):
+        for stop in range(start + 1, min(start + 3, len(words)) + 1):
+            if "".join(words[start:stop]) == compact:
+                return start
+    return None
+
+
+def families_in_name(name: str) -> list[str]:
+    """The known families a (file) name names, in the order they appear (by
+    :func:`name_words`: ``Hopper Medium.hdf5``, ``hopper.medium.hdf5``,
+    ``hopper–medium`` with any dash, ``my-hopper-data``); empty when it names none."""
+    words = name_words(name)
+    where = {family: _named(words, family) for family in _FAMILIES}
+    return sorted((f for f, i in where.items() if i is not None), key=lambda f: where[f])
+
+
+def family_in_name(name: str) -> str | None:
+    """The one known family a (file) name names (:func:`families_in_name`), or None when it
+    names none or more than one (the name then does not say)."""
+    named = families_in_name(name)
+    return named[0] if len(named) == 1 else None
+
+
+def kind_in_name(name: str) -> str | None:
+    """The D4RL kind a (file) name names (``hopper-medium-replay-gen`` -> ``medium-replay``,
+    ``Hopper Medium Expert.hdf5`` -> ``medium-expert``), by :func:`name_words`; longer kinds
+    first, so ``medium-expert`` is not read as ``medium``. None when it names none."""
+    words = name_words(name)
+    for kind in sorted(D4RL_KINDS, key=len, reverse=True):
+        if _named(words, kind) is not None:
+            return kind
+    return None
+
+
+_SIZES: dict[str, tuple[tuple[int, ...], int]] = {}
+
+
+def families_of_sizes(obs_dim: int, action_dim: int) -> list[Task]:
+    """The known families whose environment has observations ``obs_dim`` wide and actions
+    ``action_dim`` wide (hopper 11/3; walker2d and halfcheetah both 17/6; ant 111 or 27/8)."""
+    return [
+        _FAMILIES[name]
+        for name, (widths, actions) in _SIZES.items()
+        if obs_dim in widths and action_dim == actions
+    ]
+
+
 def parse_d4rl_id(dataset_id: str) -> tuple[Task, str] | None:
     """Splits ``"hopper-medium-replay-v2"`` into its family and kind, or returns None."""
     if not dataset_id.endswith("-v2"):
@@ -263,3 +332,4 @@ register_family(Task("halfcheetah", "HalfCheetah-v4", {}, -280.178953, 12135.0, 
 register_family(Task("ant", "Ant-v4", {"use_contact_forces": True}, -325.6, 3879.7, "ant"))
 # The data decides: 111-wide ant data is D4RL's layout, 27-wide data gymnasium's default.
 register_layouts("ant", {111: {"use_contact_forces": True}, 27: {"use_contact_forces": False}})
+_SIZES.update(hopper=((11,), 3), walker2d=((17,), 6), halfcheetah=((17,), 6), ant=((111, 27), 8))

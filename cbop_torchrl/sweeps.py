@@ -11,12 +11,12 @@ runs, or of symbolic links to runs kept elsewhere) work as well.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 from pathlib import Path
 from typing import Any
 
 from cbop_torchrl.io import is_regular_file, read_json_object, read_regular_text
+from cbop_torchrl.io.walking import find_regular_files, is_system_folder
 
 RESULTS_NAME = "results.json"
 CONFIG_NAME = "config.json"
@@ -31,9 +31,9 @@ class SweepError(ValueError):
 def check_search_root(path: str | Path, key: str) -> None:
     """Refuses (:class:`SweepError`) a folder no program should search: the root of the file
     system (every folder of the machine, every other user's runs) or the kernel's
-    :data:`SYSTEM_FOLDERS`."""
+    :data:`cbop_torchrl.io.walking.SYSTEM_FOLDERS`."""
     real = os.path.realpath(path)
-    if real == "/" or _is_system_folder(real):
+    if real == "/" or is_system_folder(real):
         raise SweepError(
             f"{key}={path} would search {'the whole file system' if real == '/' else real!r}; "
             "give the folder of your runs (the hydra.sweep.dir of a multirun, a run directory, "
@@ -48,40 +48,6 @@ def _check_dir(sweep_dir: Path) -> None:
             f"sweep directory {str(sweep_dir)!r} does not exist or is not a directory; give the "
             "hydra.sweep.dir of a multirun (e.g. sweep_dir=multirun or sweep_dir=sweeps/paper_grid)"
         )
-
-
-SYSTEM_FOLDERS = ("/proc", "/sys", "/dev")
-"""Folders of the kernel's pseudo file systems: never searched (``/proc/<pid>/cwd`` links to
-every process's working directory, ``/dev`` holds devices)."""
-
-
-def find_files(root: str | Path, pattern: str) -> list[Path]:
-    """The regular files under ``root`` whose name matches ``pattern`` (``"*.json"``), sorted.
-
-    The one walker of every program that reads what it finds in folders (``cbop-report``,
-    ``cbop-select-psi``, the sweep readers). Unlike ``Path.rglob`` before Python 3.13,
-    symbolic links to folders are followed, so a folder of links to runs kept elsewhere is
-    searched like the runs themselves; each real folder is searched once (a link back up
-    the tree does not loop), the kernel's pseudo file systems (:data:`SYSTEM_FOLDERS`) are
-    never entered, and only regular files are returned: a FIFO, socket or device with a
-    matching name is skipped (reading a FIFO would wait forever for a writer). Paths are
-    given as found under ``root`` (through the links).
-    """
-    found, seen = [], set()
-    for folder, subfolders, files in os.walk(root, followlinks=True):
-        real = os.path.realpath(folder)
-        if real in seen or _is_system_folder(real):
-            subfolders.clear()  # reached again through a link, or the kernel's: not searched
-            continue
-        seen.add(real)
-        subfolders.sort()
-        matching = (Path(folder) / name for name in fnmatch.filter(files, pattern))
-        found += [path for path in matching if is_regular_file(path)]
-    return sorted(found)
-
-
-def _is_system_folder(real: str) -> bool:
-    return any(real == top or real.startswith(f"{top}/") for top in SYSTEM_FOLDERS)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -110,7 +76,7 @@ def collect_results(sweep_dir: str | Path) -> list[dict[str, Any]]:
     sweep_dir = Path(sweep_dir)
     _check_dir(sweep_dir)
     results = []
-    for path in find_files(sweep_dir, RESULTS_NAME):
+    for path in find_regular_files(sweep_dir, RESULTS_NAME):
         record = _read_json(path)
         record["run_dir"] = str(path.parent.resolve())
         overrides = read_overrides(path.parent)
@@ -142,7 +108,7 @@ def find_runs(sweep_dir: str | Path) -> list[Path]:
     sweep_dir = Path(sweep_dir)
     _check_dir(sweep_dir)
     runs = []
-    for config in find_files(sweep_dir, CONFIG_NAME):
+    for config in find_regular_files(sweep_dir, CONFIG_NAME):
         if any(is_regular_file(config.parent / name) for name in POLICY_FILES):
             runs.append(config.parent)
     return runs

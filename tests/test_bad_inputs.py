@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -211,22 +212,34 @@ def test_an_unwritable_cache_is_named_before_any_work(refused: dict[str, Refused
 def test_a_refused_command_removes_only_what_it_made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Hydra's files, an empty log and this process's lock go; another run's lock stays."""
+    """The marker, the run's .hydra/ and this process's lock go; another run's lock, a
+    .hydra/ without the marker (another application's) and a folder that existed stay."""
+    from cbop_torchrl.trainers.rundir import MARKER_NAME, note_run_dir
+
     monkeypatch.chdir(tmp_path)  # empty parents are removed up to the working directory
-    for holder, removed in (
-        (f"pid {os.getpid()} on here\n", True),
-        ("", True),
-        ("pid 1 on x", False),
+    for holder, marked, removed in (
+        (f"pid {os.getpid()} on here\n", True, True),
+        ("", True, True),
+        ("pid 1 on x", True, False),
+        ("", False, False),
     ):
         run_dir = tmp_path / "runs" / "a" / "b"
         (run_dir / ".hydra").mkdir(parents=True)
         (run_dir / ".hydra" / "config.yaml").write_text("seed: 0\n")
-        (run_dir / "cbop.log").write_text("")
+        if marked:
+            (run_dir / MARKER_NAME).write_text("")
         (run_dir / LOCK_NAME).write_text(holder)
         remove_if_only_hydra_files(run_dir)
         assert (not (tmp_path / "runs").exists()) == removed, holder
         if not removed:
             assert (run_dir / LOCK_NAME).read_text() == holder
+            shutil.rmtree(tmp_path / "runs")
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    note_run_dir(existing)  # as the guard does before Hydra starts
+    (existing / MARKER_NAME).write_text("")
+    remove_if_only_hydra_files(existing)
+    assert existing.is_dir()
 
 
 def test_too_small_datasets_are_refused_with_the_sizes_named(tmp_path: Path) -> None:

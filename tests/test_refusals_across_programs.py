@@ -4,7 +4,7 @@ One mechanism per class, each tested on the reported cases and on forms not repo
 
 - ranges in one place (``config.SETTING_RANGES``): every numeric setting of every program
   refused before any work, with one paragraph;
-- special files skipped or refused (``sweeps.find_files``, ``io.read_regular_bytes``):
+- special files skipped or refused (``io.walking.find_regular_files``, ``io.read_regular_bytes``):
   no program blocks on a FIFO it found by walking a folder or was given by name;
 - output ownership by the marker alone and no write through a link (``rundir.claim_run_dir``,
   ``io.check_owned_output``, ``io.check_no_link``);
@@ -350,7 +350,7 @@ def test_start_states_beyond_the_address_space_limit_are_refused(tmp_path: Path)
 
 
 def test_the_walker_skips_special_files_and_the_kernels_folders(tmp_path: Path) -> None:
-    from cbop_torchrl.sweeps import find_files
+    from cbop_torchrl.io.walking import find_regular_files as find_files
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "results.json").write_text("{}")

@@ -81,10 +81,17 @@ def test_a_folder_that_is_not_a_run_is_refused_and_left_as_it_was(
 
 def test_a_run_marks_its_directory_and_only_a_marked_one_is_a_run(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh"
-    (fresh / ".hydra").mkdir(parents=True)
-    (fresh / "cbop.log").write_text("")
-    claim_run_dir(fresh)  # what Hydra writes before the program starts is no user file
+    fresh.mkdir()
+    claim_run_dir(fresh)  # an empty folder (as Hydra makes it: it writes nothing there)
     assert (fresh / MARKER_NAME).is_file()
+    other_app = tmp_path / "other_app"  # another Hydra application's record and log
+    (other_app / ".hydra").mkdir(parents=True)
+    (other_app / ".hydra" / "config.yaml").write_text("theirs: 1\n")
+    (other_app / "my_app.log").write_text("")
+    with pytest.raises(CheckpointError, match=r"no cbop-torchrl run wrote there \(.hydra, my_"):
+        claim_run_dir(other_app)
+    assert sorted(p.name for p in other_app.iterdir()) == [".hydra", "my_app.log"]
+    assert (other_app / ".hydra" / "config.yaml").read_text() == "theirs: 1\n"
     claim_run_dir(tmp_path / "new" / "nested")
     assert (tmp_path / "new" / "nested" / MARKER_NAME).is_file()
     previous_run = tmp_path / "marked"

@@ -69,21 +69,32 @@ def command_line(argv: list[str]) -> str:
     return shlex.join([*words, *argv[1:]])
 
 
-def run(cfg: DictConfig) -> None:
-    """The Hydra task: generate the requested files and print their paths."""
-    filter_env_warnings()
-    torch.set_num_threads(int(cfg.num_threads))
-    command = command_line(sys.argv)
+def checked_request(cfg: DictConfig) -> GenerationRequest:
+    """The request of ``cfg``, every setting and output folder checked; refuses (exit 2)
+    one that cannot run."""
     if cfg.out_dir is None or cfg.runs_dir is None:  # their default is under the cache
         check_cache_writable()
     for key in ("out_dir", "runs_dir"):
         if cfg[key] is not None:
             check_output_writable(key, cfg[key])
     try:
-        request = build_request(cfg, command)
+        request = build_request(cfg, command_line(sys.argv))
         request.validate()
     except (TaskError, ValueError, KeyError) as error:
         refuse(error.args[0] if isinstance(error, KeyError) and error.args else error)
+    return request
+
+
+def validate(cfg: DictConfig) -> None:
+    """The whole config checked before any collection (:func:`checked_request`)."""
+    checked_request(cfg)
+
+
+def run(cfg: DictConfig) -> None:
+    """The Hydra task: generate the requested files and print their paths."""
+    filter_env_warnings()
+    torch.set_num_threads(int(cfg.num_threads))
+    request = checked_request(cfg)
     try:
         paths = generate_datasets(request)
     except (TaskError, ValueError, KeyError) as error:
@@ -93,4 +104,4 @@ def run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    hydra_entry("collect")(run)()
+    hydra_entry("collect", validate=validate)(run)()

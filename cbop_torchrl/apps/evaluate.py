@@ -24,10 +24,14 @@ from cbop_torchrl.envs import TaskError, describe_score, filter_env_warnings
 from cbop_torchrl.trainers.checkpoint import CheckpointError
 
 
-def run(cfg: DictConfig) -> None:
-    """The Hydra task: evaluate, print the returns and the score."""
+def validate(cfg: DictConfig) -> None:
+    """Refuses (exit 2) before any work an ``output=`` that cannot be written."""
     if cfg.output:
         check_output_writable("output", cfg.output, Path(cfg.output).absolute().parent)
+
+
+def run(cfg: DictConfig) -> None:
+    """The Hydra task: evaluate, print the returns and the score."""
     try:
         summary = evaluate(cfg)
     except (ConfigError, CheckpointError, TaskError, RuntimeError) as error:
@@ -41,4 +45,4 @@ def run(cfg: DictConfig) -> None:
 
 def main() -> None:
     filter_env_warnings()
-    hydra_entry("evaluate")(run)()
+    hydra_entry("evaluate", validate=validate)(run)()

@@ -39,7 +39,7 @@ from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs import filter_env_warnings
 from cbop_torchrl.evaluation.headline import current_files_in, headlines_in
 from cbop_torchrl.evaluation.report import write_report
-from cbop_torchrl.evaluation.summaries import ReportError, load_summaries
+from cbop_torchrl.evaluation.summaries import ReportError, check_report_paths, load_summaries
 from cbop_torchrl.io import (
     ForeignFileError,
     check_owned_output,
@@ -95,8 +95,10 @@ REPORT_FILES = (
 figures named after datasets are checked as they are written)."""
 
 
-def run(cfg: DictConfig) -> None:
-    """The Hydra task: load the runs and summaries, write the report, print its table."""
+def validate(cfg: DictConfig) -> None:
+    """Refuses (exit 2), before any work: a missing dependency, ``paths=`` that is no list
+    of existing folders or files, an ``out=`` that cannot be written or holds a file no
+    report wrote."""
     check_report_dependencies()
     paths = report_paths(cfg.paths)
     check_output_writable("out", cfg.out)
@@ -105,6 +107,15 @@ def run(cfg: DictConfig) -> None:
             check_owned_output(Path(cfg.out) / name, PROGRAM)
     except ForeignFileError as error:
         refuse(f"out={cfg.out}: {error}")
+    try:  # every data path, before any summary is read
+        check_report_paths(paths)
+    except ReportError as error:
+        refuse(error)
+
+
+def run(cfg: DictConfig) -> None:
+    """The Hydra task: load the runs and summaries, write the report, print its table."""
+    paths = report_paths(cfg.paths)
     try:
         # a benchmark results folder names each set's current file and headline rows
         summaries = load_summaries(paths, analysis=cfg.analysis, current=current_files_in(paths))
@@ -133,6 +144,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def program() -> None:
         refuse_old_arguments(words, "cbop-report", "report", "paths", OLD_OPTIONS)
-        hydra_entry("report")(run)()
+        hydra_entry("report", validate=validate)(run)()
 
     return run_entry(program, words)

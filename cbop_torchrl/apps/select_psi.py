@@ -220,6 +220,15 @@ def ranking_record(ranking: DatasetRanking) -> dict:
     }
 
 
+def validate(cfg: DictConfig) -> None:
+    """Refuses (exit 2) before any run is read a setting that cannot run
+    (:func:`check_settings`)."""
+    try:
+        check_settings(cfg)
+    except SweepError as error:
+        refuse(error)
+
+
 def run(cfg: DictConfig) -> None:
     """The Hydra task: fit FQE for every run of the sweep, print (and write) the rankings."""
     try:
@@ -279,6 +288,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def program() -> None:
         refuse_old_arguments(words, "cbop-select-psi", "select_psi", "sweep_dir", OLD_OPTIONS)
-        hydra_entry("select_psi")(run)()
+        hydra_entry("select_psi", validate=validate)(run)()
 
     return run_entry(program, words)

@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from cbop_torchrl.cli import check_output_writable, hydra_entry, refuse
-from cbop_torchrl.io import ForeignFileError, check_owned_output, refused_write
+from cbop_torchrl.io import ForeignFileError, check_owned_output, write_failure
 
 
 def train(cfg: DictConfig) -> dict:
@@ -82,25 +82,31 @@ OUTPUT_NAMES = ("dynamics_log.jsonl", "dynamics.pt", "dynamics_metrics.json")
 """What this program writes into ``output_dir``; it replaces only its own (its manifest)."""
 
 
+def validate(cfg: DictConfig) -> None:
+    """Refuses (exit 2) before any work an ``output_dir`` that cannot be written or holds a
+    file this program did not write."""
+    run_dir = HydraConfig.get().runtime.output_dir
+    check_output_writable("output_dir", cfg.output_dir, created_dir=run_dir)
+    for name in OUTPUT_NAMES:  # a file of the user's is never replaced
+        try:
+            check_owned_output(Path(cfg.output_dir) / name, PROGRAM)
+        except ForeignFileError as error:
+            refuse(error, run_dir)
+
+
 def run(cfg: DictConfig) -> None:
     """The Hydra task: train, print the fit's summary."""
     from cbop_torchrl.data import DatasetError
     from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
 
     run_dir = HydraConfig.get().runtime.output_dir
-    check_output_writable("output_dir", cfg.output_dir, created_dir=run_dir)
-    for name in OUTPUT_NAMES:  # before any work: a file of the user's is never replaced
-        try:
-            check_owned_output(Path(cfg.output_dir) / name, PROGRAM)
-        except ForeignFileError as error:
-            refuse(error, run_dir)
     try:
         metrics = train(cfg)
     except (
         DatasetError, ValueError, KeyError, RuntimeError, OSError, NonFiniteLossError
     ) as error:  # fmt: skip
-        if isinstance(error, OSError) and (refused := refused_write(error)) is not None:
-            error = refused  # a refused write: the file, the OS's cause and what to do
+        if (failure := write_failure(error, cfg.output_dir)) is not None:
+            error = failure  # a write the system stopped: the file, the cause, what to do
         refuse(error.args[0] if isinstance(error, KeyError) and error.args else error, run_dir)
     summary = {
         key: metrics[key]
@@ -111,4 +117,4 @@ def run(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    hydra_entry("train_dynamics", uses_cache=True)(run)()
+    hydra_entry("train_dynamics", uses_cache=True, validate=validate)(run)()

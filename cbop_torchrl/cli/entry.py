@@ -40,20 +40,23 @@ from cbop_torchrl.config.schemas import (
 )
 from cbop_torchrl.registry import parse_d4rl_id
 from cbop_torchrl.trainers.logging import ProgressLines
-from cbop_torchrl.trainers.rundir import LOCK_NAME, MARKER_NAME, remember_hydra_job
+from cbop_torchrl.trainers.rundir import (
+    LOCK_NAME,
+    MARKER_NAME,
+    existing_ancestor,
+    remember_hydra_job,
+)
 from cbop_torchrl.utils import (
     ForeignFileError,
-    as_disk_full_error,
     cache_root,
-    is_disk_full,
     is_out_of_memory,
     keep_mujoco_log_out_of_cwd,
     out_of_memory_message,
     program_command,
-    refused_write,
     running_program,
     set_output_setting,
     unwritable_reason,
+    write_failure,
 )
 
 EXIT_BAD_INPUT = 2
@@ -76,29 +79,33 @@ def refuse(message: object, created_dir: str | Path | None = None) -> NoReturn:
 
 
 def remove_if_only_hydra_files(run_dir: Path) -> None:
-    """Removes ``run_dir`` if it holds only what this command put there, then empty parents.
+    """Removes ``run_dir`` if this command made it and it holds only what this command put
+    there, then the empty parents it made.
 
-    That is ``.hydra/``, Hydra's empty job log, the run marker (``.cbop-run``) and a run
-    lock (``.run.lock``)
-    that is free or held by this process; a lock naming another process, a log
-    with content or any other file belongs to another run and keeps the directory.
+    A folder that existed before the command (recorded by the guard,
+    :mod:`cbop_torchrl.cli.guard`), the run directory or a parent, is never removed.
+    Otherwise (made now, or a multirun's job folder, made by Hydra's launcher) it may hold
+    the run marker (``.cbop-run``), the ``.hydra/`` record the run writes after it, and a
+    run lock (``.run.lock``) that is free or held by this process; a lock naming another
+    process or any other file belongs to another run and keeps the directory.
     """
     run_dir = run_dir.resolve()
     if not run_dir.is_dir() or run_dir == Path.cwd().resolve():
         return
-    for path in run_dir.iterdir():
-        if path.name in (".hydra", MARKER_NAME):
-            continue
-        if path.name == LOCK_NAME:
-            holder = path.read_text().strip()
-            if holder and not holder.startswith(f"pid {os.getpid()} "):
-                return
-        elif path.suffix != ".log" or path.stat().st_size > 0:
-            return  # a log with content belongs to an earlier session
+    kept = existing_ancestor(run_dir)  # what existed before the command stays
+    if kept == run_dir:
+        return
+    names = {path.name for path in run_dir.iterdir()}
+    if names - {MARKER_NAME, LOCK_NAME, *((".hydra",) if MARKER_NAME in names else ())}:
+        return
+    if LOCK_NAME in names:
+        holder = (run_dir / LOCK_NAME).read_text().strip()
+        if holder and not holder.startswith(f"pid {os.getpid()} "):
+            return
     shutil.rmtree(run_dir, ignore_errors=True)
     cwd = Path.cwd().resolve()
     parent = run_dir.parent
-    while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
+    while parent not in (cwd, kept) and cwd in parent.parents and not any(parent.iterdir()):
         parent.rmdir()
         parent = parent.parent
 
@@ -180,7 +187,10 @@ OUTPUT_SETTINGS = {
 
 
 def hydra_entry(
-    config_name: str, uses_cache: bool = False, check_values: bool = True
+    config_name: str,
+    uses_cache: bool = False,
+    check_values: bool = True,
+    validate: Callable[[DictConfig], None] | None = None,
 ) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
     """``hydra.main`` over :data:`CONFIG_DIR`, with one paragraph and exit code 2 for bad input.
 
@@ -192,12 +202,14 @@ def hydra_entry(
     ``$CBOP_TORCHRL_CACHE``, which is then checked to be writable first thing.
     ``check_values``: refuse NaN numbers and empty strings (which the schema lets
     through) before the task; False where ``load_config`` reports them among every
-    other problem.
+    other problem. ``validate``: the program's own checks of its whole config (its data
+    and output paths included), which refuse (exit 2) what cannot run; called after the
+    shared checks and before the task function, so no stage starts on a bad value.
     """
     register_schemas()
 
     def decorate(task_function: Callable[[DictConfig], Any]) -> Callable[[], Any]:
-        entry = _Entry(config_name, task_function, uses_cache, check_values)
+        entry = _Entry(config_name, task_function, uses_cache, check_values, validate)
         return functools.update_wrapper(functools.partial(entry.main), task_function)
 
     return decorate
@@ -220,8 +232,10 @@ class _Entry:
         task_function: Callable[[DictConfig], Any],
         uses_cache: bool,
         check_values: bool,
+        validate: Callable[[DictConfig], None] | None = None,
     ) -> None:
         self.config_name = config_name
+        self.validate = validate
         self.task_function = task_function
         self.uses_cache = uses_cache
         self.check_values = check_values
@@ -338,6 +352,8 @@ class _Entry:
             refuse("; ".join(problems), run_dir)
         if self.uses_cache:
             check_cache_writable(run_dir)
+        if self.validate is not None:  # the program's own checks: paths, outputs, requests
+            self.validate(cfg)
 
 
 def refuse_known_failure(error: Exception, run_dir: str) -> None:
@@ -347,12 +363,12 @@ def refuse_known_failure(error: Exception, run_dir: str) -> None:
     of Ctrl-C is the interrupt. Returns for any other error."""
     if raised_while_interrupted(error):
         raise KeyboardInterrupt from None
-    if is_disk_full(error):
-        refuse(as_disk_full_error(error, run_dir), run_dir)
     if isinstance(error, ForeignFileError):
         refuse(error, run_dir)
-    if (refused := refused_write(error)) is not None:  # read-only, no permission
-        refuse(refused, run_dir)
+    # every write the system stopped (no space, quota, file-size limit, read-only, no
+    # permission), whoever raised it, in one paragraph (io.write_failure)
+    if (failure := write_failure(error, run_dir, cleaned=False)) is not None:
+        refuse(failure, run_dir)
     if is_out_of_memory(error):
         refuse(out_of_memory_message(error), run_dir)
 
@@ -432,10 +448,11 @@ def run_entry(main: Callable[[], Any], argv: Sequence[str] | None = None) -> int
     if argv is not None:
         sys.argv = [saved[0] if saved else "cbop", *argv]
     try:
-        main()
+        returned = main()
     except SystemExit as exit_:
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     finally:
         sys.argv = saved
-    return 0
+    # a program whose main returns its exit code (cbop-report) rather than exiting
+    return returned if isinstance(returned, int) and not isinstance(returned, bool) else 0

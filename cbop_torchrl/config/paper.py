@@ -13,10 +13,9 @@ value given on the command line is not null, so explicit overrides always win.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from cbop_torchrl.registry import D4RL_KINDS, Task
+from cbop_torchrl.registry import Task, kind_in_name
 
 PAPER_PSI: dict[str, dict[str, float]] = {
     "halfcheetah": {
@@ -95,13 +94,11 @@ PAPER_SHARED: dict[str, Any] = {
 def infer_dataset_kind(name: str) -> str | None:
     """The D4RL kind named in a dataset name (``hopper-medium-replay-gen`` -> ``medium-replay``).
 
-    Longer kinds are tried first, so ``medium-expert`` is not read as ``medium``.
+    Read by :func:`cbop_torchrl.registry.kind_in_name` (any separators, case and script);
+    longer kinds are tried first, so ``medium-expert`` is not read as ``medium``.
     Returns None when no kind appears in the name.
     """
-    for kind in sorted(D4RL_KINDS, key=len, reverse=True):
-        if re.search(rf"(^|[-_/]){re.escape(kind)}($|[-_/.])", name):
-            return kind
-    return None
+    return kind_in_name(name)
 
 
 def paper_settings(family: Task | str | None, kind: str | None) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from cbop_torchrl.registry import (
     NO_TERMINATION,
     Task,
     families,
+    families_in_name,
+    families_of_sizes,
     family_of_gym_id,
     get_family,
     layout_for,
@@ -70,13 +72,44 @@ class TaskConfig:
 TASK_KEYS = ("task.gym_id", "task.termination")
 
 
-def example_command(info: DatasetInfo, gym_id: str) -> str:
+def unknown_task_message(info: DatasetInfo) -> str:
+    """Why the task of ``info``'s data is unknown, and the ``task.gym_id`` (with
+    ``task.termination`` where the id is no known family's) that names it: for each known
+    family of the data's sizes a command that runs as written, else an example."""
+    named = families_in_name(info.name)
+    if named:
+        said = f"its name names more than one known family ({', '.join(named)})"
+    else:
+        said = f"its name names no known family ({', '.join(sorted(families()))})"
+    fitting = families_of_sizes(info.obs_dim, info.action_dim)
+    if fitting:
+        fixes = " or ".join(
+            f"for {task.name} data `{example_command(info, task.gym_id, None)}`" for task in fitting
+        )
+        how = (
+            f"Name the task on the command line: its sizes ({info.obs_dim} observations, "
+            f"{info.action_dim} actions) are those of {' and '.join(t.name for t in fitting)}, "
+            f"so {fixes}"
+        )
+    else:
+        how = (
+            "Name the task on the command line with task.gym_id=<its gymnasium id> and "
+            "task.termination=none (or a registered termination), e.g. for Swimmer-v4 data "
+            f"`{example_command(info, 'Swimmer-v4')}`"
+        )
+    return (
+        f"cannot tell which environment the dataset {info.name!r} was recorded on: {said} "
+        f"and it records no gymnasium id (metadata/env_id). {how}."
+    )
+
+
+def example_command(info: DatasetInfo, gym_id: str, termination: str | None = "none") -> str:
     """A complete command that runs on ``info``'s data once its task is named.
 
     Run from one of the package's programs, it is the user's own command line with
-    ``task.gym_id``/``task.termination`` set (and psi for ``cbop-train``, whose paper
-    table knows D4RL data only); from Python, a ``cbop-train`` command. Either is
-    written for the user's shell (:func:`cbop_torchrl.runtime.program_command`).
+    ``task.gym_id`` and ``task.termination`` (unless None) set (and psi for
+    ``cbop-train``, whose paper table knows D4RL data only); from Python, a ``cbop-train``
+    command. Either is written for the user's shell (:func:`cbop_torchrl.runtime.program_command`).
     """
     from cbop_torchrl.runtime import override_word  # quoted so that Hydra reads the value back
 
@@ -84,7 +117,9 @@ def example_command(info: DatasetInfo, gym_id: str) -> str:
     words = [w for w in sys.argv[1:] if w.partition("=")[0].lstrip("+~") not in TASK_KEYS]
     if program is None:
         program, words = "cbop-train", [override_word("env", str(info.source))]
-    words += [override_word("task.gym_id", gym_id), "task.termination=none"]
+    words.append(override_word("task.gym_id", gym_id))
+    if termination is not None:  # a known family's id brings its own
+        words.append(override_word("task.termination", termination))
     if program == "cbop-train" and not any(w.startswith("estimator.psi=") for w in words):
         words.append("estimator.psi=1.0")
     return f"{program_command(program)} {shlex.join(words)}"
@@ -123,12 +158,7 @@ def resolve_task(config: TaskConfig | Mapping[str, Any] | None, info: DatasetInf
     else:
         base = get_family(info.family) if info.family is not None else None
     if gym_id is None and base is None:
-        raise TaskError(
-            f"cannot tell which environment the dataset {info.name!r} was recorded on: its "
-            f"name starts with no known family ({', '.join(sorted(families()))}) and it "
-            "records no gymnasium id (metadata/env_id). Name the task on the command line, "
-            f"e.g. `{example_command(info, 'Swimmer-v4')}`."
-        )
+        raise TaskError(unknown_task_message(info))
     gym_id = gym_id or base.gym_id
 
     termination = config.termination or (base.termination if base is not None else None)

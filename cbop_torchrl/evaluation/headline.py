@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from cbop_torchrl.evaluation.summaries import BASELINES
+from cbop_torchrl.io import find_regular_files, read_regular_text
 
 SETS = ("hopper-medium-replay-gen", "walker2d-medium-replay-gen", "halfcheetah-medium-replay-gen")
 """The three D4RL-level generated sets the results are reported on."""
@@ -59,8 +60,8 @@ def current_file(rows: dict) -> str:
 def seed_summaries(results: Path, dataset: str, variant: str, file: str) -> list[dict]:
     """The variant's per-seed summaries made on the file whose sha256 begins with ``file``."""
     summaries = []
-    for path in sorted((Path(results) / dataset / variant).glob("seed*.json")):
-        summary = json.loads(path.read_text())
+    for path in find_regular_files(Path(results) / dataset / variant, "seed*.json", depth=0):
+        summary = json.loads(read_regular_text(path))
         if str(summary.get("dataset_provenance", {}).get("sha256"))[:12] == file:
             summaries.append(summary)
     return summaries
@@ -147,7 +148,7 @@ def results_sets(paths: Iterable[str | Path]) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for path in map(Path, paths):
         if path.is_dir():
-            for rows in sorted(path.glob("*/rows.json")):
+            for rows in find_regular_files(path, "rows.json", depth=1):
                 found.setdefault(rows.parent.name, path)
     return found
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from cbop_torchrl.io import read_json, read_json_object, read_regular_text
-from cbop_torchrl.sweeps import SweepError, check_search_root, find_files
+from cbop_torchrl.io.walking import find_regular_files
+from cbop_torchrl.sweeps import SweepError, check_search_root
 
 SUMMARY_FORMAT = "cbop-torchrl-summary/1"
 FINAL_EVALUATIONS = 3
@@ -117,7 +118,7 @@ def read_scalar_curves(run_dir: Path, prefix: str = "train/") -> dict[str, list[
     files: dict[str, list[Path]] = {}
     for scalars in Path(run_dir).glob("logs/*/scalars"):
         root = scalars / prefix
-        for path in find_files(root, "*.csv") if root.is_dir() else ():  # regular files only
+        for path in find_regular_files(root, "*.csv") if root.is_dir() else ():
             files.setdefault(path.relative_to(root).with_suffix("").as_posix(), []).append(path)
     curves: dict[str, list[list[float]]] = {}
     for name in sorted(files):
@@ -286,6 +287,23 @@ def _read_summary_file(file: Path) -> dict[str, Any] | None:
     return value
 
 
+def check_report_paths(paths: Sequence[str | Path]) -> None:
+    """Refuses (:class:`ReportError`) a ``paths=`` entry that does not exist or is a folder
+    no program searches (:func:`cbop_torchrl.sweeps.check_search_root`); checked before any
+    summary is read."""
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise ReportError(
+                f"{str(path)!r} does not exist; paths= takes run directories (holding "
+                "results.json), sweep directories or results folders such as benchmarks/results"
+            )
+        try:
+            check_search_root(path, "paths")
+        except SweepError as error:
+            raise ReportError(str(error)) from None
+
+
 def load_summaries(
     paths: Iterable[str | Path],
     analysis: bool = True,
@@ -307,18 +325,10 @@ def load_summaries(
     summaries: list[dict[str, Any]] = []
     seen_runs: set[str] = set()
     run_dirs: list[Path] = []
+    check_report_paths(paths)
     for raw in paths:
         path = Path(raw)
-        if not path.exists():
-            raise ReportError(
-                f"{str(path)!r} does not exist; paths= takes run directories (holding "
-                "results.json), sweep directories or results folders such as benchmarks/results"
-            )
-        try:
-            check_search_root(path, "paths")
-        except SweepError as error:
-            raise ReportError(str(error)) from None
-        files = [path] if path.is_file() else find_files(path, "*.json")
+        files = [path] if path.is_file() else find_regular_files(path, "*.json")
         for file in files:
             if file.name == "results.json":
                 run_dirs.append(file.parent)

@@ -11,6 +11,7 @@ module             job
 ``reading``        regular files only, never blocking; their JSON; what a wrong file holds
 ``atomic``         atomic writes, one at a time or renamed together
 ``manifest``       which files of a user's folder the package wrote (only those replaced)
+``walking``        the one walker of folders of inputs: regular files only, the others named
 =================  ==========================================================================
 """
 
@@ -40,6 +41,7 @@ from cbop_torchrl.io.failures import (
     out_of_memory_message,
     refused_write,
     tensor_bytes,
+    write_failure,
     write_refused,
 )
 from cbop_torchrl.io.folders import check_no_link, linked_part, make_dirs
@@ -75,6 +77,7 @@ from cbop_torchrl.io.temporaries import (
     open_own_file,
     remove_stale_temporaries,
 )
+from cbop_torchrl.io.walking import find_regular_files
 
 __all__ = [
     "LOCK_REPORT_INTERVAL_S",
@@ -101,6 +104,7 @@ __all__ = [
     "describe_load_error",
     "disk_full_error",
     "file_kind",
+    "find_regular_files",
     "require_regular_file",
     "guarded_writes",
     "is_disk_full",
@@ -125,5 +129,6 @@ __all__ = [
     "special_file_kind",
     "tensor_bytes",
     "unwritable_reason",
+    "write_failure",
     "write_refused",
 ]

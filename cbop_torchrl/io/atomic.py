@@ -18,13 +18,11 @@ from typing import Any, Protocol
 import torch
 
 from cbop_torchrl.io.failures import (
-    DiskFullError,
-    WriteRefusedError,
     check_free_space,
     disk_full_error,
-    is_disk_full,
     nearly_full,
     tensor_bytes,
+    write_failure,
     write_refused,
 )
 from cbop_torchrl.io.folders import make_dirs
@@ -86,9 +84,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     try:
         tmp_path, fd = make_temporary(path.parent, path.name)
     except OSError as error:
-        if is_disk_full(error):
-            raise disk_full_error(path.parent) from None
-        raise write_refused(error, path) from None
+        raise (write_failure(error, path.parent) or write_refused(error, path)) from None
     try:
         write(tmp_path)
         sync = os.open(tmp_path, os.O_RDWR | os.O_NOFOLLOW)
@@ -105,15 +101,18 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
             return path
         os.replace(tmp_path, path)
     except Exception as error:
+        written = tmp_path.stat().st_size if tmp_path.exists() else None
         tmp_path.unlink(missing_ok=True)
         os.close(fd)
+        failure = write_failure(error, path.parent, written=written)
         # torch.save reports a full disk as a RuntimeError ("file write failed"): a failed
         # write on a file system that is now nearly full is taken for one.
-        full = is_disk_full(error) or nearly_full(path.parent)
-        if full and not isinstance(error, DiskFullError):
-            raise disk_full_error(path.parent) from None
-        if isinstance(error, OSError) and not isinstance(error, (DiskFullError, WriteRefusedError)):
-            raise write_refused(error, path) from None
+        if failure is None and nearly_full(path.parent):
+            failure = disk_full_error(path.parent)
+        if failure is None and isinstance(error, OSError):
+            failure = write_refused(error, path)
+        if failure is not None and failure is not error:
+            raise failure from None
         raise
     tmp_path.unlink(missing_ok=True)
     os.close(fd)
@@ -148,7 +147,7 @@ def deferred_replace() -> Iterator[None]:
             try:
                 os.replace(tmp_path, path)
             except OSError as error:
-                raise write_refused(error, path) from None
+                raise (write_failure(error, path.parent) or write_refused(error, path)) from None
     finally:
         for tmp_path, _, fd, _ in batch:
             tmp_path.unlink(missing_ok=True)

@@ -23,13 +23,13 @@ from cbop_torchrl.io.roots import cache_root, is_within, output_setting
 
 
 class DiskFullError(OSError):
-    """A write did not fit on its file system; the message names the place and what to do.
-
-    An :class:`OSError` with ``errno.ENOSPC``; whatever was being written was removed.
+    """A write did not fit: no space (``ENOSPC``), the quota used up (``EDQUOT``) or a file
+    past the largest size allowed (``EFBIG``: the file-size limit, ``ulimit -f``); the
+    message names the place, the cause and what to do (:func:`write_failure`).
     """
 
-    def __init__(self, message: str) -> None:
-        super().__init__(errno.ENOSPC, message)
+    def __init__(self, message: str, number: int = errno.ENOSPC) -> None:
+        super().__init__(number, message)
 
     def __str__(self) -> str:
         return str(self.args[1])
@@ -68,29 +68,33 @@ class ForeignFileError(Exception):
 
 # ------------------------------------------------------------------------------ disk space
 
-_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""The writes that did not fit, each told as a full disk with its own cause."""
+_ERROR_TEXTS = (
+    ("No space left on device", errno.ENOSPC), ("Disk quota exceeded", errno.EDQUOT),
+    ("File too large", errno.EFBIG), ("Read-only file system", errno.EROFS),
+)  # fmt: skip
+"""Errors that carry their cause in their text only (h5py's, a logger's)."""
 RESERVE_BYTES = 16 << 20
 """Left free besides what a write needs (logs, other files)."""
 
 
 def is_disk_full(error: BaseException | None) -> bool:
-    """Whether ``error`` (or an error it was raised from) is "no space left" or "quota"."""
-    seen = 0
-    while error is not None and seen < 16:
-        if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
-            return True
-        if "No space left on device" in str(error):  # h5py's errors carry the text only
-            return True
-        error, seen = error.__cause__ or error.__context__, seen + 1
-    return False
+    """Whether ``error`` (or an error it was raised from) is a write that did not fit: no
+    space, the quota, or a file past the size limit."""
+    found = _write_errno(error)
+    return found is not None and found[0] in _DISK_FULL_ERRNOS
 
 
 def disk_full_error(
-    where: str | Path, needed: int | None = None, cleaned: bool = True
+    where: str | Path, needed: int | None = None, cleaned: bool = True, number: int = errno.ENOSPC
 ) -> DiskFullError:
     """The :class:`DiskFullError` for a write into ``where`` (``needed`` bytes, if known;
-    ``cleaned``: the caller removed what it had begun to write)."""
+    ``cleaned``: the caller removed what it had begun to write; ``number``: ENOSPC, EDQUOT
+    or EFBIG, the cause)."""
     where = Path(where)
+    if number != errno.ENOSPC:
+        return _no_room_error(where, cleaned, number)
     existing = next((p for p in (where, *where.parents) if p.exists()), where)
     try:
         free = f"{shutil.disk_usage(existing).free / 1e6:.0f} MB free"
@@ -102,18 +106,53 @@ def disk_full_error(
         if needed is not None
         else f"a {margin} margin is kept free beside every write, and "
     )
-    if is_within(where, cache_root()):
-        hint = (
-            "; the cache may also move to a larger disk (CBOP_TORCHRL_CACHE=<folder>), and "
-            "clearing it is safe"
-        )
-    else:
-        hint = f", or write to another disk ({output_setting()}=<a folder there>)"
+    hint = _room_hint(where)
     return DiskFullError(
         f"not enough disk space to write into {str(where)!r}: {size}its file system has "
         f"{free}.{' Nothing half-written was left there.' if cleaned else ''} Free some "
         f"space and run the same command again (a run resumes from its last checkpoint){hint}."
     )
+
+
+def _no_room_error(where: Path, cleaned: bool, number: int) -> DiskFullError:
+    """A quota used up (EDQUOT) or a file past the largest size allowed (EFBIG), told as a
+    full disk: the place, the cause, that nothing is half-written, what to do."""
+    if number == errno.EDQUOT:
+        cause = "the disk quota of this user on its file system is used up (EDQUOT)"
+        remedy = "Free some of your files there (or ask for a larger quota)"
+    else:
+        limit = file_size_limit()
+        shown = (
+            f"the file-size limit of this process (ulimit -f) is {limit} bytes"
+            if limit
+            else ("the file system allows no larger file")
+        )
+        cause = f"a file there would grow past the largest size allowed (EFBIG): {shown}"
+        remedy = "Raise the limit (ulimit -f unlimited) or free the room"
+    hint = _room_hint(where)
+    return DiskFullError(
+        f"not enough room to write into {str(where)!r}: {cause}."
+        f"{' Nothing half-written was left there.' if cleaned else ''} {remedy}, and run the "
+        f"same command again (a run resumes from its last checkpoint){hint}.",
+        number,
+    )
+
+
+def file_size_limit() -> int | None:
+    """The soft file-size limit of this process in bytes (``ulimit -f``), or None."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _room_hint(where: Path) -> str:
+    if is_within(where, cache_root()):
+        return (
+            "; the cache may also move to a larger disk (CBOP_TORCHRL_CACHE=<folder>), and "
+            "clearing it is safe"
+        )
+    return f", or write to another disk ({output_setting()}=<a folder there>)"
 
 
 def _megabytes(size: int) -> str:
@@ -122,13 +161,10 @@ def _megabytes(size: int) -> str:
 
 def as_disk_full_error(error: BaseException, default_dir: str | Path) -> DiskFullError:
     """``error`` (one :func:`is_disk_full` accepts) as a :class:`DiskFullError` naming the
-    folder of the file it failed on, else ``default_dir``."""
-    while error is not None and not isinstance(error, OSError):
-        error = error.__cause__ or error.__context__
-    if isinstance(error, DiskFullError):
-        return error
-    filename = getattr(error, "filename", None)
-    return disk_full_error(Path(filename).parent if filename else default_dir, cleaned=False)
+    folder of the file it failed on, else ``default_dir`` (:func:`write_failure`)."""
+    failure = write_failure(error, default_dir, cleaned=False)
+    assert isinstance(failure, DiskFullError), "only for errors is_disk_full accepts"
+    return failure
 
 
 def nearly_full(directory: Path) -> bool:
@@ -232,24 +268,69 @@ def write_refused(error: OSError, path: str | Path | None = None) -> WriteRefuse
     )
 
 
-_H5_ERRNO = re.compile(r"name = '(?P<name>[^']*)', errno = (?P<errno>\d+)")
+_H5_ERRNO = re.compile(r"name = '(?P<name>[^']*)'(?:[^']*?), errno = (?P<errno>\d+)")
+
+
+def _write_errno(error: BaseException | None) -> tuple[int, str | None] | None:
+    """``(errno, file name or None)`` of the first error in ``error``'s chain that is a write
+    the user's system stopped (:data:`_DISK_FULL_ERRNOS`, :data:`_WRITE_REFUSALS`), read
+    from its ``errno`` or, for h5py's and some loggers' errors, from its text; else None."""
+    seen = 0
+    while error is not None and seen < 16:
+        number = getattr(error, "errno", None) if isinstance(error, OSError) else None
+        name = getattr(error, "filename", None) if isinstance(error, OSError) else None
+        text = str(error)
+        if (match := _H5_ERRNO.search(text)) is not None:
+            number, name = int(match["errno"]), match["name"]
+        if number is None:
+            number = next((code for words, code in _ERROR_TEXTS if words in text), None)
+        if number in _DISK_FULL_ERRNOS or (number in _WRITE_REFUSALS and name):
+            return int(number), None if name is None else str(name)
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
+def write_failure(
+    error: BaseException | None,
+    where: str | Path,
+    needed: int | None = None,
+    cleaned: bool = True,
+    written: int | None = None,
+) -> OSError | None:
+    """The one paragraph for any write the user's system stopped, wherever it was raised:
+    the one place every program's failed write (checkpoints, results, logs, caches, h5py's
+    and torch's) is told, all in the shape of a full disk (the file or folder, the cause,
+    that nothing half-written was left, what to do).
+
+    No space, a quota used up or a file past the size limit (``ulimit -f``; Python ignores
+    SIGXFSZ, so the write fails with EFBIG) is a :class:`DiskFullError`; a read-only file
+    system, no permission and the other refusals (:data:`_WRITE_REFUSALS`) a
+    :class:`WriteRefusedError`; a special file read as a file stays its
+    :class:`SpecialFileError`. ``where``: the folder written into when the error names no
+    file; ``written``: the bytes the failed file had reached, for writers that give no cause
+    (``torch.save`` reports "unexpected pos"): at the file-size limit it is EFBIG. None when
+    ``error`` is no such failure.
+    """
+    seen, chained = 0, error
+    while chained is not None and seen < 16:
+        if isinstance(chained, (DiskFullError, WriteRefusedError, SpecialFileError)):
+            return chained
+        chained, seen = chained.__cause__ or chained.__context__, seen + 1
+    found = _write_errno(error)
+    limit = file_size_limit()
+    if found is None and written is not None and limit is not None and written >= limit - 4096:
+        found = (errno.EFBIG, None)
+    if found is None:
+        return None
+    number, name = found
+    if number in _DISK_FULL_ERRNOS:
+        folder = Path(name).parent if name else Path(where)
+        return disk_full_error(folder, needed if name is None else None, cleaned, number)
+    return write_refused(OSError(number, os.strerror(number), name or str(where)))
 
 
 def refused_write(error: BaseException | None) -> OSError | None:
-    """The :class:`WriteRefusedError` for ``error`` (or an error it was raised from) when
-    it is a write, open or creation the operating system refused, naming the file and the
-    cause (or the :class:`SpecialFileError` of a special file read as a file); None
-    otherwise. h5py's errors carry the file and errno in their text only."""
-    seen = 0
-    while error is not None and seen < 16:
-        if isinstance(error, (WriteRefusedError, SpecialFileError)):
-            return error
-        if isinstance(error, OSError):
-            number, name = error.errno, error.filename
-            match = _H5_ERRNO.search(str(error))
-            if number is None and match is not None:
-                number, name = int(match["errno"]), match["name"]
-            if number in _WRITE_REFUSALS and name:
-                return write_refused(OSError(number, os.strerror(number), str(name)))
-        error, seen = error.__cause__ or error.__context__, seen + 1
-    return None
+    """:func:`write_failure` for a refusal only (read-only, no permission, ...) or a special
+    file read as a file; None for anything else (a full disk included)."""
+    failure = write_failure(error, ".")
+    return None if isinstance(failure, DiskFullError) else failure

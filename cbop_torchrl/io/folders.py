@@ -8,8 +8,7 @@ from pathlib import Path
 
 from cbop_torchrl.io.failures import (
     ForeignFileError,
-    disk_full_error,
-    is_disk_full,
+    write_failure,
     write_refused,
 )
 from cbop_torchrl.io.roots import lexical, write_roots
@@ -60,7 +59,5 @@ def make_dirs(directory: str | Path) -> Path:
             OSError(errno.ENOTDIR, "it exists and is not a folder", str(directory)), directory
         ) from None
     except OSError as error:
-        if is_disk_full(error):
-            raise disk_full_error(directory) from None
-        raise write_refused(error, directory) from None
+        raise (write_failure(error, directory) or write_refused(error, directory)) from None
     return directory

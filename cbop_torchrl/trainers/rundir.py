@@ -43,10 +43,6 @@ LOCK_NAME = ".run.lock"
 MARKER_NAME = ".cbop-run"
 
 
-#: What may already be in a fresh run directory before the run takes it: Hydra's
-#: ``.hydra/`` and job log (``*.log``), written before the program's own code runs.
-_PRE_RUN_NAMES = (".hydra",)
-
 #: What a run writes into its directory; ``resume=false`` clears these (Hydra's
 #: ``.hydra/`` of the new command and the lock stay).
 RUN_OUTPUTS = (
@@ -158,9 +154,9 @@ def claim_run_dir(run_dir: str | Path, needed_bytes: int = 0) -> None:
 
     A run directory holds :data:`MARKER_NAME`, written here before the run writes
     anything else; the marker alone makes a folder a run's (never what the folder holds,
-    however much it looks like a run's outputs). A folder that already holds other files
-    than Hydra's and no marker is refused, so a run never removes or overwrites a file it
-    did not write. Its file system must have ``needed_bytes`` (a checkpoint) plus the
+    however much it looks like a run's outputs). A folder that already holds any file and
+    no marker is refused (:func:`foreign_files`), so a run never removes or overwrites a
+    file it did not write. Its file system must have ``needed_bytes`` (a checkpoint) plus the
     margin every write keeps free, checked here, before any stage runs. Once claimed, the
     directory is a write root: nothing is written through a link below it
     (:func:`cbop_torchrl.io.check_no_link`).
@@ -203,32 +199,65 @@ def claim_run_dir(run_dir: str | Path, needed_bytes: int = 0) -> None:
             remove_stale_temporaries(directory)
         write_hydra_files(run_dir)
         return
-    # A lock file alone proves nothing (anyone can leave an empty .run.lock), nor do files
-    # named like a run's outputs, nor a checkpoint this package can read: only what a run
-    # writes before anything else, the marker, makes a folder a run's.
-    foreign = sorted(
-        entry.name
-        for entry in run_dir.iterdir()
-        if entry.name not in _PRE_RUN_NAMES and not (entry.suffix == ".log" and entry.is_file())
-    )
-    if foreign:
-        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-        earlier = ""
-        if LOCK_NAME in foreign and "checkpoint.pt" in foreign:
-            earlier = (
-                " If it is the run directory of a cbop-torchrl version from before the marker "
-                f"and holds nothing of yours, mark it: touch {shlex.quote(str(marker))}, then "
-                "run the same command again."
-            )
-        raise CheckpointError(
-            f"the run directory {str(run_dir)!r} already holds files that no cbop-torchrl run "
-            f"wrote there ({shown}): it has no {MARKER_NAME} marker (the marker alone makes a "
-            "folder a run's, never files that look like a run's outputs), and a run may remove "
-            "or overwrite its own files. Pass an empty or new run directory "
-            f"(hydra.run.dir=...).{earlier}"
-        )
+    if foreign := foreign_files(run_dir):
+        raise foreign_run_dir_error(run_dir, foreign)
     _create_marker(marker)
     write_hydra_files(run_dir)
+
+
+def foreign_files(run_dir: str | Path) -> list[str]:
+    """The names in ``run_dir`` that make it another program's folder: everything in it,
+    when it holds no marker; empty when it is absent, empty or marked as a run's.
+
+    Nothing a program writes before the run takes the folder counts as its own: Hydra
+    writes nothing there before (:mod:`cbop_torchrl.cli.guard`), so a ``.hydra/`` or a
+    ``*.log`` in an unmarked folder is another Hydra application's. A lock file alone
+    proves nothing (anyone can leave an empty ``.run.lock``), nor do files named like a
+    run's outputs, nor a checkpoint this package can read: only the marker does.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or _is_regular_file(run_dir / MARKER_NAME):
+        return []
+    return sorted(entry.name for entry in run_dir.iterdir())
+
+
+def foreign_run_dir_error(run_dir: str | Path, foreign: list[str]) -> CheckpointError:
+    """The refusal of a folder holding ``foreign`` files (:func:`foreign_files`)."""
+    marker = Path(run_dir) / MARKER_NAME
+    shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+    earlier = ""
+    if LOCK_NAME in foreign and "checkpoint.pt" in foreign:
+        earlier = (
+            " If it is the run directory of a cbop-torchrl version from before the marker "
+            f"and holds nothing of yours, mark it: touch {shlex.quote(str(marker))}, then "
+            "run the same command again."
+        )
+    return CheckpointError(
+        f"the run directory {str(run_dir)!r} already holds files that no cbop-torchrl run "
+        f"wrote there ({shown}): it has no {MARKER_NAME} marker (the marker alone makes a "
+        "folder a run's, never files that look like a run's outputs or another Hydra "
+        "application's .hydra/ and log), and a run may remove or overwrite its own files. "
+        f"Nothing was written there. Pass an empty or new run directory (hydra.run.dir=...)."
+        f"{earlier}"
+    )
+
+
+_existing_ancestor: dict[Path, Path] = {}
+
+
+def note_run_dir(run_dir: str | Path) -> None:
+    """Records the nearest folder of ``run_dir`` (itself included) that exists now, before
+    Hydra creates it (the entry points' guard), so that a refused command removes only
+    folders it made (:func:`existing_ancestor`)."""
+    path = Path(run_dir).resolve()
+    _existing_ancestor[path] = next(p for p in (path, *path.parents) if p.exists())
+
+
+def existing_ancestor(run_dir: str | Path) -> Path | None:
+    """The nearest folder of ``run_dir`` that existed before this command
+    (:func:`note_run_dir`): ``run_dir`` itself when this command did not make it; None when
+    unknown (a multirun's job folder, made by Hydra's launcher)."""
+    return _existing_ancestor.get(Path(run_dir).resolve())
 
 
 _HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")

@@ -24,10 +24,9 @@ from cbop_torchrl.io import (
     atomic_json_dump,
     cache_dir,
     check_free_space,
-    disk_full_error,
-    is_disk_full,
     make_temporary,
     remove_stale_temporaries,
+    write_failure,
 )
 
 FORMAT_VERSION = 3
@@ -170,8 +169,8 @@ def store_cache_entry(data: TensorDict, info: dict, entry: Path) -> None:
             if cached_info(entry.name) is None:
                 raise
     except OSError as error:
-        if is_disk_full(error):
-            raise disk_full_error(entry.parent, needed) from None
+        if (failure := write_failure(error, entry.parent, needed)) is not None:
+            raise failure from None
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

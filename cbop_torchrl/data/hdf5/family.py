@@ -10,7 +10,7 @@ import h5py
 
 from cbop_torchrl.data.errors import DatasetError
 from cbop_torchrl.data.hdf5.layout import metadata_text
-from cbop_torchrl.registry import families, family_of_gym_id
+from cbop_torchrl.registry import families, family_in_name, family_of_gym_id
 
 ENV_ID_KEYS = ("env_id", "gym_id", "env")
 """``metadata/<key>`` names read as the gymnasium id the data was recorded on."""
@@ -52,7 +52,8 @@ def detect_family(handle: h5py.File, path: Path) -> tuple[str | None, str | None
     """The known family and the recorded gymnasium id of an open D4RL-format file.
 
     The family comes from ``metadata/family``, the recorded gym id
-    (``metadata/env_id``, ``gym_id`` or ``env``) or the file name's first word,
+    (``metadata/env_id``, ``gym_id`` or ``env``) or the family the file name names
+    (:func:`cbop_torchrl.registry.family_in_name`),
     in that order; either may be None (the ``task.*`` settings then decide).
     Sizes never decide: they are read from the arrays.
     """
@@ -63,6 +64,5 @@ def detect_family(handle: h5py.File, path: Path) -> tuple[str | None, str | None
     if family is None and env_id is not None:
         family = family_from_env_id(env_id)
     if family is None:
-        prefix = path.name.split("-")[0].split("_")[0].lower()
-        family = prefix if prefix in families() else None
+        family = family_in_name(path.name)
     return family, env_id
