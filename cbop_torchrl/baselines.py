@@ -383,14 +383,24 @@ def build_baseline(
     return BUILDERS[algo.name](algo, agent, sizes)
 
 
+SMOKE_PRESETS = ("debug",)
+"""Presets whose own tiny sizes every baseline keeps (a smoke test, not a recipe's run)."""
+
+
 def baseline_hidden_sizes(algo: AlgoConfig, config: RunConfig) -> tuple[int, ...]:
-    """The hidden layer widths of the baseline's actor and critics."""
-    return tuple(algo.hidden_sizes or config.agent.hidden_sizes)
+    """The hidden layer widths of the baseline's actor and critics: its recipe's, else (and
+    on a :data:`SMOKE_PRESETS` preset) ``agent.hidden_sizes``."""
+    if algo.hidden_sizes and config.preset not in SMOKE_PRESETS:
+        return tuple(algo.hidden_sizes)
+    return tuple(config.agent.hidden_sizes)
 
 
 def baseline_batch_size(algo: AlgoConfig, config: RunConfig) -> int:
-    """The baseline's batch: its recipe's, else ``train.batch_size``."""
-    return int(algo.batch_size or config.train.batch_size)
+    """The baseline's batch: its recipe's, else (and on a :data:`SMOKE_PRESETS` preset)
+    ``train.batch_size``."""
+    if algo.batch_size and config.preset not in SMOKE_PRESETS:
+        return int(algo.batch_size)
+    return int(config.train.batch_size)
 
 
 def _dataset_for(algo: str, data: TensorDictBase, scale: float = 1.0) -> TensorDictBase:
@@ -440,7 +450,7 @@ def run_baseline(
         NonFiniteLossError: a loss or gradient became NaN/inf.
     """
     batch_size = baseline_batch_size(algo, config)
-    size_key = "train.batch_size" if algo.batch_size is None else "algo.batch_size"
+    size_key = "algo.batch_size" if batch_size != config.train.batch_size else "train.batch_size"
     check_dataset_size(data, info.name, {size_key: batch_size})
     run = OfflineRun.open(config, info, run_dir, baseline_training_dict(config, algo))
     if (finished := run.finished_results()) is not None:

@@ -12,7 +12,13 @@ import yaml
 from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from cbop_torchrl.baselines import AlgoConfig, _dataset_for, build_baseline
+from cbop_torchrl.baselines import (
+    AlgoConfig,
+    _dataset_for,
+    baseline_batch_size,
+    baseline_hidden_sizes,
+    build_baseline,
+)
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo
 from cbop_torchrl.modules.standardize import STD_EPS, observation_statistics
@@ -125,3 +131,14 @@ def test_a_standardizing_recipe_needs_the_data() -> None:
     info = DatasetInfo("hopper-x", "fp", 64, "hdf5", obs_dim=4, action_dim=2)
     with pytest.raises(ValueError, match="pass the training data"):
         build_baseline(AlgoConfig(name="td3bc", normalize_states=True), small_config(), info, "cpu")
+
+
+def test_the_recipes_sizes_apply_except_on_the_smoke_test_preset() -> None:
+    algo = AlgoConfig(name="cql", batch_size=256, hidden_sizes=[256, 256, 256])
+    config = small_config()
+    config.train.batch_size = 16
+    assert baseline_batch_size(algo, config) == 256
+    assert baseline_hidden_sizes(algo, config) == (256, 256, 256)
+    config.preset = "debug"
+    assert baseline_batch_size(algo, config) == 16
+    assert baseline_hidden_sizes(algo, config) == (8,)

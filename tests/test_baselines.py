@@ -160,7 +160,8 @@ def test_a_standardizing_policy_file_carries_the_datasets_statistics(
     from cbop_torchrl.modules.standardize import observation_statistics
 
     actor, _, meta = load_policy(sweep / "td3bc" / "policy.pt")
-    assert meta["observation_norm"] is True and meta["hidden_sizes"] == [256, 256]
+    settings = json.loads((sweep / "td3bc" / "results.json").read_text())["settings"]
+    assert meta["observation_norm"] is True and meta["hidden_sizes"] == settings["hidden_sizes"]
     data, _ = load_dataset_with_info(str(workspace["dataset"]))
     loc, scale = observation_statistics(data)
     weights = actor.state_dict()
