@@ -60,32 +60,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     )
 
 
-def collect_results(sweep_dir: str | Path) -> list[dict[str, Any]]:
-    """Every ``results.json`` under ``sweep_dir``, sorted by run directory.
-
-    Each dict is the file's content plus ``run_dir`` (absolute path, str)
-    and, when the run was launched by Hydra, ``overrides`` (the job's
-    command-line overrides from ``.hydra/overrides.yaml``, e.g.
-    ``["env=hopper-medium-v2", "seed=0", "estimator.psi=2"]``).
-
-    Returns an empty list when no run has finished yet.
-
-    Raises:
-        SweepError: ``sweep_dir`` is not a directory, or a results file is unreadable.
-    """
-    sweep_dir = Path(sweep_dir)
-    _check_dir(sweep_dir)
-    results = []
-    for path in find_regular_files(sweep_dir, RESULTS_NAME):
-        record = _read_json(path)
-        record["run_dir"] = str(path.parent.resolve())
-        overrides = read_overrides(path.parent)
-        if overrides is not None:
-            record["overrides"] = overrides
-        results.append(record)
-    return results
-
-
 def read_overrides(run_dir: str | Path) -> list[str] | None:
     """The Hydra overrides a job ran with (``.hydra/overrides.yaml``), or None."""
     path = Path(run_dir) / ".hydra" / "overrides.yaml"
@@ -133,7 +107,6 @@ def read_run(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any] | None
 
 __all__ = [
     "SweepError",
-    "collect_results",
     "find_runs",
     "policy_file",
     "read_overrides",

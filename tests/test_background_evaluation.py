@@ -16,10 +16,13 @@ from types import SimpleNamespace
 import torch
 from d4rl_files import write_d4rl_hdf5
 from test_config import composed
+from torchrl.envs import EnvBase
 
 from cbop_torchrl.config import load_config
 from cbop_torchrl.data import load_dataset_with_info
+from cbop_torchrl.envs import make_eval_env
 from cbop_torchrl.modules.actor_critic import make_actor
+from cbop_torchrl.registry import Task
 from cbop_torchrl.trainers import hooks, offline
 
 
@@ -33,6 +36,11 @@ class _Summary:
             "normalized_score_std": 0.0,
             "return_mean": self.score,
         }
+
+
+def _pendulum() -> EnvBase:
+    """One Pendulum-v1 environment (observation 3, action 1) for the hook's collectors."""
+    return make_eval_env(Task("Pendulum-v1", "Pendulum-v1"), 1)
 
 
 class _Logger:
@@ -49,21 +57,21 @@ def test_the_steps_go_on_while_an_evaluation_runs_and_it_is_logged_at_its_step(
     release, started = threading.Event(), threading.Event()
     seen_threads = []
 
-    def slow_evaluation(policy, task, env, max_steps, seed, fork_rng=True):
+    def slow_evaluation(evaluator, task, seed, fork_rng=True):
         seen_threads.append(threading.current_thread().name)
         started.set()
         assert release.wait(timeout=30)
         # The score is the weights' sum: it tells which weights were evaluated.
-        weights = sum(float(p.sum()) for p in policy.parameters())
+        weights = sum(float(p.sum()) for p in evaluator.policy.parameters())
         return _Summary(weights)
 
-    monkeypatch.setattr(hooks, "evaluate_policy", slow_evaluation)
-    actor = make_actor(3, 2, (8,))
+    monkeypatch.setattr(hooks, "run_evaluator", slow_evaluation)
+    actor = make_actor(3, 1, (8,))
     config = SimpleNamespace(
         eval=SimpleNamespace(interval=10, max_steps=5), seed=0
     )  # what the hook reads
     logger = _Logger()
-    hook = hooks.EvaluationHook(actor, None, None, config, logger, 100, background=True)
+    hook = hooks.EvaluationHook(actor, None, _pendulum(), config, logger, 100, background=True)
     trainer = SimpleNamespace(collected_frames=0)
     hook.trainer = trainer
     weights_at_10 = sum(float(p.detach().sum()) for p in actor.parameters())
@@ -110,15 +118,15 @@ def _blocking_hook(monkeypatch, release: threading.Event, evaluated: list):
     """An evaluation hook (interval 10, in the background) whose evaluations wait for
     ``release`` and append ``(policy, thread name)`` to ``evaluated``."""
 
-    def blocking_evaluation(policy, task, env, max_steps, seed, fork_rng=True):
-        evaluated.append((policy, threading.current_thread().name))
+    def blocking_evaluation(evaluator, task, seed, fork_rng=True):
+        evaluated.append((evaluator.policy, threading.current_thread().name))
         assert release.wait(timeout=30)
         return _Summary(float(len(evaluated)))
 
-    monkeypatch.setattr(hooks, "evaluate_policy", blocking_evaluation)
-    actor = make_actor(3, 2, (8,))
+    monkeypatch.setattr(hooks, "run_evaluator", blocking_evaluation)
+    actor = make_actor(3, 1, (8,))
     config = SimpleNamespace(eval=SimpleNamespace(interval=10, max_steps=5), seed=0)
-    hook = hooks.EvaluationHook(actor, None, None, config, _Logger(), 100, background=True)
+    hook = hooks.EvaluationHook(actor, None, _pendulum(), config, _Logger(), 100, background=True)
     hook.trainer = SimpleNamespace(collected_frames=0)
     return hook, actor
 

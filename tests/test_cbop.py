@@ -14,7 +14,7 @@ from torchrl.modules import MLP, ValueOperator
 from torchrl.objectives import SACLoss
 
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
-from cbop_torchrl.objectives.cbop import (
+from cbop_torchrl.objectives import (
     CBOPLoss,
     CBOPValueEstimator,
     fixed_weight_moments,

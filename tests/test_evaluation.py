@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
 from tensordict import TensorDict
+from torchrl.envs import EnvBase
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from cbop_torchrl.envs import describe_score, episode_returns, evaluate_policy, make_eval_env
+from cbop_torchrl.envs import describe_score, evaluate_policy, make_eval_env
+from cbop_torchrl.envs.evaluate import deterministic_policy
 from cbop_torchrl.envs.starts import restore_states
 from cbop_torchrl.modules.actor_critic import make_actor
 from cbop_torchrl.registry import Task, get_family
@@ -16,12 +20,58 @@ from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
 from cbop_torchrl.trainers.hooks import ActorWeightAverage, GuardedOptimizationStepper
 
 
-def test_episode_returns_stop_at_the_first_done() -> None:
-    reward = torch.tensor([[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0], [1.0, 2.0, 3.0, 4.0]])
-    done = torch.tensor([[0, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 1]], dtype=torch.bool)
-    returns, lengths = episode_returns(reward.unsqueeze(-1), done.unsqueeze(-1))
-    assert returns.tolist() == [2.0, 8.0, 1.0]
-    assert lengths.tolist() == [2, 4, 1]
+def _rollout_evaluation(
+    actor: Any, env: EnvBase, max_steps: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The evaluator before the collector, kept as the reference: ``env.rollout`` to the
+    last done, each episode's per-step rewards ``[N, T]`` (zero after its first done) and
+    its length ``[N]``."""
+    with set_exploration_type(ExplorationType.DETERMINISTIC), torch.no_grad():
+        env.set_seed(seed)
+        rollout = env.rollout(
+            max_steps, deterministic_policy(actor), break_when_all_done=True,
+            auto_cast_to_device=True,
+        )  # fmt: skip
+    reward = rollout.get(("next", "reward")).squeeze(-1)
+    done = rollout.get(("next", "done")).squeeze(-1)
+    alive = (done.long().cumsum(-1) - done.long()) == 0  # no done at an earlier step
+    return reward * alive, alive.sum(-1)
+
+
+@pytest.mark.parametrize(
+    ("gym_id", "sizes", "max_steps", "lengths"),
+    [
+        ("Hopper-v4", (11, 3), 8, {8}),  # every episode truncated by the cap
+        ("Hopper-v4", (11, 3), 60, {21}),  # every episode terminated before it
+        ("InvertedPendulum-v4", (4, 1), 60, {28, 32, 34}),  # ended ones are stepped on
+    ],
+)
+def test_the_collector_scores_the_episodes_of_the_rollout_evaluator(
+    gym_id: str, sizes: tuple[int, int], max_steps: int, lengths: set[int]
+) -> None:
+    """Episode for episode, the collector's ``RewardSum`` returns and ``StepCounter`` lengths
+    are those of ``env.rollout``'s episodes, for the same seeds (``seed + i``), whether the
+    cap or the task ends them, and when they end at different steps.
+
+    RewardSum adds an episode's float32 rewards one step after another: the return equals
+    that sum of the rollout's rewards exactly, and the rollout's vectorised
+    ``rewards.sum(-1)`` (the evaluator before) to float32 rounding of a ``T``-term sum.
+    """
+    task = Task(gym_id, gym_id)
+    torch.manual_seed(2)
+    actor = make_actor(*sizes, (16, 16))
+    env = make_eval_env(task, num_envs=4)
+    try:
+        rewards, reference_lengths = _rollout_evaluation(actor, env, max_steps, seed=3)
+        result = evaluate_policy(actor, task, env, max_steps=max_steps, seed=3)
+    finally:
+        env.close()
+    assert result.lengths == reference_lengths.tolist()
+    assert set(result.lengths) == lengths
+    step_by_step = [float(sum(row.unbind(0), torch.zeros(()))) for row in rewards]
+    assert result.returns == step_by_step
+    rounding = max_steps * torch.finfo(torch.float32).eps * rewards.abs().sum(-1)
+    assert ((torch.tensor(result.returns) - rewards.sum(-1)).abs() <= rounding).all()
 
 
 def test_deterministic_evaluation_is_reproducible_and_leaves_the_rng_alone() -> None:

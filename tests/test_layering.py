@@ -12,13 +12,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "cbop_torchrl"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # files and the cache (io), the running process (runtime); utils re-exports both
-    (
-        "cbop_torchrl.io",
-        "cbop_torchrl.runtime",
-        "cbop_torchrl.utils",
-        "cbop_torchrl._torchrl_compat",
-    ),
+    # files and the cache (io), the running process (runtime)
+    ("cbop_torchrl.io", "cbop_torchrl.runtime", "cbop_torchrl._torchrl_compat"),
     ("cbop_torchrl.config.choices",),  # the choices' allowed values: plain enums
     ("cbop_torchrl.registry",),
     ("cbop_torchrl.data",),
@@ -38,10 +33,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "cbop_torchrl.baselines",
         "cbop_torchrl.sweeps",
     ),
-    # the programs' Hydra schemas name the baselines' and the SAC collector's sections
-    ("cbop_torchrl.config.schemas",),
     ("cbop_torchrl.evaluation",),
-    ("cbop_torchrl.cli",),  # Hydra main and exit codes, rephrased errors, --help
+    ("cbop_torchrl.cli",),  # Hydra main and exit codes, rephrased errors, --help, the schemas
     ("cbop_torchrl.apps",),  # the programs and the Python API
     # the package's own __init__ (the public API) and `python -m cbop_torchrl` on top
     ("cbop_torchrl", "cbop_torchrl.__main__"),

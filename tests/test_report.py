@@ -13,7 +13,6 @@ import csv
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -199,15 +198,6 @@ def test_report_sweeps_and_refuses_a_later_jobs_bad_value_and_the_old_syntax(
     assert error.startswith("error: analysis=abc: analysis must be true or false"), error
     assert "Traceback" not in error and error.count("\n") == 1
     assert (tmp_path / "c" / "results.md").is_file()  # job 1's report
-
-    # the argparse syntax of old: refused with the same command in overrides, which runs
-    assert module.main(["summaries", "--out", "d", "--no-analysis"]) == 2
-    error = capsys.readouterr().err
-    suggested = shlex.split(error.split("the same command: ")[1].split(". Every setting")[0])
-    assert Path(suggested[0]).name == "cbop-report"
-    assert suggested[1:] == ["paths=summaries", "out=d", "analysis=false"]
-    assert module.main(suggested[1:]) == 0
-    assert (tmp_path / "d" / "results.md").is_file()
 
 
 def test_score_rows_mean_std_and_order() -> None:

@@ -30,7 +30,7 @@ from inprocess import run_program
 from cbop_torchrl.apps import select_psi as select_psi_program
 from cbop_torchrl.cli import register_schemas
 from cbop_torchrl.registry import d4rl_ids
-from cbop_torchrl.sweeps import SweepError, collect_results, find_runs, read_overrides
+from cbop_torchrl.sweeps import SweepError, find_runs, read_overrides, read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "cbop_torchrl" / "configs"
@@ -178,8 +178,19 @@ def tiny_sweep(tmp_path_factory: pytest.TempPathFactory) -> dict:
     }
 
 
+def finished_runs(sweep_dir: Path) -> list[dict]:
+    """The ``results.json`` of every finished run under ``sweep_dir`` (:func:`find_runs`,
+    :func:`read_run`), each with its ``run_dir``."""
+    records = []
+    for run_dir in find_runs(sweep_dir):
+        _, results = read_run(run_dir)
+        if results is not None:
+            records.append({**results, "run_dir": str(run_dir)})
+    return records
+
+
 def test_local_sweep_gathers_one_results_file_per_run(tiny_sweep: dict) -> None:
-    results = collect_results(tiny_sweep["sweep_dir"])
+    results = finished_runs(tiny_sweep["sweep_dir"])
     assert [record["settings"]["psi"] for record in results] == [0.5, 5.0]
     for record in results:
         run_dir = Path(record["run_dir"])
@@ -189,7 +200,7 @@ def test_local_sweep_gathers_one_results_file_per_run(tiny_sweep: dict) -> None:
         assert "sweep" not in run_dir.name and ",seed=0," in run_dir.name
         assert record["dataset"] == "hopper-medium-replay-tiny" and record["seed"] == 0
         assert record["gradient_steps"] == 6 and record["resumed_from_step"] is None
-        assert "+sweep=psi_grid" in record["overrides"]
+        assert "+sweep=psi_grid" in read_overrides(run_dir)
         assert (run_dir / "policy.pt").is_file()
     assert find_runs(tiny_sweep["sweep_dir"]) == [Path(r["run_dir"]) for r in results]
 
@@ -212,7 +223,7 @@ def test_relaunched_job_continues_in_its_run_directory(tiny_sweep: dict) -> None
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(path.parent for path in sweep_dir.rglob("config.json")) == before
-    results = {r["settings"]["psi"]: r for r in collect_results(sweep_dir)}
+    results = {r["settings"]["psi"]: r for r in finished_runs(sweep_dir)}
     assert Path(results[5.0]["run_dir"]) == run_dir
     assert results[5.0]["resumed_from_step"] == 6  # the run's last checkpoint
     assert results[5.0]["gradient_steps_this_session"] == 0
@@ -233,7 +244,7 @@ def test_select_psi_on_the_sweep(tiny_sweep: dict, capsys: pytest.CaptureFixture
         "estimator.psi=5.0",  # psi=5 on the command line; a float in the schema
     ]
     online = {
-        r["run_dir"]: r["normalized_score_mean"] for r in collect_results(tiny_sweep["sweep_dir"])
+        r["run_dir"]: r["normalized_score_mean"] for r in finished_runs(tiny_sweep["sweep_dir"])
     }
     for candidate in ranking["candidates"]:
         (run,) = candidate["runs"]
@@ -242,15 +253,18 @@ def test_select_psi_on_the_sweep(tiny_sweep: dict, capsys: pytest.CaptureFixture
         assert any((Path(run["run_dir"]) / "selection_fqe").rglob("result.pt"))
 
 
-def test_collect_results_errors(tmp_path: Path) -> None:
+def test_finding_and_reading_runs_errors(tmp_path: Path) -> None:
     with pytest.raises(SweepError, match="does not exist"):
-        collect_results(tmp_path / "missing")
-    assert collect_results(tmp_path) == []
-    broken = tmp_path / "run" / "results.json"
-    broken.parent.mkdir()
-    broken.write_text("{not json")
+        find_runs(tmp_path / "missing")
+    assert find_runs(tmp_path) == []
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "policy.pt").write_bytes(b"")
+    assert find_runs(tmp_path) == [run] and read_run(run) == ({}, None)
+    (run / "results.json").write_text("{not json")
     with pytest.raises(SweepError, match="cannot read"):
-        collect_results(tmp_path)
+        read_run(run)
 
 
 def test_a_folder_of_links_to_runs_is_searched_like_the_runs(tmp_path: Path) -> None:
@@ -268,4 +282,4 @@ def test_a_folder_of_links_to_runs_is_searched_like_the_runs(tmp_path: Path) -> 
         (view / name).symlink_to(tmp_path / "kept" / name, target_is_directory=True)
     (view / "a" / "up").symlink_to(view, target_is_directory=True)  # a cycle
     assert find_runs(view) == [view / "a", view / "b"]
-    assert [record["seed"] for record in collect_results(view)] == ["a", "b"]
+    assert [record["seed"] for record in finished_runs(view)] == ["a", "b"]

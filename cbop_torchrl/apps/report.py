@@ -31,7 +31,6 @@ from cbop_torchrl.cli import (
     check_output_writable,
     hydra_entry,
     refuse,
-    refuse_old_arguments,
     run_entry,
 )
 from cbop_torchrl.config import ConfigError
@@ -48,13 +47,6 @@ from cbop_torchrl.io import (
     remove_stale_outputs,
 )
 from cbop_torchrl.trainers.checkpoint import CheckpointError
-
-OLD_OPTIONS = {
-    "--out": "out",
-    "--figure-prefix": "figure_prefix",
-    "--no-analysis": "analysis=false",
-}
-"""The argparse options this program had -> the settings that replace them."""
 
 
 def report_paths(value: object) -> list[str]:
@@ -143,7 +135,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
 
     def program() -> None:
-        refuse_old_arguments(words, "cbop-report", "report", "paths", OLD_OPTIONS)
         hydra_entry("report", validate=validate)(run)()
 
     return run_entry(program, words)

@@ -38,7 +38,6 @@ from cbop_torchrl.cli import (
     config_values,
     hydra_entry,
     refuse,
-    refuse_old_arguments,
     run_entry,
 )
 from cbop_torchrl.data import DatasetError
@@ -57,17 +56,6 @@ from cbop_torchrl.runtime import program_command, resolve_device
 from cbop_torchrl.sweeps import SweepError, find_runs
 from cbop_torchrl.trainers.checkpoint import CheckpointError
 from cbop_torchrl.trainers.rundir import MARKER_NAME
-
-OLD_OPTIONS = {
-    "--steps": "steps",
-    "--batch-size": "batch_size",
-    "--qvalue-nets": "qvalue_nets",
-    "--device": "device",
-    "--threads": "threads",
-    "--json": "json",
-    "--no-progress": "progress=false",
-}
-"""The argparse options this program had -> the settings that replace them."""
 
 
 def check_task(values: Mapping[str, Any]) -> TaskConfig:
@@ -287,7 +275,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
 
     def program() -> None:
-        refuse_old_arguments(words, "cbop-select-psi", "select_psi", "sweep_dir", OLD_OPTIONS)
         hydra_entry("select_psi", validate=validate)(run)()
 
     return run_entry(program, words)

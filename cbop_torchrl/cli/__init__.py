@@ -4,10 +4,8 @@
   Ctrl-C), the checks before any work (writable folders, ranges), :func:`run_entry`;
 - :mod:`~cbop_torchrl.cli.errors`: Hydra's, OmegaConf's and YAML's errors in one paragraph;
 - :mod:`~cbop_torchrl.cli.help`: the programs' ``--help`` without Hydra's slow path;
-- :mod:`~cbop_torchrl.cli.legacy`: the old argparse syntax, translated (deprecated).
-
-Every program's typed config schema is :mod:`cbop_torchrl.config.schemas`; its names are
-re-exported here, where the programs import them from.
+- :mod:`~cbop_torchrl.cli.schemas`: every program's typed config schema, its names
+  re-exported here, where the programs import them from.
 """
 
 from __future__ import annotations
@@ -36,13 +34,7 @@ from cbop_torchrl.cli.errors import (
     describe_yaml_error,
 )
 from cbop_torchrl.cli.help import help_arguments, print_help, template_variables
-from cbop_torchrl.cli.legacy import (
-    HYDRA_FLAGS_WITH_VALUE,
-    refuse_old_arguments,
-    translate_old_arguments,
-)
-from cbop_torchrl.config.choices import Compression, MediumReference, RolloutExploration
-from cbop_torchrl.config.schemas import (
+from cbop_torchrl.cli.schemas import (
     CONFIG_DIR,
     CONFIG_SCHEMAS,
     PAPER_DATASET_CONFIG,
@@ -63,13 +55,13 @@ from cbop_torchrl.config.schemas import (
     register_schemas,
     unknown_keys,
 )
+from cbop_torchrl.config.choices import Compression, MediumReference, RolloutExploration
 
 __all__ = [
     "CONFIG_DIR",
     "CONFIG_SCHEMAS",
     "EXIT_BAD_INPUT",
     "EXIT_INTERRUPTED",
-    "HYDRA_FLAGS_WITH_VALUE",
     "OUTPUT_SETTINGS",
     "PAPER_DATASET_CONFIG",
     "RESUMABLE_CONFIGS",
@@ -103,13 +95,11 @@ __all__ = [
     "raised_while_interrupted",
     "refuse",
     "refuse_known_failure",
-    "refuse_old_arguments",
     "register_schemas",
     "remove_if_only_hydra_files",
     "resolve_progress",
     "run_entry",
     "template_variables",
-    "translate_old_arguments",
     "unknown_keys",
     "wants_paper_preset",
 ]

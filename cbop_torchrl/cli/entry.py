@@ -28,8 +28,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from cbop_torchrl.cli.errors import describe_hydra_error, describe_interpolation_error
 from cbop_torchrl.cli.help import help_arguments, print_help
-from cbop_torchrl.config import capped_threads, not_a_number_or_empty, range_problems
-from cbop_torchrl.config.schemas import (
+from cbop_torchrl.cli.schemas import (
     CONFIG_DIR,
     CONFIG_SCHEMAS,
     base_config_name,
@@ -38,25 +37,24 @@ from cbop_torchrl.config.schemas import (
     register_schemas,
     unknown_keys,
 )
+from cbop_torchrl.config import capped_threads, not_a_number_or_empty, range_problems
+from cbop_torchrl.io import (
+    ForeignFileError,
+    cache_root,
+    is_out_of_memory,
+    out_of_memory_message,
+    set_output_setting,
+    unwritable_reason,
+    write_failure,
+)
 from cbop_torchrl.registry import parse_d4rl_id
+from cbop_torchrl.runtime import keep_mujoco_log_out_of_cwd, program_command, running_program
 from cbop_torchrl.trainers.logging import ProgressLines
 from cbop_torchrl.trainers.rundir import (
     LOCK_NAME,
     MARKER_NAME,
     existing_ancestor,
     remember_hydra_job,
-)
-from cbop_torchrl.utils import (
-    ForeignFileError,
-    cache_root,
-    is_out_of_memory,
-    keep_mujoco_log_out_of_cwd,
-    out_of_memory_message,
-    program_command,
-    running_program,
-    set_output_setting,
-    unwritable_reason,
-    write_failure,
 )
 
 EXIT_BAD_INPUT = 2

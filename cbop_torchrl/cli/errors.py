@@ -25,7 +25,7 @@ from omegaconf.errors import (
     OmegaConfBaseException,
 )
 
-from cbop_torchrl.config.schemas import config_file
+from cbop_torchrl.cli.schemas import config_file
 
 
 def _plural(hint: Any) -> str:

@@ -23,7 +23,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, flag_override
 
-from cbop_torchrl.config.schemas import CONFIG_DIR
+from cbop_torchrl.cli.schemas import CONFIG_DIR
 
 
 def help_arguments(argv: Sequence[str]) -> argparse.Namespace | None:

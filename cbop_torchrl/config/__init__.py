@@ -21,9 +21,10 @@ The modules, one job each:
   checks;
 - :mod:`~cbop_torchrl.config.validation`: :data:`SETTING_RANGES` and :func:`validate`;
 - :mod:`~cbop_torchrl.config.load`: :func:`load_config`;
-- :mod:`~cbop_torchrl.config.runtime`: CPU threads and run directory names;
-- :mod:`~cbop_torchrl.config.schemas`: every program's Hydra schema (above the trainers and
-  baselines whose sections it names, so it is not imported here).
+- :mod:`~cbop_torchrl.config.runtime`: CPU threads and run directory names.
+
+Every program's Hydra schema is :mod:`cbop_torchrl.cli.schemas`, above the trainers and
+baselines whose sections it names.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every setting's allowed values when it is a choice, written once.
 
-The schemas (:mod:`cbop_torchrl.config.schemas`) type a choice key with its enum, so
+The schemas (:mod:`cbop_torchrl.cli.schemas`) type a choice key with its enum, so
 Hydra refuses anything else while it composes the config; the plain tuples below are what
 the Python API's checks (:func:`cbop_torchrl.config.validate`, the estimator's
 :class:`~cbop_torchrl.objectives.cbop_settings.CBOPSettings`) compare against. This module

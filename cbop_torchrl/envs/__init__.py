@@ -10,10 +10,11 @@ from cbop_torchrl.envs.evaluate import (
     EVALUATION_FORMAT,
     NO_NORMALIZED_SCORE,
     EvalResult,
+    PolicyEvaluator,
     describe_score,
-    episode_returns,
     evaluate_policy,
     evaluation_output_problem,
+    run_evaluator,
 )
 from cbop_torchrl.envs.gym import (
     EnvSpecs,
@@ -31,12 +32,12 @@ __all__ = [
     "NO_NORMALIZED_SCORE",
     "EnvSpecs",
     "EvalResult",
+    "PolicyEvaluator",
     "TaskConfig",
     "TaskError",
     "check_data_fits_env",
     "check_sizes_fit_env",
     "describe_score",
-    "episode_returns",
     "evaluate_policy",
     "evaluation_output_problem",
     "filter_env_warnings",
@@ -44,4 +45,5 @@ __all__ = [
     "make_eval_env",
     "read_env_specs",
     "resolve_task",
+    "run_evaluator",
 ]

@@ -1,17 +1,16 @@
 """Deterministic evaluation of a policy on vectorized TorchRL environments.
 
 N episodes run side by side in one batched environment (``SerialEnv`` in
-this process, or ``ParallelEnv`` workers), the actor is called once per step
-on all of them, and each episode's return is summed up to its first
-``done``. ``env.rollout(..., break_when_all_done=True)`` stops once every
-episode has ended; finished environments are not stepped again.
+this process, or ``ParallelEnv`` workers), stepped by a TorchRL ``Collector``
+that calls the actor once per step on all of them (:class:`PolicyEvaluator`).
+Each episode's return is TorchRL's ``RewardSum`` at its first ``done``, and
+its length ``StepCounter``'s count, capped at ``max_steps``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,9 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
-from torchrl.envs import EnvBase
-from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.collectors import Collector
+from torchrl.envs import Compose, EnvBase, RewardSum, StepCounter, TransformedEnv
+from torchrl.envs.utils import ExplorationType
 
 from cbop_torchrl.registry import Task
 
@@ -118,23 +118,6 @@ class EvalResult:
         }
 
 
-def episode_returns(reward: torch.Tensor, done: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return and length of each environment's first episode in a rollout.
-
-    Args:
-        reward: ``[N, T, 1]`` rewards of a batched rollout.
-        done: ``[N, T, 1]`` bool ``("next", "done")`` flags.
-
-    Returns:
-        ``[N]`` returns (rewards summed up to and including the first done) and
-        ``[N]`` lengths (steps until that done, or T).
-    """
-    done = done.squeeze(-1)
-    ended_before = (done.long().cumsum(-1) - done.long()) > 0  # a done at an earlier step
-    alive = ~ended_before
-    return (reward.squeeze(-1) * alive).sum(-1), alive.sum(-1)
-
-
 class DeterministicPolicy(TensorDictModuleBase):
     """A probabilistic actor's deterministic action, whatever the global exploration type.
 
@@ -165,6 +148,121 @@ def deterministic_policy(actor: Any) -> Any:
     return DeterministicPolicy(actor) if hasattr(actor, "get_dist") else actor
 
 
+class PolicyEvaluator:
+    """Deterministic episodes of one policy through a TorchRL ``Collector``, one per environment.
+
+    ``env`` (batch size ``[N]``) gets TorchRL's ``StepCounter(max_steps)`` (the episode cap,
+    as truncation) and ``RewardSum`` (each episode's return, ``episode_reward``). The
+    collector steps all ``N`` environments once per batch (``frames_per_batch = N``) under
+    ``ExplorationType.DETERMINISTIC``; environment ``i``'s first episode (seed ``seed + i``)
+    is read at its first ``done``, and collection stops once every environment has ended
+    one. The collector resets a finished environment and steps it on with the others; those
+    steps are never read.
+
+    TorchRL's :class:`~torchrl.collectors.Evaluator` is not used: its ``trajs_per_batch``
+    takes the first ``N`` episodes to end, over all environments (a short one can count
+    twice before a long one ends), not environment ``i``'s first episode, and it reports
+    only their mean.
+
+    Args:
+        env: a batched environment (:func:`~cbop_torchrl.envs.gym.make_eval_env`), batch
+            size ``[N]``; it stays open when the evaluator is closed (its owner closes it).
+        policy: a module writing ``action`` from ``observation`` (a probabilistic actor
+            acts by its deterministic sample, :func:`deterministic_policy`). The collector
+            calls it on ``policy_device``; when its parameters live elsewhere the collector
+            keeps its own copy there, refreshed by :meth:`update_policy_weights_`.
+        max_steps: episode cap.
+        policy_device: where the policy runs (default: its parameters' device).
+    """
+
+    def __init__(
+        self,
+        env: EnvBase,
+        policy: TensorDictModuleBase,
+        max_steps: int,
+        policy_device: torch.device | str | None = None,
+    ) -> None:
+        (self.num_envs,) = env.batch_size
+        self.max_steps = int(max_steps)
+        self.env = TransformedEnv(env, Compose(StepCounter(self.max_steps), RewardSum()))
+        self.policy = deterministic_policy(policy)
+        if policy_device is None:
+            first = next(iter(self.policy.parameters()), None)
+            policy_device = env.device if first is None else first.device
+        self.collector = Collector(
+            self.env,
+            self.policy,
+            frames_per_batch=self.num_envs,
+            total_frames=-1,
+            exploration_type=ExplorationType.DETERMINISTIC,
+            policy_device=policy_device,
+            env_device=env.device,
+            trust_policy=True,
+            auto_register_policy_transforms=False,  # the actor reads only the observation
+        )
+
+    def update_policy_weights_(self, weights: TensorDictBase) -> None:
+        """Loads ``weights`` (``TensorDict.from_module`` of a policy of the same structure,
+        wrapped as :func:`deterministic_policy` wraps it) into the collector's policy."""
+        self.collector.update_policy_weights_(weights)
+
+    def run(self, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each environment's first episode from seed ``seed + i``.
+
+        Returns:
+            ``[N]`` float returns (``RewardSum``'s ``episode_reward`` at the first done) and
+            ``[N]`` long lengths (``StepCounter``'s ``step_count`` there, at most ``max_steps``).
+        """
+        returns = torch.zeros(self.num_envs)
+        lengths = torch.zeros(self.num_envs, dtype=torch.long)
+        ended = torch.zeros(self.num_envs, dtype=torch.bool)
+        self.collector.set_seed(seed)  # seeds then resets: the same starts as env.rollout's
+        self.collector.reset()
+        for batch in self.collector:  # [N, 1]: one step of every environment
+            step = batch.get("next")[:, -1]
+            done = step.get("done").reshape(self.num_envs)
+            first = done & ~ended
+            returns[first] = step.get("episode_reward").reshape(self.num_envs)[first].cpu()
+            lengths[first] = step.get("step_count").reshape(self.num_envs)[first].cpu()
+            ended |= done.cpu()
+            if bool(ended.all()):  # StepCounter ends every episode within max_steps steps
+                return returns, lengths
+        raise AssertionError("the collector stopped before every episode ended")
+
+    def close(self) -> None:
+        """Shuts the collector down; ``env`` stays open."""
+        self.collector.shutdown(close_env=False)
+
+
+def score(task: Task, returns: torch.Tensor, lengths: torch.Tensor) -> EvalResult:
+    """The :class:`EvalResult` of ``[N]`` returns and lengths; raises on a non-finite return."""
+    if not all(math.isfinite(float(r)) for r in returns):
+        raise FloatingPointError(f"evaluation produced non-finite returns: {returns.tolist()}")
+    return EvalResult(
+        returns=[float(r) for r in returns],
+        normalized_scores=[task.normalized_score(float(r)) for r in returns]
+        if task.has_reference_scores
+        else None,
+        lengths=[int(n) for n in lengths],
+    )
+
+
+def run_evaluator(
+    evaluator: PolicyEvaluator, task: Task, seed: int, fork_rng: bool = True
+) -> EvalResult:
+    """Scores ``evaluator``'s policy on one episode per environment (seed ``seed + i``).
+
+    With ``fork_rng`` the global RNG is left as it was (the episodes run under
+    ``fork_rng``), so evaluating during training does not change what training samples
+    next. In a thread beside training pass ``fork_rng=False``: restoring the forked state
+    there would undo the draws training made meanwhile (the episodes themselves draw none).
+    """
+    devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices, enabled=fork_rng), torch.no_grad():
+        returns, lengths = evaluator.run(seed)
+    return score(task, returns, lengths)
+
+
 def evaluate_policy(
     actor: TensorDictModuleBase,
     task: Task,
@@ -175,43 +273,22 @@ def evaluate_policy(
 ) -> EvalResult:
     """Runs one deterministic episode per environment of ``env`` and scores them.
 
-    The global RNG is left as it was (the rollout runs under ``fork_rng``), so
-    evaluating during training does not change what training samples next. In a thread
-    beside training pass ``fork_rng=False``: restoring the forked state there would
-    undo the draws training made meanwhile (the rollout itself draws none).
+    A :class:`PolicyEvaluator` (a TorchRL ``Collector``, returns from ``RewardSum``) made
+    for this one call; :func:`run_evaluator` says what ``fork_rng`` does.
 
     Args:
-        actor: the policy; called under ``ExplorationType.DETERMINISTIC``
-            (the tanh of the Gaussian mean). It may live on another device.
+        actor: the policy; its deterministic action (the tanh of the Gaussian mean). It
+            may live on another device than ``env``.
         task: gives the normalized score (None without reference scores).
         env: from :func:`cbop_torchrl.envs.gym.make_eval_env`; its batch size is the episode count.
         max_steps: episode cap (the environments' own limit is 1000).
         seed: environment seed (episode i uses ``seed + i``).
     """
-    devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
-    policy = deterministic_policy(actor)
-    # In a thread the global exploration type is left alone: training sets it too.
-    mode = set_exploration_type(ExplorationType.DETERMINISTIC) if fork_rng else nullcontext()
-    with torch.random.fork_rng(devices=devices, enabled=fork_rng), torch.no_grad():
-        env.set_seed(seed)
-        with mode:
-            rollout = env.rollout(
-                max_steps,
-                policy,
-                break_when_all_done=True,
-                auto_cast_to_device=True,
-            )
-    returns, lengths = episode_returns(
-        rollout.get(("next", "reward")), rollout.get(("next", "done"))
-    )
-    if not all(math.isfinite(float(r)) for r in returns):
-        raise FloatingPointError(f"evaluation produced non-finite returns: {returns.tolist()}")
-    scores = [task.normalized_score(float(r)) for r in returns]
-    return EvalResult(
-        returns=[float(r) for r in returns],
-        normalized_scores=None if not task.has_reference_scores else scores,
-        lengths=[int(n) for n in lengths],
-    )
+    evaluator = PolicyEvaluator(env, actor, max_steps)
+    try:
+        return run_evaluator(evaluator, task, seed, fork_rng)
+    finally:
+        evaluator.close()
 
 
 def describe_score(summary: dict) -> str:

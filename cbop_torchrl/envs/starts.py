@@ -112,6 +112,11 @@ def rollout_restored(
     for a plain callable). An episode ends when the task terminates or truncates, or after
     ``max_steps`` steps.
 
+    This loop steps gymnasium environments itself, where the standard evaluation uses a
+    TorchRL collector (:class:`~cbop_torchrl.envs.evaluate.PolicyEvaluator`): a collector
+    begins every episode with the environment's ``reset()``, which draws a new start, and
+    has no way to begin one in a given MuJoCo state.
+
     Args:
         actor: a TensorDict module writing ``action`` from ``observation``.
         task: the gymnasium id and keyword arguments of the real environment.

@@ -1,10 +1,31 @@
-"""Losses and value estimators: CBOP, behaviour cloning and fitted Q evaluation."""
+"""Losses and value estimators: CBOP, behaviour cloning and fitted Q evaluation.
 
-from cbop_torchrl.objectives.cbop import (
-    CBOPLoss,
-    CBOPValueEstimator,
-    SACLossWithCBOPTarget,
+CBOP's public objects, imported from here:
+
+- :func:`gaussian_posterior` and the ablation reductions (``posterior.py``),
+- :class:`CBOPValueEstimator`, the model-based target (``estimator.py``),
+- :class:`CBOPLoss`, the EDAC-style SAC loss on that target (``loss.py``).
+"""
+
+from cbop_torchrl.objectives.estimator import CBOPValueEstimator
+from cbop_torchrl.objectives.loss import CBOPLoss, SACLossWithCBOPTarget
+from cbop_torchrl.objectives.posterior import (
+    VAR_FLOOR,
+    GaussianPosterior,
+    fixed_weight_moments,
+    fixed_weights,
     gaussian_posterior,
+    pooled_quantile,
 )
 
-__all__ = ["CBOPLoss", "CBOPValueEstimator", "SACLossWithCBOPTarget", "gaussian_posterior"]
+__all__ = [
+    "VAR_FLOOR",
+    "CBOPLoss",
+    "CBOPValueEstimator",
+    "GaussianPosterior",
+    "SACLossWithCBOPTarget",
+    "fixed_weight_moments",
+    "fixed_weights",
+    "gaussian_posterior",
+    "pooled_quantile",
+]

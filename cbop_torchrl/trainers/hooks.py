@@ -47,7 +47,8 @@ from torchrl.record.loggers import Logger
 from torchrl.trainers import OptimizationStepper, Trainer, TrainerHookBase
 
 from cbop_torchrl.config import RunConfig
-from cbop_torchrl.envs import evaluate_policy
+from cbop_torchrl.envs import PolicyEvaluator, run_evaluator
+from cbop_torchrl.envs.evaluate import deterministic_policy
 from cbop_torchrl.envs.starts import evaluate_from_states
 from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.objectives.pretrain import ensemble_q
@@ -325,6 +326,7 @@ class EvaluationHook(BackgroundMeasurementHook):
         self.start_obs = start_obs
         self.max_steps = config.eval.max_steps
         self.seed = config.seed
+        self._evaluators: dict[str, PolicyEvaluator] | None = None
 
     def _policies(self) -> dict[str, Any]:
         policies = {"": self.actor}
@@ -332,22 +334,62 @@ class EvaluationHook(BackgroundMeasurementHook):
             policies["average_"] = self.average.averaged
         return policies
 
+    def evaluators(self) -> dict[str, PolicyEvaluator]:
+        """One :class:`~cbop_torchrl.envs.PolicyEvaluator` (a TorchRL collector) per policy,
+        made at the first evaluation, over ``env``.
+
+        In-line, each collector runs the trained policy itself, on its device (it reads the
+        weights as they are). With ``background``, each runs its own copy of the policy on
+        the CPU, where the environments are: on a GPU the episodes' small actor calls would
+        queue behind the captured training step's kernels (an H200 shared by four captured
+        runs wrote no background evaluation in 10,000 steps), and on a CPU run the copy is
+        what keeps the weights of step s while training changes the policy's. The copy is
+        made here, not by the collector: TorchRL's collector copies a policy only when its
+        ``policy_device`` differs from the parameters' (never on a CPU run).
+        """
+        if self._evaluators is None:
+            devices = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
+            with torch.random.fork_rng(devices=devices), torch.no_grad():
+                self._evaluators = {
+                    prefix: PolicyEvaluator(
+                        self.env,
+                        copy.deepcopy(policy).to("cpu") if self.background else policy,
+                        self.max_steps,
+                    )
+                    for prefix, policy in self._policies().items()
+                }
+        return self._evaluators
+
+    def _update_weights(self) -> None:
+        """Loads the policies' present weights into the background collectors' copies, with
+        TorchRL's ``update_policy_weights_`` (in-line, the collectors run the policies
+        themselves: nothing to load)."""
+        if not self.background:
+            return
+        for prefix, policy in self._policies().items():
+            weights = TensorDict.from_module(deterministic_policy(policy)).data
+            self.evaluators()[prefix].update_policy_weights_(weights)
+
+    def close(self) -> None:
+        """Drains, stops the worker thread and shuts the collectors down (``env`` stays open)."""
+        super().close()
+        for evaluator in (self._evaluators or {}).values():
+            evaluator.close()
+        self._evaluators = None
+
     def _job(
         self, step: int
     ) -> Callable[[], tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
-        """Copies the policies' weights at ``step``; the job scores the copies and returns
-        ``(record, scalars, summaries)``."""
-        # The copies go to the CPU, where the environments are: on a GPU the episodes'
-        # small actor calls would queue behind the captured training step's kernels (an
-        # H200 shared by four captured runs wrote no background evaluation in 10,000 steps).
-        with torch.no_grad():
-            policies = {
-                prefix: copy.deepcopy(policy).to("cpu")
-                for prefix, policy in self._policies().items()
-            }
+        """Loads the policies' weights at ``step`` into the collectors' copies; the job scores
+        them and returns ``(record, scalars, summaries)``.
+
+        Nothing else runs on the copies meanwhile: :meth:`_wait_for_backlog` has waited for
+        the evaluation before this one, and an in-line one drains first.
+        """
+        self._update_weights()
         # In the worker the global RNG is not forked: restoring it would undo the draws
         # training made meanwhile.
-        return partial(self._measure, step, policies, False)
+        return partial(self._measure, step, False)
 
     def _write_result(self, result: tuple[dict[str, Any], dict[str, Any], dict[str, Any]]) -> None:
         """Writes a finished background evaluation: ``(record, scalars, summaries)``."""
@@ -367,7 +409,8 @@ class EvaluationHook(BackgroundMeasurementHook):
         In-line: evaluations still running in the background are written first.
         """
         self.drain()
-        record, scalars, summaries = self._measure(step, self._policies())
+        self._update_weights()
+        record, scalars, summaries = self._measure(step)
         self._write(record, scalars)
         return summaries[""]
 
@@ -376,17 +419,22 @@ class EvaluationHook(BackgroundMeasurementHook):
         self.evaluate(step)
 
     def _measure(
-        self, step: int, policies: dict[str, Any], in_line: bool = True
+        self, step: int, in_line: bool = True
     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-        """``(record, scalars, summaries)`` of ``policies`` at ``step``; writes nothing."""
+        """``(record, scalars, summaries)`` of the collectors' policies at ``step``; writes
+        nothing.
+
+        The start-state measure (``start_obs``) restores MuJoCo states in gymnasium
+        environments of its own (:func:`~cbop_torchrl.envs.starts.evaluate_from_states`):
+        a TorchRL collector starts every episode with ``env.reset()`` and has no way to
+        begin one in a given simulator state, so it keeps its own loop.
+        """
         record: dict[str, Any] = {"step": step}
         scalars: dict[str, Any] = {}
         summaries = {}
-        for prefix, policy in policies.items():
+        for prefix, evaluator in self.evaluators().items():
             started = time.perf_counter()
-            summary = evaluate_policy(
-                policy, self.task, self.env, self.max_steps, self.seed, fork_rng=in_line
-            ).summary()
+            summary = run_evaluator(evaluator, self.task, self.seed, fork_rng=in_line).summary()
             scalars[f"eval/{prefix}seconds"] = time.perf_counter() - started
             summaries[prefix] = summary
             for key, name in EVAL_SCALARS.items():
@@ -395,7 +443,7 @@ class EvaluationHook(BackgroundMeasurementHook):
             if self.start_obs is not None:
                 started = time.perf_counter()
                 starts = evaluate_from_states(
-                    policy, self.task, self.start_obs, self.max_steps, fork_rng=in_line
+                    evaluator.policy, self.task, self.start_obs, self.max_steps, fork_rng=in_line
                 ).summary()
                 scalars[f"eval/{prefix}start_seconds"] = time.perf_counter() - started
                 for key, name in EVAL_SCALARS.items():

@@ -12,8 +12,8 @@ K <= members, ...) stay in :func:`cbop_torchrl.config.load_config` and
 :func:`cbop_torchrl.config.range_problems`.
 
 The schemas name the baselines' ``algo`` section and the SAC collector's ``sac`` section,
-so this module sits above the trainers and baselines and the package's ``__init__`` does
-not import it.
+so this module sits with the entry points (:mod:`cbop_torchrl.cli`), above the trainers
+and baselines, and the package's ``__init__`` does not import it.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from cbop_torchrl.config.runtime import run_name
 from cbop_torchrl.config.sections import DynamicsConfig, RunConfig
 from cbop_torchrl.data.collect_sac import SACConfig
 from cbop_torchrl.envs.task import TaskConfig
+from cbop_torchrl.io import cache_root
 from cbop_torchrl.registry import d4rl_ids, parse_d4rl_id
-from cbop_torchrl.utils import cache_root
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 """The Hydra configs, inside the package so that an installed wheel has them too."""
