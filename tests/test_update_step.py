@@ -12,6 +12,8 @@ the gradients' sums), fails it.
 from __future__ import annotations
 
 import copy
+from functools import partial
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,6 +31,8 @@ from cbop_torchrl.objectives import CBOPLoss
 from cbop_torchrl.objectives.cbop_update import cbop_update, make_optimizer
 from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
 from cbop_torchrl.objectives.estimator import sac_alpha
+from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
+from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper
 from cbop_torchrl.trainers.update import GradientStep
 
 OBS, ACT, M, H, K = 5, 2, 3, 2, 3
@@ -161,6 +165,24 @@ def test_a_refused_step_changes_nothing() -> None:
         assert torch.equal(value, before[name]), name
 
 
+def test_the_stage_stepper_refuses_a_non_finite_page_step_before_it_changes_anything() -> None:
+    loss, optimizer, target = _setup(CBOPLoss)
+    trainer = SimpleNamespace(optimizer=optimizer, compute_loss=loss, collected_frames=7)
+    checkpoint = SimpleNamespace(describe_last=lambda: "run/checkpoint.pt (gradient step 5)")
+    stepper = GuardedOptimizationStepper(
+        checkpoint, update=partial(cbop_update, loss, optimizer, target)
+    )
+    stepper.step(trainer, random_transitions((16,), OBS, ACT))  # a good step is applied
+    before = copy.deepcopy(loss.state_dict())
+    batch = random_transitions((16,), OBS, ACT, seed=2)
+    batch["next", "reward"][3] = float("nan")
+    with pytest.raises(NonFiniteLossError, match="loss_qvalue") as error:
+        stepper.step(trainer, batch)
+    assert "gradient step 8" in str(error.value) and "gradient step 5" in str(error.value)
+    for name, value in loss.state_dict().items():  # targets included
+        assert torch.equal(value, before[name]), name
+
+
 def test_cbop_loss_refuses_an_unreduced_loss() -> None:
-    with pytest.raises(ValueError, match="reduction='mean'"):
+    with pytest.raises(ValueError, match="reduction='none'"):
         _setup(CBOPLoss, reduction="none")

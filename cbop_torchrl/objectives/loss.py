@@ -30,7 +30,7 @@ Q-networks are plain MLPs (:func:`make_qvalue_ensemble`) every Q-ensemble pass i
 (:func:`~cbop_torchrl.modules.fused_mlp.stacked_mlp_forward`) instead of ``torch.vmap``
 over a TensorDict module (``fused_q=False``: SACLoss's ``vmap`` route).
 
-Output keys (``reduction="mean"``, the only reduction it takes): ``loss_actor``,
+Output keys (``reduction="mean"``; ``"sum"`` sums instead, ``"none"`` is refused): ``loss_actor``,
 ``loss_qvalue`` (MSE sum + ``eta * L_ES``), ``loss_alpha``, ``alpha``, ``entropy`` (as
 SACLoss), plus ``edac_penalty`` (``L_ES`` itself, detached), ``qvalue_mse`` (the MSE part,
 detached), ``bc_nll`` (with ``bc_weight > 0``: the BC term above, detached),
@@ -150,10 +150,10 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             raise ValueError(f"bc_weight must be >= 0; got {bc_weight}.")
         if not 0 <= critic_penalty < float("inf"):
             raise ValueError(f"critic_penalty must be a finite number >= 0; got {critic_penalty}.")
-        if sac_kwargs.get("reduction") not in (None, "mean"):
+        if sac_kwargs.get("reduction") == "none":
             raise ValueError(
-                f"CBOPLoss averages its losses over the batch (reduction='mean'); got "
-                f"reduction={sac_kwargs['reduction']!r}."
+                "CBOPLoss reduces its losses over the batch (reduction='mean', the default, "
+                "or 'sum'); got reduction='none'."
             )
         super().__init__(
             actor_network,
