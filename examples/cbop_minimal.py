@@ -1,13 +1,14 @@
-"""CBOP end to end in one file: dynamics ensemble, BC, FQE, then SAC on CBOP's target.
+"""CBOP end to end in one file: dynamics ensemble, BC, FQE, then EDAC on CBOP's target.
 
     python examples/cbop_minimal.py                          # the defaults below
     python examples/cbop_minimal.py --cbop-steps 500 --psi 3  # any field of Config
 
 Written like TorchRL's sota-implementations (a config, then a ``main`` with explicit
 loops), on the hopper demo data bundled with the package. The four stages use the
-library's modules; the last one is TorchRL's stock ``SACLoss`` whose value estimator is
-swapped for :class:`~cbop_torchrl.objectives.CBOPValueEstimator`, so every Q member
-regresses on CBOP's conservative target
+library's modules; the last one runs
+:func:`~cbop_torchrl.objectives.cbop_update.cbop_update`, the gradient step ``cbop-train``
+runs (target, critic MSE + EDAC's diversity term, actor, alpha, Adam, Polyak, on one
+page), so every Q member regresses on CBOP's conservative target
 
     y = r + gamma * (1 - terminated) * (mu - psi * sigma - alpha * log pi(a'|s'))
 
@@ -30,13 +31,14 @@ import torch
 from tensordict import TensorDictBase
 from torch.nn.utils import parameters_to_vector
 from torchrl.data import ReplayBuffer
-from torchrl.objectives import LossModule, SACLoss, SoftUpdate
+from torchrl.objectives import LossModule, SoftUpdate
 
 from cbop_torchrl.config import DynamicsConfig
 from cbop_torchrl.data import load_dataset_with_info, make_replay_buffer
 from cbop_torchrl.envs import EvalResult, evaluate_policy, make_eval_env, resolve_task
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
-from cbop_torchrl.objectives import CBOPValueEstimator
+from cbop_torchrl.objectives import CBOPLoss
+from cbop_torchrl.objectives.cbop_update import cbop_update, make_optimizer
 from cbop_torchrl.objectives.pretrain import (
     ROW_KEY,
     BehaviourCloningLoss,
@@ -67,10 +69,15 @@ class Config:
     bc_steps: int = 5000
     fqe_steps: int = 5000
     fqe_tau: float = 0.1
-    # CBOP: rollout horizon H and LCB coefficient psi (the paper's psi for medium-replay).
+    # CBOP: rollout horizon H and LCB coefficient psi (the paper's psi for medium-replay),
+    # EDAC's diversity weight eta, the three learning rates and the Polyak rate (the paper's).
     cbop_steps: int = 2000
     horizon: int = 5
     psi: float = 2.0
+    eta: float = 1.0
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+    alpha_lr: float = 3e-4
     tau: float = 5e-3
     log_interval: int = 250
     # Evaluation: deterministic episodes in Hopper-v4.
@@ -180,47 +187,38 @@ def main(config: Config) -> dict:
     fqe_batches = make_replay_buffer(fqe_data, config.batch_size)
     pretrain("fqe", fqe_loss, fqe_batches, config.fqe_steps, config.lr, fqe_target_update.step)
 
-    # 4. CBOP: TorchRL's SACLoss on the BC actor and the FQE critics ...
-    sac_loss = SACLoss(
+    # 4. CBOP on the BC actor and the FQE critics: CBOPLoss (TorchRL's SACLoss with EDAC's
+    # diversity term) whose critic target is CBOP's: the model rollouts from s', the h-step
+    # returns, their posterior and its lower confidence bound mu - psi * sigma.
+    loss = CBOPLoss(
         actor,  # its parameters are shared: training the loss trains this actor
         make_qvalue_ensemble(config.num_qvalue_nets, obs_dim, act_dim, critic_sizes),
-        num_qvalue_nets=config.num_qvalue_nets,
-        action_spec=action_spec(act_dim),
-        loss_function="l2",
-    )
-    sac_loss.qvalue_network_params.data.update_(fqe_loss.qvalue_network_params.data)
-    # Built after the FQE weights are in: the updater starts the target ensemble as a copy.
-    target_update = SoftUpdate(sac_loss, tau=config.tau)
-    # ... whose critic target is now CBOP's: the model rollouts from s', the h-step returns,
-    # their posterior and its lower confidence bound mu - psi * sigma (read from the target Qs).
-    sac_loss.make_value_estimator(
-        CBOPValueEstimator.from_sac_loss(
-            sac_loss, dynamics, gamma=config.gamma, horizon=config.horizon, psi=config.psi,
-            seed=config.seed,
-        )
+        dynamics, action_spec=action_spec(act_dim), gamma=config.gamma,
+        horizon=config.horizon, psi=config.psi, eta=config.eta, seed=config.seed,
     )  # fmt: skip
+    loss.qvalue_network_params.data.update_(fqe_loss.qvalue_network_params.data)
+    # Built after the FQE weights are in: the updater starts the target ensemble as a copy.
+    target_update = SoftUpdate(loss, tau=config.tau)
+    optimizer = make_optimizer(
+        loss, actor_lr=config.actor_lr, critic_lr=config.critic_lr, alpha_lr=config.alpha_lr
+    )
     cbop_batches = make_replay_buffer(
         data.select("observation", "action", ("next", "observation"), ("next", "reward"),
                     ("next", "terminated"), ("next", "done")),
         config.batch_size,
     )  # fmt: skip
-    optimizer = torch.optim.Adam(sac_loss.parameters(), lr=config.lr)
     expected_horizons, critic_losses = [], []
     for step in range(1, config.cbop_steps + 1):
-        losses = sac_loss(cbop_batches.sample())  # loss_qvalue regresses on the CBOP target
-        total = losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
-        optimizer.zero_grad()
-        total.backward()
-        optimizer.step()
-        target_update.step()
-        losses = losses.detach()
+        # The step cbop-train runs: target, critic + EDAC, actor, alpha, Adam, Polyak.
+        losses = cbop_update(loss, optimizer, target_update, cbop_batches.sample())
         critic_losses.append(float(losses["loss_qvalue"]))
         if step % config.log_interval == 0 or step == config.cbop_steps:
             # E[h] = sum_h w_h h: how far, on average, the posterior trusts the model.
-            target = sac_loss.value_estimator.last_diagnostics
+            target = losses["cbop"]
             expected_horizons.append(float(target["expected_horizon"]))
             print(
-                f"cbop step {step}: loss_qvalue {critic_losses[-1]:.3g}, "
+                f"cbop step {step}: loss_qvalue {critic_losses[-1]:.3g} "
+                f"(EDAC {float(losses['edac_penalty']):.3g}), "
                 f"loss_actor {float(losses['loss_actor']):.3g}, "
                 f"alpha {float(losses['alpha']):.3g}, E[h] {expected_horizons[-1]:.2f} "
                 f"of H = {config.horizon}, mean target {float(target['target_mean']):.1f}"

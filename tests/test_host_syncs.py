@@ -13,6 +13,8 @@ builds from a Python int: a host-only read that never waits for a GPU.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -23,6 +25,7 @@ from benchmarks.speed.host_syncs import HostSyncCounter
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
+from cbop_torchrl.objectives.cbop_update import cbop_update
 from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.trainers.hooks import (
     GradientSteps,
@@ -53,7 +56,11 @@ def _dataset(n: int = 64) -> TensorDict:
     )
 
 
-def _trainer(total_steps: int, log_interval: int, device: torch.device):
+def _trainer(
+    total_steps: int, log_interval: int, device: torch.device, page: bool = False, check: int = 1
+):
+    """The stage's Trainer; ``page``: its step is ``cbop_update`` (the CBOP stage's), else the
+    generic ``GradientStep`` with a ``post_optim`` target update."""
     torch.manual_seed(0)
     ensemble = GaussianEnsemble(OBS, ACT, num_members=4, hidden_sizes=(16, 16)).to(device)
     dynamics = DynamicsModel(ensemble, "none", elites=[0, 2, 3])
@@ -65,6 +72,8 @@ def _trainer(total_steps: int, log_interval: int, device: torch.device):
         horizon=2,
     ).to(device)
     optimizer = torch.optim.Adam(loss.parameters(), lr=1e-3, fused=True)
+    target = SoftUpdate(loss, tau=0.005)
+    update = partial(cbop_update, loss, optimizer, target) if page else None
     trainer = Trainer(
         collector=GradientSteps(),
         total_frames=total_steps,
@@ -72,7 +81,9 @@ def _trainer(total_steps: int, log_interval: int, device: torch.device):
         optim_steps_per_batch=1,
         loss_module=loss,
         optimizer=optimizer,
-        optimization_stepper=GuardedOptimizationStepper(_NoCheckpoint()),
+        optimization_stepper=GuardedOptimizationStepper(
+            _NoCheckpoint(), update=update, check_interval=check
+        ),
         logger=None,
         progress_bar=False,
         auto_log_optim_steps=False,
@@ -82,7 +93,8 @@ def _trainer(total_steps: int, log_interval: int, device: torch.device):
     generator = torch.Generator(device=device).manual_seed(0)
     buffer.set_rng(generator)
     SampleFromBuffer(buffer, generator).register(trainer)
-    trainer.register_op("post_optim", TargetNetUpdaterHook(SoftUpdate(loss, tau=0.005)))
+    if not page:
+        trainer.register_op("post_optim", TargetNetUpdaterHook(target))
     metrics = MetricsHook(None, log_interval)
     metrics.register(trainer)
     counter = HostSyncCounter()
@@ -97,9 +109,10 @@ def _trainer(total_steps: int, log_interval: int, device: torch.device):
 
 
 @pytest.mark.filterwarnings("ignore:No target network updater")
-def test_at_most_one_host_sync_per_gradient_step_outside_log_steps():
+@pytest.mark.parametrize("page", [False, True], ids=["gradient-step", "cbop-update"])
+def test_at_most_one_host_sync_per_gradient_step_outside_log_steps(page):
     steps = 6
-    trainer, metrics, counter = _trainer(steps, log_interval=1000, device=torch.device("cpu"))
+    trainer, metrics, counter = _trainer(steps, 1000, torch.device("cpu"), page=page)
     trainer.train()
     assert trainer.collected_frames == steps
     assert metrics._count == steps  # every step's metrics were accumulated (on the device)
@@ -115,6 +128,15 @@ def test_metrics_are_read_once_per_log_interval():
     assert {"loss_actor", "cbop/weights/0", "cbop/weights/2", "grad_steps_per_s"} <= set(
         metrics.last_window
     )
+
+
+def test_the_cbop_update_makes_no_host_sync_between_checks():
+    """The page's step, as a CUDA graph captures it: nothing read on the host."""
+    steps = 6
+    trainer, _, counter = _trainer(steps, 1000, torch.device("cpu"), page=True, check=1000)
+    trainer.train()
+    assert trainer.collected_frames == steps
+    assert counter.count == 0, counter.by_op
 
 
 def test_counter_sees_item_bool_and_boolean_masks():

@@ -1,21 +1,17 @@
 """CBOPLoss: TorchRL's SACLoss with an M-member Q-ensemble, EDAC diversity and the CBOP target.
 
-Everything SAC does is inherited unchanged from ``SACLoss`` (version 2, no
-state-value network):
+The losses themselves are on one page, :func:`~cbop_torchrl.objectives.cbop_update.cbop_losses`
+(``forward`` calls it), with the optimizer, the step and the Polyak update beside them:
 
-- actor loss ``alpha * log pi(a~|s) - min_m Q_m(s, a~)`` (min over all M members);
-- critic loss ``sum_m (Q_m(s, a) - y)^2`` averaged over the batch: with
-  ``loss_function="l2"`` SACLoss uses ``F.mse_loss`` (no 1/2 factor) per member
-  and sums over members, exactly EDAC's/CBOP's ``sum_m MSE_m``;
-- automatic alpha, target entropy ``-|A|`` from ``action_spec``.
-
-What CBOPLoss changes:
-
-- the target ``y`` comes from a :class:`CBOPValueEstimator` wired to this
-  loss (it reads the current actor, the TARGET Q parameters and alpha);
-- ``loss_qvalue`` also holds ``eta * L_ES``, EDAC's ensemble-diversity term
-  (An et al. 2021, eq. 5 with normalized gradients):
+- critic loss ``sum_m (Q_m(s, a) - y)^2`` averaged over the batch (``loss_function="l2"``:
+  ``F.mse_loss`` per member, no 1/2 factor, summed over members: EDAC's/CBOP's
+  ``sum_m MSE_m``), plus ``eta * L_ES``, EDAC's ensemble-diversity term (An et al. 2021,
+  eq. 5 with normalized gradients):
   ``L_ES = E_(s,a)[ 1/(M-1) * sum_{i != j} cos(grad_a Q_i(s,a), grad_a Q_j(s,a)) ]``;
+- the target ``y`` comes from a :class:`CBOPValueEstimator` wired to this loss (it
+  reads the current actor, the TARGET Q parameters and alpha);
+- actor loss ``alpha * log pi(a~|s) - min_m Q_m(s, a~)`` (min over all M members) and
+  SACLoss's automatic alpha, target entropy ``-|A|`` from ``action_spec``;
 - BEYOND THE PAPER, off by default: with ``bc_weight > 0``, ``loss_actor`` also
   holds ``bc_weight * E_(s,a)[-log pi(a|s)]`` at the dataset's actions, a
   behaviour-cloning pull that keeps the actor near the data (docs/learning.md);
@@ -25,19 +21,18 @@ What CBOPLoss changes:
   the policy's actions and up at the data's (a CQL/COMBO-style gap without the
   log-sum-exp), so Q is no longer flat in the action off the data.
 
-How the step is computed (the same numbers as SACLoss's passes plus a separate
-EDAC pass, with less work): the critic's MSE and EDAC's action gradients come
-from ONE Q-ensemble forward on ``(s, a)`` (SACLoss and a separate EDAC pass
-would run it twice), the BC term reuses the actor loss's policy distribution,
-and when the Q-networks are plain MLPs (:func:`make_qvalue_ensemble`) every
-Q-ensemble pass is one ``baddbmm`` per layer on the stacked ``[M, ...]``
-parameters (:func:`~cbop_torchrl.modules.fused_mlp.stacked_mlp_forward`)
-instead of ``torch.vmap`` over a TensorDict module (``fused_q=False``:
-SACLoss's ``vmap`` route).
+This class holds the networks' parameters (SACLoss's layout, so checkpoints keep their
+keys) and the fast forms the page calls: the critic's MSE and EDAC's action gradients
+come from ONE Q-ensemble forward on ``(s, a)`` (SACLoss and a separate EDAC pass would
+run it twice), the BC term reuses the actor loss's policy distribution, and when the
+Q-networks are plain MLPs (:func:`make_qvalue_ensemble`) every Q-ensemble pass is one
+``baddbmm`` per layer on the stacked ``[M, ...]`` parameters
+(:func:`~cbop_torchrl.modules.fused_mlp.stacked_mlp_forward`) instead of ``torch.vmap``
+over a TensorDict module (``fused_q=False``: SACLoss's ``vmap`` route).
 
-Output keys (``reduction="mean"``): ``loss_actor``, ``loss_qvalue`` (MSE sum +
-``eta * L_ES``), ``loss_alpha``, ``alpha``, ``entropy`` (as SACLoss), plus
-``edac_penalty`` (``L_ES`` itself, detached), ``qvalue_mse`` (the MSE part,
+Output keys (``reduction="mean"``; ``"sum"`` sums instead, ``"none"`` is refused): ``loss_actor``,
+``loss_qvalue`` (MSE sum + ``eta * L_ES``), ``loss_alpha``, ``alpha``, ``entropy`` (as
+SACLoss), plus ``edac_penalty`` (``L_ES`` itself, detached), ``qvalue_mse`` (the MSE part,
 detached), ``bc_nll`` (with ``bc_weight > 0``: the BC term above, detached),
 ``critic_gap`` (with ``critic_penalty > 0``: the members' mean of
 ``Q_m(s, a_pi) - Q_m(s, a_data)``, detached) and ``cbop`` (the estimator's
@@ -45,9 +40,8 @@ diagnostics: ``weights`` ``(H+1,)``, ``expected_horizon``, ``posterior_std``,
 ``value_var_share`` ``(H+1,)``, ``valid_fraction`` ``(H+1,)``, ``target_mean``).
 Only ``loss_*`` keys are losses: summing them gives the full objective.
 
-The loss reads its batch and never writes into it (SACLoss's ``td_error``
-priority and the actor's ``loc``/``scale`` go to private copies), so a batch
-can be the static input of a captured step (:class:`~cbop_torchrl.trainers.update.CapturedStep`).
+The loss reads its batch and never writes into it, so a batch can be the static input
+of a captured step (:class:`~cbop_torchrl.trainers.update.CapturedStep`).
 """
 
 from __future__ import annotations
@@ -61,15 +55,14 @@ from tensordict.nn import TensorDictModuleBase
 from torch import Tensor
 from torchrl.data import TensorSpec
 from torchrl.envs.utils import ExplorationType, set_exploration_type
-from torchrl.modules.distributions.utils import rsample_and_log_prob
 from torchrl.objectives import SACLoss
-from torchrl.objectives.utils import distance_loss
 
 from cbop_torchrl._torchrl_compat import SACTargetFromEstimator, vmap_over_params
 from cbop_torchrl.modules.actor_critic import BoxTanhNormal
 from cbop_torchrl.modules.fused_mlp import plain_mlp_plan, stacked_mlp_forward, stacked_mlp_views
+from cbop_torchrl.objectives.cbop_update import cbop_losses
 from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
-from cbop_torchrl.objectives.estimator import CBOPValueEstimator, sac_alpha
+from cbop_torchrl.objectives.estimator import CBOPValueEstimator
 from cbop_torchrl.objectives.fast_paths import (
     actor_layers,
     plain_actor_dist_params,
@@ -157,6 +150,11 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             raise ValueError(f"bc_weight must be >= 0; got {bc_weight}.")
         if not 0 <= critic_penalty < float("inf"):
             raise ValueError(f"critic_penalty must be a finite number >= 0; got {critic_penalty}.")
+        if sac_kwargs.get("reduction") == "none":
+            raise ValueError(
+                "CBOPLoss reduces its losses over the batch (reduction='mean', the default, "
+                "or 'sum'); got reduction='none'."
+            )
         super().__init__(
             actor_network,
             qvalue_network,
@@ -182,8 +180,6 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         self._actor_plan = (
             plain_actor_plan(self.actor_network, self.actor_network.in_keys[0]) if fused_q else None
         )
-        # What qvalue_v2_loss/actor_loss computed for forward() (EDAC term, BC NLL).
-        self._extras: dict[str, Tensor] = {}
         estimator_kwargs = dict(estimator_kwargs or {})
         estimator_kwargs.setdefault("fused_q", fused_q)
         estimator = CBOPValueEstimator.from_sac_loss(
@@ -288,43 +284,6 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         _, grad = self._q_and_action_gradients(tensordict, with_gradients=True)
         return gradient_diversity_penalty(grad)  # grad: [M, *batch, A]
 
-    def qvalue_v2_loss(self, tensordict: TensorDictBase) -> tuple[Tensor, dict[str, Tensor]]:
-        """SACLoss's summed critic MSE on the CBOP target; the EDAC term from the same Q pass.
-
-        Returns the MSE part and ``{"td_error": max_m |Q_m - y|}`` as SACLoss;
-        the (unreduced) EDAC penalty goes to :meth:`forward`.
-        """
-        weights = self._maybe_get_priority_weight(tensordict)
-        target_value = self._compute_target_v2(tensordict)  # [*batch]
-        pred_val, grad = self._q_and_action_gradients(tensordict, with_gradients=self.eta > 0)
-        if grad is not None:
-            self._extras["edac_penalty"] = gradient_diversity_penalty(grad)
-        if self.critic_penalty > 0:
-            policy_action = self._policy_action(tensordict)
-            params = self.qvalue_network_params
-            policy_q = self._member_q(tensordict, policy_action, params, detach=False)
-            self._extras["critic_gap"] = (policy_q - pred_val).sum(0)  # [*batch]
-        with torch.no_grad():  # SACLoss's priority: no graph, so no detach
-            td_error = (pred_val - target_value).abs().amax(0)
-        loss_qval = distance_loss(
-            pred_val, target_value.expand_as(pred_val), loss_function=self.loss_function
-        ).sum(0)
-        loss_qval = self._reduce_loss(loss_qval, tensordict=tensordict, weights=weights)
-        return loss_qval, {"td_error": td_error}
-
-    def actor_loss(self, tensordict: TensorDictBase) -> tuple[Tensor, dict[str, Tensor]]:
-        """SACLoss's ``alpha log pi(a~|s) - min_m Q_m(s, a~)``; the BC NLL from the same policy."""
-        weights = self._maybe_get_priority_weight(tensordict)
-        with set_exploration_type(ExplorationType.RANDOM):
-            dist = self._actor_dist(tensordict)
-            action, log_prob = rsample_and_log_prob(dist)
-            if self.bc_weight > 0:
-                self._extras["bc_nll"] = self._nll(dist, tensordict)
-        q = self._member_q(tensordict, action, self.qvalue_network_params, detach=True)
-        loss_actor = self._current_alpha() * log_prob - q.min(0)[0]
-        loss_actor = self._reduce_loss(loss_actor, tensordict=tensordict, weights=weights)
-        return loss_actor, {"log_prob": log_prob.detach()}
-
     def _actor_dist(self, tensordict: TensorDictBase) -> Any:
         """The current actor's distribution at the batch's observations.
 
@@ -350,10 +309,6 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
             return self._actor_dist(tensordict).sample()
 
-    def _current_alpha(self) -> Tensor:
-        """``exp(log_alpha)`` within the loss's bounds, detached (SACLoss's alpha)."""
-        return sac_alpha(self)
-
     def _nll(self, dist: Any, tensordict: TensorDictBase) -> Tensor:
         return -data_action_log_prob(dist, tensordict.get(self.tensor_keys.action))
 
@@ -362,38 +317,9 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         return self._nll(self._actor_dist(tensordict), tensordict)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        """SACLoss's losses with the EDAC term and the CBOP diagnostics (module doc)."""
-        self._extras.clear()
-        try:
-            # SACLoss writes its td_error into the batch: a shallow copy keeps the caller's
-            # batch (a CUDA graph's static input) as it was given.
-            td_out = super().forward(tensordict.copy())
-            extras = dict(self._extras)
-        finally:
-            self._extras.clear()  # holds graph tensors: not kept past the call
-        if self.bc_weight > 0:
-            nll = self._reduce_loss(extras["bc_nll"], tensordict=tensordict)
-            td_out.set("loss_actor", td_out.get("loss_actor") + self.bc_weight * nll)
-            if td_out.batch_size == torch.Size([]):
-                td_out.set("bc_nll", nll.detach())
-        mse = td_out.get("loss_qvalue")
-        if self.eta > 0:
-            penalty = self._reduce_loss(extras["edac_penalty"], tensordict=tensordict)
-            td_out.set("loss_qvalue", mse + self.eta * penalty)
-        else:
-            penalty = torch.zeros_like(mse)
-        if self.critic_penalty > 0:
-            gap = self._reduce_loss(extras["critic_gap"], tensordict=tensordict)
-            td_out.set("loss_qvalue", td_out.get("loss_qvalue") + self.critic_penalty * gap)
-            if td_out.batch_size == torch.Size([]):
-                td_out.set("critic_gap", gap.detach() / self.num_qvalue_nets)
-        if td_out.batch_size == torch.Size([]):
-            td_out.set("qvalue_mse", mse.detach())
-            td_out.set("edac_penalty", penalty.detach())
-            diagnostics = self.value_estimator.last_diagnostics
-            if diagnostics is not None:
-                td_out.set("cbop", diagnostics)
-        return td_out
+        """The target, the critic's MSE + EDAC, the actor's and alpha's losses (module doc):
+        :func:`~cbop_torchrl.objectives.cbop_update.cbop_losses`."""
+        return cbop_losses(self, tensordict)
 
 
 class SACLossWithCBOPTarget(SACTargetFromEstimator, SACLoss):

@@ -3,6 +3,7 @@ TorchRL's Trainer (:mod:`cbop_torchrl.trainers.offline_training`), resumable."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -15,6 +16,8 @@ from cbop_torchrl.config import ConfigError, RunConfig
 from cbop_torchrl.data import DatasetInfo, make_replay_buffer
 from cbop_torchrl.envs import make_eval_env
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
+from cbop_torchrl.objectives.cbop_update import cbop_update
+from cbop_torchrl.objectives.cbop_update import make_optimizer as cbop_optimizer
 from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.runtime import seed_everything
 from cbop_torchrl.trainers.checkpoint import CheckpointHook, training_config_hash
@@ -94,25 +97,11 @@ def build_cbop_loss(
 
 
 def make_optimizer(loss: CBOPLoss, config: RunConfig) -> torch.optim.Optimizer:
-    """One Adam with a parameter group per part (actor, Q-ensemble, log-alpha).
-
-    The SAC losses touch disjoint parameters (the actor loss reads detached Q
-    parameters, the alpha loss a detached log-prob), so one optimizer on the
-    summed loss equals three separate ones, and the Trainer wants one.
-    """
+    """The CBOP step's Adam (:func:`~cbop_torchrl.objectives.cbop_update.make_optimizer`)
+    with ``agent.actor_lr``, ``agent.critic_lr`` and ``agent.alpha_lr``."""
     agent = config.agent
-    return torch.optim.Adam(
-        [
-            {"params": list(loss.actor_network_params.values(True, True)), "lr": agent.actor_lr},
-            {"params": list(loss.qvalue_network_params.values(True, True)), "lr": agent.critic_lr},
-            {"params": [loss.log_alpha], "lr": agent.alpha_lr},
-        ],
-        # One fused kernel over all parameters (CPU and CUDA): fewer small kernels, and
-        # no per-parameter read of the step count (13 host syncs per step unfused).
-        fused=True,
-        # On CUDA the step count stays on the device, so the step can be captured in a
-        # CUDA graph (torch refuses to capture a non-capturable optimizer's step).
-        capturable=loss.log_alpha.device.type == "cuda",
+    return cbop_optimizer(
+        loss, actor_lr=agent.actor_lr, critic_lr=agent.critic_lr, alpha_lr=agent.alpha_lr
     )
 
 
@@ -198,7 +187,7 @@ def cbop_stage(
     cuda_graph = uses_cuda_graph(config, run.device)
     loss.value_estimator.whole_step_graph = cuda_graph
     # TorchRL's contract: the target updater is associated before the loss reads its targets.
-    # It is stepped inside the gradient step (GuardedOptimizationStepper), captured with it.
+    # It is stepped inside the gradient step (cbop_update), captured with it.
     target_update = SoftUpdate(loss, tau=config.agent.tau)
     actor.load_state_dict(bc_state)
     incompatible = loss.load_state_dict(fqe_state, strict=False)  # FQE's online and target Qs
@@ -225,9 +214,10 @@ def cbop_stage(
         run.checkpoint_path, config.train.checkpoint_interval, config.train.total_steps,
         partial(cbop_checkpoint_payload, run, actor, rollout_choice),
     )  # fmt: skip
+    update = partial(cbop_update, loss, optimizer, target_update)  # the step, one page
     training = build_offline_training(
-        run, loss=loss, optimizer=optimizer, stepper=cbop_stepper(config, checkpoint,
-        target_update, cuda_graph), checkpoint=checkpoint, buffer=buffer, generator=generator,
+        run, loss=loss, optimizer=optimizer, stepper=cbop_stepper(config, checkpoint, update,
+        cuda_graph), checkpoint=checkpoint, buffer=buffer, generator=generator,
         actor=actor, eval_env=eval_env, target_update=None,
         extra_hooks=(QValueStats(loss, run.logger, config.train.log_interval), *diagnostics),
     )  # fmt: skip
@@ -245,13 +235,14 @@ def cbop_stage(
 
 
 def cbop_stepper(
-    config: RunConfig, checkpoint: CheckpointHook, target_update: SoftUpdate, cuda_graph: bool
+    config: RunConfig, checkpoint: CheckpointHook, update: Callable, cuda_graph: bool
 ) -> GuardedOptimizationStepper:
-    """The CBOP step: eager with a finiteness read per step, or captured with one per log step."""
+    """The CBOP step ``update`` (:func:`~cbop_torchrl.objectives.cbop_update.cbop_update`):
+    eager with a finiteness read per step, or captured with one per log step."""
     if not cuda_graph:
-        return GuardedOptimizationStepper(checkpoint, target_update)
+        return GuardedOptimizationStepper(checkpoint, update=update)
     return GuardedOptimizationStepper(
-        checkpoint, target_update, cuda_graph=True, check_interval=config.train.log_interval,
+        checkpoint, update=update, cuda_graph=True, check_interval=config.train.log_interval,
         strict_capture=config.cuda_graph is True,
     )  # fmt: skip
 

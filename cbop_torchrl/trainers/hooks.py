@@ -129,6 +129,11 @@ class GuardedOptimizationStepper(OptimizationStepper):
         checkpoint: the run's checkpoint hook (``describe_last()`` names the last good one).
         target_update: a TorchRL target updater stepped inside the step (None: a
             ``post_optim`` hook does it).
+        update: the whole step as a function ``update(batch, guard) -> losses`` (the CBOP
+            stage's :func:`~cbop_torchrl.objectives.cbop_update.cbop_update`, bound to its
+            loss, optimizer and target updater: give it instead of ``target_update``);
+            None: the Trainer's loss, optimizer and ``target_update`` in a
+            :class:`~cbop_torchrl.trainers.update.GradientStep`.
         cuda_graph: capture the step as a CUDA graph after ``warmup_steps`` eager
             steps (:class:`~cbop_torchrl.trainers.update.CapturedStep`; the loss must
             be on a CUDA device and the optimizer fused and capturable).
@@ -143,6 +148,7 @@ class GuardedOptimizationStepper(OptimizationStepper):
         checkpoint: CheckpointHook,
         target_update: Any | None = None,
         *,
+        update: Callable[[TensorDictBase, Any], TensorDictBase] | None = None,
         cuda_graph: bool = False,
         check_interval: int = 1,
         warmup_steps: int = 3,
@@ -152,6 +158,7 @@ class GuardedOptimizationStepper(OptimizationStepper):
             raise ValueError(f"check_interval must be >= 1; got {check_interval}")
         self.checkpoint = checkpoint
         self.target_update = target_update
+        self.update_function = update
         self.cuda_graph = cuda_graph
         self.check_interval = check_interval
         self.warmup_steps = warmup_steps
@@ -163,7 +170,9 @@ class GuardedOptimizationStepper(OptimizationStepper):
         self._calls = 0
 
     def _build(self, trainer: Trainer) -> None:
-        self.update = GradientStep(trainer.compute_loss, trainer.optimizer, self.target_update)
+        self.update = GradientStep(
+            trainer.compute_loss, trainer.optimizer, self.target_update, self.update_function
+        )
         if (self.cuda_graph or self.check_interval > 1) and not self.update.skips_on_device:
             optimizer = trainer.optimizer
             raise ValueError(
@@ -184,6 +193,9 @@ class GuardedOptimizationStepper(OptimizationStepper):
         check_now = self._calls % self.check_interval == 0
         if self.captured is not None:
             losses = self._captured_step(sub_batch)
+        elif check_now and self.update_function is not None:
+            # The check runs before the optimizer step: a bad step changes nothing.
+            return self.update(sub_batch, after_guard=lambda: self.raise_if_not_finite(trainer))
         elif check_now:  # check before the optimizer step: a bad step changes nothing
             self.update.zero_grad()
             losses = self.update.forward_backward(sub_batch)

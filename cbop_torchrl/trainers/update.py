@@ -30,7 +30,8 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDictBase
 from torch import Tensor
-from torchrl.objectives import SoftUpdate
+
+from cbop_torchrl.objectives.cbop_update import Guard, polyak_update
 
 
 def supports_found_inf(optimizer: torch.optim.Optimizer) -> bool:
@@ -85,41 +86,8 @@ class StepHealth:
         return int(values[0]), int(values[1]), names
 
 
-def target_step(target_update: object) -> None:
-    """``target_update.step()``; a TorchRL ``SoftUpdate`` as one ``torch._foreach_lerp_``.
-
-    ``SoftUpdate.step`` runs ``target.data.lerp_(source.data, 1 - eps)`` on the loss's
-    parameter TensorDicts, and each ``.data`` is a ``detach``: two operations per parameter
-    tensor before the one ``_foreach_lerp_``. The same lerp on the tensors themselves, under
-    ``no_grad``, is the same update without them. ``torch._foreach_lerp_`` is what
-    TensorDict's ``lerp_`` calls: the public multi-tensor kernel, one launch for all
-    tensors. Any other updater (or a SoftUpdate whose layout this does not know) steps
-    itself.
-    """
-    sources = getattr(target_update, "_sources", None)
-    targets = getattr(target_update, "_targets", None)
-    if (
-        type(target_update) is not SoftUpdate
-        or not getattr(target_update, "initialized", False)
-        or not isinstance(sources, TensorDictBase)
-        or not isinstance(targets, TensorDictBase)
-    ):
-        target_update.step()
-        return
-    source_leaves, target_leaves = [], []
-    for key, source in sources.items():
-        target = targets.get(f"target_{key}")
-        if isinstance(source, TensorDictBase):
-            for leaf_key, leaf in source.items(True, True):
-                source_leaves.append(leaf)
-                target_leaves.append(target.get(leaf_key))
-        else:
-            source_leaves.append(source)
-            target_leaves.append(target)
-    if any(leaf.requires_grad for leaf in target_leaves):
-        raise RuntimeError("the target parameter is part of a graph.")
-    with torch.no_grad():
-        torch._foreach_lerp_(target_leaves, source_leaves, 1 - target_update.eps)
+#: ``target_update.step()``, a ``SoftUpdate`` as one ``torch._foreach_lerp_`` (the page's).
+target_step = polyak_update
 
 
 class GradientStep:
@@ -132,6 +100,10 @@ class GradientStep:
             :meth:`forward_backward`, read :attr:`health`, then :meth:`apply`.
         target_update: a TorchRL ``TargetNetUpdater`` (``SoftUpdate``) stepped after
             the optimizer, or None.
+        update: the whole step as a function ``update(batch, guard) -> losses`` that
+            calls ``guard(losses, grad_norm)`` between its backward and its optimizer
+            step (the CBOP stage's :func:`~cbop_torchrl.objectives.cbop_update.cbop_update`,
+            bound to its loss, optimizer and target updater); None: the steps below.
 
     Calling it runs ``zero_grad`` (``set_to_none``: no kernel, so inside a CUDA
     graph capture the gradients are allocated in the graph's pool and every
@@ -146,10 +118,12 @@ class GradientStep:
         loss: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         target_update: object | None = None,
+        update: Callable[[TensorDictBase, Guard], TensorDictBase] | None = None,
     ) -> None:
         self.loss = loss
         self.optimizer = optimizer
         self.target_update = target_update
+        self.update = update
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         device = self.params[0].device
         self.health = StepHealth(device)
@@ -172,6 +146,17 @@ class GradientStep:
         grads = [p.grad for p in self.params if p.grad is not None]
         # The total 2-norm without clip_grad_norm_'s multiply by a clip factor of 1.
         grad_norm = torch.nn.utils.get_total_norm(grads)
+        self.guard(losses, grad_norm)
+        # Only the losses carry a graph: the diagnostics are detached already.
+        losses = losses.apply(lambda value: value.detach() if value.requires_grad else value)
+        losses.set("grad_norm", grad_norm.detach())
+        return losses
+
+    def guard(self, losses: TensorDictBase, grad_norm: Tensor) -> None:
+        """Records whether every floating-point value of ``losses`` and ``grad_norm`` is finite.
+
+        On the device (:attr:`health`); a fused optimizer's ``found_inf`` then skips a bad step.
+        """
         checked = {
             "/".join(key) if isinstance(key, tuple) else key: value
             for key, value in losses.items(True, True)
@@ -188,10 +173,6 @@ class GradientStep:
         bad = self.health.record(finite, [*checked, "gradient norm"])
         if self.skips_on_device:
             self.optimizer.found_inf.copy_(bad)  # 1.0 skips the step
-        # Only the losses carry a graph: the diagnostics are detached already.
-        losses = losses.apply(lambda value: value.detach() if value.requires_grad else value)
-        losses.set("grad_norm", grad_norm.detach())
-        return losses
 
     def apply(self) -> None:
         """The optimizer step (skipped on the device for a non-finite fused step), then targets."""
@@ -199,7 +180,19 @@ class GradientStep:
         if self.target_update is not None:
             target_step(self.target_update)
 
-    def __call__(self, batch: TensorDictBase) -> TensorDictBase:
+    def __call__(
+        self, batch: TensorDictBase, after_guard: Callable[[], None] | None = None
+    ) -> TensorDictBase:
+        """The step; ``after_guard()`` (given ``update``) runs before the optimizer step."""
+        if self.update is not None:
+            if after_guard is None:
+                return self.update(batch, self.guard)
+
+            def guard(losses: TensorDictBase, grad_norm: Tensor) -> None:
+                self.guard(losses, grad_norm)
+                after_guard()
+
+            return self.update(batch, guard)
         self.zero_grad()
         losses = self.forward_backward(batch)
         self.apply()
