@@ -95,7 +95,9 @@ def load_step_modules(commit: str) -> dict[str, types.ModuleType] | None:
     """The ``commit`` versions of :data:`STEP_MODULES` (those it has), or None without git."""
     loaded: dict[str, types.ModuleType] = {}
     prefix = f"cbop_{commit}"
-    for short, path in STEP_MODULES:
+    # The commit's own helpers first where it has them: its modules import them by a name
+    # that may no longer exist in this checkout (cbop_torchrl.utils).
+    for short, path in (("utils", "cbop_torchrl/utils.py"), *STEP_MODULES):
         try:
             source = subprocess.run(
                 ["git", "-C", str(REPO), "show", f"{commit}:{path}"],
