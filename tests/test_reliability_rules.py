@@ -356,6 +356,21 @@ def test_no_program_writes_into_another_applications_folder(
         assert "no .cbop-run marker" in done.stderr and ".hydra" in done.stderr, done.stderr
 
 
+def test_a_multirun_never_overwrites_another_applications_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sweep = tmp_path / "their_sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("hydra:\n  job:\n    config_name: my_app\n")
+    before = _snapshot(sweep)
+    monkeypatch.chdir(tmp_path)
+    done = run_program("baseline", ["-m", "preset=debug", "seed=0,1", f"hydra.sweep.dir={sweep}"],
+                       {"CBOP_TORCHRL_CACHE": str(tmp_path / "cache")})  # fmt: skip
+    assert done.returncode == 2 and "another application's sweep" in done.stderr, done.stderr
+    assert "'my_app'" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert _snapshot(sweep) == before
+
+
 @pytest.mark.parametrize("setting", ["hydra.output_subdir=.hydra", "hydra/job_logging=default"])
 @pytest.mark.parametrize("module", list(PROGRAM_ARGS))
 def test_no_program_lets_hydra_write_before_the_check(

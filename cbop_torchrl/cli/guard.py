@@ -69,8 +69,19 @@ class RunDirGuard(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Each job's folder is made by the launcher; Hydra writes nothing into it, and the
-        # run checks it (claim_run_dir) before writing anything.
-        self.refuse_hydra_writes(config, Path(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+        # run checks it (claim_run_dir) before writing anything. Into the sweep folder itself
+        # Hydra writes its multirun.yaml next: one another application's sweep left there
+        # would be overwritten.
+        sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
+        self.refuse_hydra_writes(config, sweep_dir)
+        ours = str(OmegaConf.select(config, "hydra.job.config_name") or "")
+        if (theirs := sweep_owner(sweep_dir)) is not None and theirs != ours:
+            _refuse(
+                f"the sweep folder {str(sweep_dir)!r} holds another application's sweep "
+                f"(its multirun.yaml was written by the config {theirs!r}, this program's is "
+                f"{ours!r}), and Hydra would overwrite its record. Give this sweep a folder of "
+                "its own: hydra.sweep.dir=<a new or empty folder>."
+            )
 
     @staticmethod
     def refuse_hydra_writes(config: DictConfig, where: Path) -> None:
@@ -81,6 +92,18 @@ class RunDirGuard(Callback):
                 "program made must stay as it was. Leave these settings out (the programs "
                 "print to the console; a run's logs are under <run>/logs)."
             )
+
+
+def sweep_owner(sweep_dir: Path) -> str | None:
+    """The config name recorded in ``sweep_dir/multirun.yaml`` ("" when it names none), or
+    None where there is no such regular file."""
+    record = sweep_dir / "multirun.yaml"
+    if not record.is_file():
+        return None
+    try:
+        return str(OmegaConf.select(OmegaConf.load(record), "hydra.job.config_name") or "")
+    except Exception:  # unreadable as a Hydra record: not ours either
+        return ""
 
 
 def _refuse(message: object) -> None:
