@@ -42,6 +42,7 @@ from benchmarks import bar_long  # noqa: E402
 from benchmarks.cbop_row import (  # noqa: E402
     SETS,
     Check,
+    conservatism_check,
     current_file,
     find_row,
     headline_row,
@@ -117,14 +118,7 @@ def check_set(results: Path, dataset: str, cbop: str, measure: str) -> tuple[lis
             ", ".join(f"{ratio:.2f}" for ratio in ratios) or "no summaries",
         )
     )
-    checks.append(
-        Check(
-            dataset,
-            "Q - MC < 0 at the end, every seed",
-            bool(gaps) and all(gap is not None and gap < 0 for gap in gaps),
-            ", ".join("n/a" if gap is None else f"{gap:+.1f}" for gap in gaps) or "no summaries",
-        )
-    )
+    checks.append(conservatism_check(dataset, gaps))
     return checks, lead
 
 

@@ -22,7 +22,15 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from benchmarks.cbop_row import SETS, Check, current_file, find_row, load_rows, seed_summaries
+from benchmarks.cbop_row import (
+    SETS,
+    Check,
+    conservatism_check,
+    current_file,
+    find_row,
+    load_rows,
+    seed_summaries,
+)
 from cbop_torchrl.evaluation.protocol import LONG_SEEDS, LONG_STEPS, LONG_SUFFIX, resolution
 from cbop_torchrl.evaluation.summaries import BASELINES
 
@@ -98,14 +106,7 @@ def check_set(results: Path, dataset: str, measure: str) -> tuple[list[Check], f
         )
     )
     gaps = [s.get("analysis", {}).get("conservatism", {}).get("overestimation") for s in summaries]
-    checks.append(
-        Check(
-            dataset,
-            "Q - MC < 0 at the end, every seed",
-            bool(gaps) and all(gap is not None and gap < 0 for gap in gaps),
-            ", ".join("n/a" if gap is None else f"{gap:+.1f}" for gap in gaps) or "no summaries",
-        )
-    )
+    checks.append(conservatism_check(dataset, gaps))
     return checks, lead
 
 

@@ -38,6 +38,17 @@ class Check:
     detail: str
 
 
+def conservatism_check(dataset: str, gaps: list[float | None]) -> Check:
+    """The bar's condition that Q is below the true return at the end on every seed
+    (``gaps``: each seed's Q - MC, None where its summary has none)."""
+    return Check(
+        dataset,
+        "Q - MC < 0 at the end, every seed",
+        bool(gaps) and all(gap is not None and gap < 0 for gap in gaps),
+        ", ".join("n/a" if gap is None else f"{gap:+.1f}" for gap in gaps) or "no summaries",
+    )
+
+
 def find_row(rows: dict, variant: str, measure: str) -> dict | None:
     """The variant's row on the set's current file."""
     file = current_file(rows)
@@ -49,6 +60,7 @@ def find_row(rows: dict, variant: str, measure: str) -> dict | None:
 
 __all__ = [
     "Check",
+    "conservatism_check",
     "find_row",
     "DEFAULT_PSI_ROWS",
     "GRID",
