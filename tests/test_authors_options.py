@@ -231,3 +231,29 @@ def test_fqe_drop_terminal_off_keeps_the_old_cache_key(monkeypatch: pytest.Monke
         with pytest.raises(ZeroDivisionError):
             load_or_train_fqe(fqe_data(20), "fp", OBS, ACT, [8], 2, 0.9, config, 0, False)
     assert "drop_terminal" not in keys[0]["config"] and keys[1]["config"]["drop_terminal"]
+
+
+def test_the_estimators_unbiased_lcb_is_sqrt_mk_over_mk_minus_1_wider() -> None:
+    """The posterior's variance scales by f = MK / (MK - 1) and its mean not at all, so the
+    target's distance below the posterior mean grows by sqrt(f)."""
+    import dataclasses
+
+    from benchmarks.speed.models import build_models
+    from benchmarks.speed.sizes import cpu_preset_size
+    from cbop_torchrl.objectives.estimator import CBOPValueEstimator
+
+    size = dataclasses.replace(cpu_preset_size(), batch=32)
+    actor, qnets, dynamics, batch = build_models(size, torch.device("cpu"))
+    common = {"horizon": size.horizon, "psi": 2.0, "alpha": 0.2, "seed": 0}
+
+    def target(**options) -> torch.Tensor:
+        estimator = CBOPValueEstimator(
+            actor_network=actor, qvalue_network=qnets, dynamics=dynamics, **common, **options
+        )
+        return estimator.compute_target(batch.clone())[0]
+
+    mean, lcb = target(mode="map"), target()
+    unbiased = target(unbiased_variance=True)
+    factor = size.members * size.particles / (size.members * size.particles - 1)
+    assert not torch.equal(unbiased, lcb)
+    torch.testing.assert_close(unbiased - mean, (lcb - mean) * factor**0.5, rtol=1e-4, atol=1e-4)
