@@ -91,6 +91,55 @@ PAPER_SHARED: dict[str, Any] = {
 """Paper settings that do not depend on the dataset (appendix B/D)."""
 
 
+AUTHORS_COMMIT = "3fb693e"
+"""The commit of jihwan-jeong/CBOP that :data:`AUTHORS_SETTINGS` cites (its first code commit)."""
+
+AUTHORS_SETTINGS: dict[str, tuple[Any, str]] = {
+    "bc.converge": (True, "rlkit/trainers/behavior_clone.py:174-247; "
+                    "rlkit/examples/conf/algorithm/pretrain.yaml:18 (use_best_parameters)"),
+    "bc.lr": (1e-3, "rlkit/examples/conf/overrides/pretrain_hopper.yaml:65 (bc_prior)"),
+    "bc.batch_size": (1024, "README.md:104 (overrides.bc_prior.batch_size=1024)"),
+    "bc.max_epochs": (100, "README.md:104 (algorithm.algorithm_cfg.num_total_epochs=100)"),
+    "bc.patience": (5, "rlkit/examples/conf/algorithm/pretrain.yaml:17"),
+    "bc.holdout": (1000, "rlkit/trainers/behavior_clone.py:64,148 (min(20%, max_num_test))"),
+    "bc.improvement": (0.01, "rlkit/trainers/behavior_clone.py:91"),
+    "fqe.converge": (True, "rlkit/trainers/pol_eval.py:137-260"),
+    "fqe.rounds": (5, "README.md:104 (overrides.policy_eval.num_value_learning_repeat=5)"),
+    "fqe.lr": (1e-3, "rlkit/examples/conf/overrides/pretrain_hopper.yaml:35 (policy_eval)"),
+    "fqe.batch_size": (1024, "README.md:104 (overrides.policy_eval.batch_size=1024)"),
+    "fqe.max_epochs": (100, "README.md:104 (algorithm.algorithm_cfg.num_total_epochs=100)"),
+    "fqe.patience": (5, "rlkit/examples/conf/algorithm/pretrain.yaml:17"),
+    "fqe.holdout": (1000, "rlkit/trainers/pol_eval.py:65,160 (min(20%, max_logging))"),
+    "fqe.improvement": (0.01, "rlkit/core/rl_algorithms/offline/offline_pretrain_algorithm.py:33"),
+    "fqe.drop_terminal": (True, "rlkit/data_management/replay_buffers/"
+                          "simple_replay_buffer.py:271-295 (idx_to_include = ~term)"),
+    "agent.q_init": ("authors", "rlkit/examples/algorithms/pretrain.py:144-155 and "
+                     "rlkit/examples/algorithms/actor_critic/mvepo.py:130-147 (fan-in, "
+                     "biases 0.1); rlkit/torch/models/ensemble.py:511,533-534 (last layer +-3e-3)"),
+    "dynamics.separate_reward": (True, "rlkit/examples/conf/overrides/pretrain_hopper.yaml:50"),
+    "dynamics.activation": ("relu", "rlkit/examples/conf/overrides/pretrain_hopper.yaml:47"),
+    "dynamics.weight_decay": ((0.0,) * 5, "rlkit/examples/conf/overrides/"
+                              "pretrain_hopper.yaml:48 (use_decay: false)"),
+    "dynamics.bootstrap_per_epoch": (True, "rlkit/trainers/mbrl/mbrl.py:186"),
+    "dynamics.batch_size": (1024, "README.md:99 (overrides.dynamics.batch_size=1024)"),
+    "dynamics.holdout_ratio": (0.2, "rlkit/examples/conf/algorithm/pretrain.yaml:23"),
+    "dynamics.max_holdout": (10_000, "rlkit/examples/conf/algorithm/pretrain.yaml:24; "
+                             "rlkit/trainers/mbrl/mbrl.py:315"),
+    "dynamics.shared_logvar_bounds": (True, "rlkit/torch/models/probabilistic_ensemble.py:52-55"),
+    "dynamics.lr": (1e-3, "rlkit/examples/conf/overrides/pretrain_hopper.yaml:52"),
+    "dynamics.patience": (5, "rlkit/examples/conf/algorithm/pretrain.yaml:17"),
+    "estimator.unbiased_variance": (True, "rlkit/trainers/mvepo/mvepo.py:442 "
+                                    "(torch.var_mean over M x K, n - 1)"),
+}  # fmt: skip
+"""``preset=paper``'s values where the paper is silent and the authors' code decides: dotted
+key -> (value, the file and line of jihwan-jeong/CBOP at :data:`AUTHORS_COMMIT` it comes from).
+The line numbers of ``pretrain_hopper.yaml`` are the same in ``pretrain_halfcheetah.yaml`` and
+``pretrain_walker2d.yaml``. BC's loss, the actions' negative log-likelihood
+(``rlkit/policies/gaussian_policy.py:93-95``), is this project's only BC loss, so it has no key.
+The preset sets each value (``configs/preset/paper.yaml``); the CPU and debug presets keep
+today's choices (each key's default)."""
+
+
 def infer_dataset_kind(name: str) -> str | None:
     """The D4RL kind named in a dataset name (``hopper-medium-replay-gen`` -> ``medium-replay``).
 

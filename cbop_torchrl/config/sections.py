@@ -97,6 +97,8 @@ class DynamicsConfig(Section):
     logvar_bound_coef: float = 0.01
     seed: int = 0
     separate_reward: bool = False
+    bootstrap_per_epoch: bool = False  # the authors': each member's resample redrawn every epoch
+    shared_logvar_bounds: bool = False  # the authors': one log-variance bound pair for all members
 
     RANGES = (
         *(positive(k, SIZE, integer=True)
@@ -116,8 +118,9 @@ class DynamicsConfig(Section):
     def __post_init__(self) -> None:
         self.weight_decay = tuple(float(d) for d in self.weight_decay)
         problems = []
-        if not isinstance(self.separate_reward, bool):
-            problems.append(f"separate_reward={self.separate_reward!r} must be true or false")
+        for flag in ("separate_reward", *LATER_DYNAMICS_FLAGS):
+            if not isinstance(getattr(self, flag), bool):
+                problems.append(f"{flag}={getattr(self, flag)!r} must be true or false")
         if not 1 <= self.num_elites <= self.num_members:
             problems.append(
                 f"num_elites={self.num_elites} must be between 1 and num_members={self.num_members}"
@@ -160,8 +163,9 @@ class DynamicsConfig(Section):
         values["weight_decay"] = list(self.weight_decay)
         # Added after models were cached and runs hashed from this dict: named only when on,
         # so those cache entries and checkpoints still match.
-        if not self.separate_reward:
-            values.pop("separate_reward")
+        for flag in ("separate_reward", *LATER_DYNAMICS_FLAGS):
+            if not values[flag]:
+                values.pop(flag)
         return values
 
     def problems(self) -> list[str]:
@@ -236,6 +240,9 @@ class EstimatorConfig(Section):
     termination: Termination = Termination.zero_precision
     sampling: Sampling = Sampling.shared  # shared | independent rollouts per horizon
     rollout_dtype: RolloutDtype = RolloutDtype.auto
+    # The authors' code: each horizon's variance over its K x M samples with the n - 1 divisor
+    # (torch.var's default; false: the population variance, the paper's equations).
+    unbiased_variance: bool = False
 
     RANGES = (
         non_negative("psi", "0 gives the posterior mean, larger values a more conservative "
@@ -271,6 +278,42 @@ class PretrainConfig(Section):
 
 
 @dataclass
+class BCConfig(PretrainConfig):
+    """Behaviour cloning; ``converge`` gives the authors' scheme (their behavior_clone.py)."""
+
+    # true: the authors' BC, epochs (each a resample of the training rows with replacement) until
+    # `patience` epochs pass without a relative held-out NLL improvement of `improvement`, at most
+    # `max_epochs`, on `holdout` held-out rows, best held-out weights kept; `steps` is then unused
+    converge: bool = False
+    max_epochs: int = 100  # converge=true: the most epochs
+    patience: int = 5  # converge=true: epochs without improvement before it stops
+    holdout: int = 1000  # converge=true: held-out rows, at most a fifth of the data
+    improvement: float = 0.01  # converge=true: the relative held-out improvement that counts
+
+    RANGES = (
+        *PretrainConfig.RANGES,
+        *(positive(k, SIZE, integer=True) for k in ("max_epochs", "patience", "holdout")),
+        fraction("improvement", "the relative held-out improvement that counts, e.g. "
+                 "bc.improvement=0.01"),
+    )  # fmt: skip
+
+    def cache_fields(self) -> dict[str, Any]:
+        """The fields that decide what is trained: the ``converge`` scheme's only when it is
+        on, so the stage's cache keys and the run hashes from before it still match."""
+        values = dict(vars(self))
+        if not self.converge:
+            for key in BC_CONVERGE_FIELDS:
+                values.pop(key)
+        return values
+
+
+#: :class:`BCConfig`'s ``converge`` fields and :class:`DynamicsConfig`'s flags added after
+#: runs existed: hashed only when on, so earlier caches and checkpoints still match.
+BC_CONVERGE_FIELDS = ("converge", "max_epochs", "patience", "holdout", "improvement")
+LATER_DYNAMICS_FLAGS = ("bootstrap_per_epoch", "shared_logvar_bounds")
+
+
+@dataclass
 class FQEConfig(PretrainConfig):
     """FQE also has its target ensemble's Polyak rate.
 
@@ -292,6 +335,7 @@ class FQEConfig(PretrainConfig):
     patience: int = 5
     holdout: int = 1000
     improvement: float = 0.01
+    drop_terminal: bool = False  # the authors': FQE fits no terminal rows (false: it fits them)
 
     # FQE as the paper's Algorithm 2 (Le et al. 2019): ``rounds`` rounds of
     # ``steps // rounds`` gradient steps, each regressing on targets from the
@@ -437,7 +481,7 @@ class RunConfig(Section):
     agent: AgentConfig = field(default_factory=AgentConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     dynamics: DynamicsConfig = field(default_factory=DynamicsConfig)
-    bc: PretrainConfig = field(default_factory=PretrainConfig)
+    bc: BCConfig = field(default_factory=BCConfig)
     fqe: FQEConfig = field(default_factory=FQEConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -462,6 +506,7 @@ class RunConfig(Section):
         its resumption.
         """
         values = self.to_dict()
+        values["bc"] = self.bc.cache_fields()
         for key in (
             "device",
             "threads",
@@ -523,6 +568,8 @@ LATER_OPT_INS: tuple[tuple[str, str, Any], ...] = (
     ("agent", "critic_penalty", 0.0),
     ("agent", "critic_layer_norm", False),
     ("agent", "critic_prior_scale", 0.0),
+    ("estimator", "unbiased_variance", False),
+    ("fqe", "drop_terminal", False),
 )
 
 
@@ -530,7 +577,7 @@ SECTIONS: dict[str, type] = {
     "agent": AgentConfig,
     "estimator": EstimatorConfig,
     "dynamics": DynamicsConfig,
-    "bc": PretrainConfig,
+    "bc": BCConfig,
     "fqe": FQEConfig,
     "train": TrainConfig,
     "eval": EvalConfig,

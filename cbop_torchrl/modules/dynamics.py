@@ -4,7 +4,8 @@
 ``E`` Gaussian MLP members, each mapping a standardized ``(observation,
 action)`` to the mean and log-variance of the standardized target
 ``[next_obs - obs, reward]``. The log-variance is kept between learnable soft
-bounds (``max`` init 0.5, ``min`` init -10, one pair per member and output).
+bounds (``max`` init 0.5, ``min`` init -10, one pair per member and output, or with
+``shared_logvar_bounds`` one pair for all members, as the authors' code has it).
 With ``separate_reward`` the reward has a network of its own in each member
 (the authors' code; the paper's MBPO-style model predicts both with one).
 
@@ -54,6 +55,8 @@ class GaussianEnsemble(nn.Module):
         separate_reward: give the reward its own ensemble of the same shape (``reward_net``,
             outputs ``[mean, raw logvar]`` of the reward) and ``net`` the state delta only.
             The outputs are the same either way: ``[next_obs - obs, reward]``.
+        shared_logvar_bounds: one pair of log-variance bounds ``[1, 1, O + 1]`` for every
+            member (the authors' code) instead of one pair per member ``[E, 1, O + 1]``.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class GaussianEnsemble(nn.Module):
         hidden_sizes: Sequence[int] = (200, 200, 200, 200),
         activation: str = "silu",
         separate_reward: bool = False,
+        shared_logvar_bounds: bool = False,
     ) -> None:
         super().__init__()
         self.obs_dim = obs_dim
@@ -72,6 +76,7 @@ class GaussianEnsemble(nn.Module):
         self.hidden_sizes = tuple(int(h) for h in hidden_sizes)
         self.activation = activation
         self.separate_reward = bool(separate_reward)
+        self.shared_logvar_bounds = bool(shared_logvar_bounds)
         in_dim, out_dim = obs_dim + action_dim, obs_dim + 1
         self.target_dim = out_dim
         net_out = obs_dim if self.separate_reward else out_dim
@@ -81,8 +86,9 @@ class GaussianEnsemble(nn.Module):
             if self.separate_reward
             else None
         )
-        self.max_logvar = nn.Parameter(torch.full((num_members, 1, out_dim), MAX_LOGVAR_INIT))
-        self.min_logvar = nn.Parameter(torch.full((num_members, 1, out_dim), MIN_LOGVAR_INIT))
+        bound_members = 1 if self.shared_logvar_bounds else num_members
+        self.max_logvar = nn.Parameter(torch.full((bound_members, 1, out_dim), MAX_LOGVAR_INIT))
+        self.min_logvar = nn.Parameter(torch.full((bound_members, 1, out_dim), MIN_LOGVAR_INIT))
         self.register_buffer("input_mean", torch.zeros(in_dim))
         self.register_buffer("input_std", torch.ones(in_dim))
         self.register_buffer("target_mean", torch.zeros(out_dim))
@@ -140,14 +146,15 @@ class GaussianEnsemble(nn.Module):
         return mean, logvar
 
     def _logvar_bounds(self, members: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(max_logvar, min_logvar)`` ``[E', 1, O + 1]`` of the selected members.
+        """``(max_logvar, min_logvar)`` ``[E', 1, O + 1]`` of the selected members (``[1, 1,
+        O + 1]``, broadcast over the members, with ``shared_logvar_bounds``).
 
         Outside autograd (rollouts: every step reads the same elites) the gathered bounds
         are cached until the parameters or ``members`` change, as
         :meth:`~cbop_torchrl.modules.ensemble.EnsembleLinear.member_params` caches weights.
         """
         max_logvar, min_logvar = self.max_logvar, self.min_logvar
-        if members is None:
+        if members is None or self.shared_logvar_bounds:
             return max_logvar, min_logvar
         if (torch.is_grad_enabled() and max_logvar.requires_grad) or (
             torch.compiler.is_compiling()
@@ -188,7 +195,8 @@ class GaussianEnsemble(nn.Module):
         return mean, std
 
     def logvar_bound_penalty(self) -> torch.Tensor:
-        """``sum(max_logvar) - sum(min_logvar)``; scaled by 0.01 in the training loss."""
+        """``sum(max_logvar) - sum(min_logvar)``, over every bound pair (one per member, or the
+        shared one); scaled by ``logvar_bound_coef`` in the training loss."""
         return self.max_logvar.sum() - self.min_logvar.sum()
 
     def param_groups(self, weight_decay: Sequence[float]) -> list[dict]:
@@ -225,6 +233,8 @@ class GaussianEnsemble(nn.Module):
             "hidden_sizes": list(self.hidden_sizes),
             "activation": self.activation,
             "separate_reward": self.separate_reward,
+            # Named only when on, so the checkpoints written before the option load as before.
+            **({"shared_logvar_bounds": True} if self.shared_logvar_bounds else {}),
         }
 
 

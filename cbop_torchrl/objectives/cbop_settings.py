@@ -50,6 +50,8 @@ class CBOPSettings:
         obs_key, action_key: observation/action keys of the actor, Q and dynamics.
         q_value_key: the Q-network's output key.
         var_floor: floor of the per-horizon variance (see :data:`VAR_FLOOR`).
+        unbiased_variance: the per-horizon variance over the K*M samples with the ``n - 1``
+            divisor (the authors' code) instead of the population one (the paper's).
         deactivate_vmap: run the Q-ensemble with a Python loop (debugging only).
         fused_q: when the Q-network is a plain MLP on ``cat(observation, action)``
             (a ``ValueOperator`` over Linear/ReLU/Tanh/SiLU layers, as
@@ -96,6 +98,7 @@ class CBOPSettings:
     action_key: str = "action"
     q_value_key: str = "state_action_value"
     var_floor: float = VAR_FLOOR
+    unbiased_variance: bool = False
     deactivate_vmap: bool = False
     fused_q: bool = True
     q_chunk_rows: int | str | None = "auto"
@@ -131,7 +134,7 @@ class CBOPSettings:
             "quantile": float(self.quantile), "var_floor": float(self.var_floor),
             "rollout_dtype": resolve_rollout_dtype(self.rollout_dtype),
             "q_chunk_rows": rows if rows in (None, "auto") else int(rows),
-            "compile": bool(self.compile),
+            "compile": bool(self.compile), "unbiased_variance": bool(self.unbiased_variance),
         }  # fmt: skip
         for name, value in normal.items():
             object.__setattr__(self, name, value)

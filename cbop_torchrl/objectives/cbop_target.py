@@ -251,22 +251,24 @@ def horizon_value(
     var_floor: float = VAR_FLOOR,
     fixed_weights: torch.Tensor | None = None,
     quantile: float = 0.3085,
+    unbiased_variance: bool = False,
 ) -> tuple[torch.Tensor, GaussianPosterior, torch.Tensor]:
     """The value ``(N,)`` that ``y`` bootstraps from, the posterior and its ``sigma`` ``(N,)``.
 
     ``mode``: ``"lcb"`` (CBOP: ``mu - psi sigma``), ``"map"`` (STEVE: ``mu``), ``"fixed"``
     (the LCB of the K*M samples combined with ``fixed_weights``) or ``"quantile"`` (DiMVE:
     the ``quantile`` of all samples pooled). The posterior is computed in every mode (the
-    diagnostics report it).
+    diagnostics report it). ``unbiased_variance``: each horizon's (and ``"fixed"``'s) variance
+    over its K*M samples with the ``n - 1`` divisor (the authors' code) instead of ``n``.
     """
-    post = gaussian_posterior(returns, valid, var_floor)
+    post = gaussian_posterior(returns, valid, var_floor, unbiased_variance)
     sigma = post.var.sqrt()
     if mode == "lcb":
         value = post.mean - psi * sigma
     elif mode == "map":
         value = post.mean
     elif mode == "fixed":
-        mean, var = fixed_weight_moments(returns, fixed_weights)
+        mean, var = fixed_weight_moments(returns, fixed_weights, unbiased_variance)
         value = mean - psi * var.sqrt()
     else:
         value = pooled_quantile(returns, quantile)

@@ -150,6 +150,7 @@ class CBOPValueEstimator(ValueEstimatorBase):
         )  # fmt: skip
         self.quantile, self.num_particles = settings.quantile, settings.num_particles
         self.rollout_dtype, self.var_floor = settings.rollout_dtype, settings.var_floor
+        self.unbiased_variance = settings.unbiased_variance
         self.obs_key, self.action_key = settings.obs_key, settings.action_key
         self.q_value_key = settings.q_value_key
         self.q_chunk_rows, self.compile = settings.q_chunk_rows, settings.compile
@@ -546,8 +547,9 @@ class CBOPValueEstimator(ValueEstimatorBase):
         if weights is not None and weights.device != returns.device:  # moved once, not per call
             weights = self._fixed_weights = weights.to(returns.device)
         value, post, sigma = horizon_value(
-            returns, valid, self.mode, self.psi, self.var_floor, weights, self.quantile
-        )
+            returns, valid, self.mode, self.psi, self.var_floor, weights, self.quantile,
+            self.unbiased_variance,
+        )  # fmt: skip
         target = soft_bellman_target(reward, terminated, self.gamma, value, self._alpha(), log_prob)
         return target, target_diagnostics(post, sigma, valid, target)
 

@@ -54,13 +54,16 @@ def gaussian_posterior(
     returns: torch.Tensor,
     valid: torch.Tensor | None = None,
     var_floor: float = VAR_FLOOR,
+    unbiased: bool = False,
 ) -> GaussianPosterior:
     """Per-horizon Gaussian likelihoods combined under an improper prior.
 
     ``mu_h`` is the mean of the K*M samples of horizon h; ``sigma2_h = A + B``
     by the law of total variance with population (1/N) moments, floored at
-    ``var_floor``. The posterior has precision ``sum_h rho_h`` with
-    ``rho_h = 1 / sigma2_h`` and mean ``sum_h w_h mu_h``.
+    ``var_floor``; with ``unbiased`` it is the K*M samples' unbiased variance (divisor
+    ``K*M - 1``, ``torch.var``'s default, as the authors' code computes it), i.e. ``A + B``
+    times ``K*M / (K*M - 1)``, floored after the factor. The posterior has precision
+    ``sum_h rho_h`` with ``rho_h = 1 / sigma2_h`` and mean ``sum_h w_h mu_h``.
 
     Args:
         returns: ``(*batch, H+1, K, M)`` h-step return samples. Computed in
@@ -69,6 +72,8 @@ def gaussian_posterior(
             zero precision. Horizon 0 is always treated as valid, so the
             posterior is always proper.
         var_floor: lower bound on ``sigma2_h`` (see :data:`VAR_FLOOR`).
+        unbiased: the ``n - 1`` divisor over the ``n = K*M`` samples of each horizon
+            (``var_value`` and ``var_model`` stay the population moments).
 
     Returns:
         A :class:`GaussianPosterior`.
@@ -80,7 +85,11 @@ def gaussian_posterior(
     var_m, mean_m = torch.var_mean(returns, dim=-1, correction=0)  # (*batch, H+1, K)
     var_value = var_m.mean(-1)
     var_model, mu_h = torch.var_mean(mean_m, dim=-1, correction=0)
-    var_h = (var_value + var_model).clamp_min(var_floor)
+    var_h = var_value + var_model
+    if unbiased:
+        samples = returns.shape[-1] * returns.shape[-2]
+        var_h = var_h * (samples / (samples - 1))
+    var_h = var_h.clamp_min(var_floor)
     precision = var_h.reciprocal()
     if valid is not None:
         if valid.shape != mu_h.shape:
@@ -131,9 +140,10 @@ def fixed_weights(
 
 
 def fixed_weight_moments(
-    returns: torch.Tensor, weights: torch.Tensor
+    returns: torch.Tensor, weights: torch.Tensor, unbiased: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and population variance ``(*batch,)`` of the K*M fixed-weighted returns.
+    """Mean and population variance ``(*batch,)`` of the K*M fixed-weighted returns
+    (``unbiased``: the ``K*M - 1`` divisor).
 
     Each (k, m) sample is combined over horizons, ``sum_h w_h R_h[k, m]``, and
     the K*M combined samples give the empirical moments.
@@ -144,7 +154,7 @@ def fixed_weight_moments(
     """
     _check_returns(returns)
     combined = (returns.float() * weights[..., None, None]).sum(-3)  # (*batch, K, M)
-    var, mean = torch.var_mean(combined.flatten(-2), dim=-1, correction=0)
+    var, mean = torch.var_mean(combined.flatten(-2), dim=-1, correction=int(unbiased))
     return mean, var
 
 

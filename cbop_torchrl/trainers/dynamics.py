@@ -7,7 +7,8 @@ Recipe, all members at once (one batched optimizer step updates every member):
    training split; inputs/targets are standardized with training-split
    statistics.
 2. Member ``e`` trains on its own bootstrap resample of the training split
-   (an ``[E, N_train]`` index tensor, reshuffled per member each epoch), with
+   (an ``[E, N_train]`` index tensor, reshuffled per member each epoch; with
+   ``bootstrap_per_epoch``, as in the authors' code, drawn afresh each epoch), with
    the Gaussian NLL in standardized units, ``0.01 * (sum max_logvar - sum
    min_logvar)`` and MBPO's per-layer L2 weight decay (2.5e-5, 5e-5, 7.5e-5,
    7.5e-5, 1e-4 for the 4 hidden + output layers; applied through Adam's
@@ -107,6 +108,7 @@ def _build_ensemble(config: DynamicsConfig, obs_dim: int, action_dim: int) -> Ga
         hidden_sizes=(config.hidden_size,) * config.num_layers,
         activation=config.activation,
         separate_reward=config.separate_reward,
+        shared_logvar_bounds=config.shared_logvar_bounds,
     )
 
 
@@ -219,14 +221,22 @@ def train_epoch(
 
     Args:
         step: :func:`minibatch_step`.
-        bootstrap: ``[E, N]`` row indices; row ``e`` is member ``e``'s resample.
+        bootstrap: ``[E, N]`` row indices; row ``e`` is member ``e``'s resample (with
+            ``config.bootstrap_per_epoch`` only its shape is used: each epoch draws its own).
         captured: ``step`` captured as a CUDA graph, used for the full-size minibatches
             (a smaller last one runs ``step`` eagerly).
     """
     num_members, num_train = bootstrap.shape
-    # Per-member reshuffle of that member's bootstrap indices.
-    keys = torch.rand(num_members, num_train, generator=shuffle_gen, device=bootstrap.device)
-    epoch_idx = bootstrap.gather(1, keys.argsort(dim=1))
+    if config.bootstrap_per_epoch:
+        # The authors' code (rlkit/trainers/mbrl/mbrl.py:186): a new resample per member and
+        # epoch, used in the order drawn.
+        epoch_idx = torch.randint(
+            num_train, (num_members, num_train), generator=shuffle_gen, device=bootstrap.device
+        )
+    else:
+        # Per-member reshuffle of that member's bootstrap indices.
+        keys = torch.rand(num_members, num_train, generator=shuffle_gen, device=bootstrap.device)
+        epoch_idx = bootstrap.gather(1, keys.argsort(dim=1))
     nll_sum = torch.zeros((), device=bootstrap.device)
     batches = epoch_idx.split(config.batch_size, dim=1)
     for batch_idx in batches:  # [E, b]
@@ -242,10 +252,15 @@ def _update_snapshots(
 ) -> None:
     """Copies the parameters of the members flagged in ``improved [E]`` into ``best_params``.
 
-    Every parameter has the member dim first, so this is one ``where`` per tensor.
+    Every parameter has the member dim first, so this is one ``where`` per tensor. One shared
+    by all members (``shared_logvar_bounds``: a member dim of 1) is copied when any member
+    improved, as the authors' code keeps its shared bounds (their torch_rl_algorithm.py:284).
     """
     for name, param in ensemble.named_parameters():
-        mask = improved.view(-1, *([1] * (param.dim() - 1)))
+        if param.shape[0] != improved.shape[0]:
+            mask = improved.any()
+        else:
+            mask = improved.view(-1, *([1] * (param.dim() - 1)))
         best_params[name] = torch.where(mask, param, best_params[name])
 
 
@@ -395,7 +410,7 @@ def non_finite_parts(model: DynamicsModel, metrics: dict[str, Any] | None = None
     bad = [
         f"parameter {name}"
         for name, param in ensemble.named_parameters()
-        if not bool(torch.isfinite(param.detach().index_select(0, elites)).all())
+        if not bool(torch.isfinite(_elite_part(param.detach(), elites)).all())
     ]
     bad += [
         f"buffer {name}"
@@ -407,6 +422,11 @@ def non_finite_parts(model: DynamicsModel, metrics: dict[str, Any] | None = None
         if value is not None and not math.isfinite(float(value)):
             bad.append(f"{key}={value}")
     return bad
+
+
+def _elite_part(param: torch.Tensor, elites: torch.Tensor) -> torch.Tensor:
+    """The elites' slices of a ``[E, ...]`` parameter; a shared ``[1, ...]`` one whole."""
+    return param if param.shape[0] == 1 else param.index_select(0, elites)
 
 
 def check_trained_dynamics(

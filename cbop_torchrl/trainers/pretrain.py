@@ -29,6 +29,7 @@ from torchrl.objectives import HardUpdate, LossModule, SoftUpdate
 from tqdm.auto import tqdm
 
 from cbop_torchrl.config import FQEConfig, PretrainConfig
+from cbop_torchrl.config.sections import BCConfig
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.io import cache_dir, cache_entry_lock, config_hash
 from cbop_torchrl.modules.actor_critic import make_actor, make_qvalue_ensemble
@@ -285,7 +286,8 @@ def load_or_train_bc(
         seed: run seed (the stage uses ``seed + BC_SEED_OFFSET``).
         cuda_graph: capture each step as a CUDA graph (see :func:`run_supervised_stage`).
     """
-    key = {"data": fingerprint, "config": vars(config), "hidden": list(hidden_sizes), "seed": seed}
+    fields = config.cache_fields() if isinstance(config, BCConfig) else vars(config)
+    key = {"data": fingerprint, "config": fields, "hidden": list(hidden_sizes), "seed": seed}
     work_dir = _stage_dir("bc", key)
     result = work_dir / "result.pt"
     with cache_entry_lock(work_dir, "behaviour-cloning stage"):
@@ -295,14 +297,74 @@ def load_or_train_bc(
         seed_everything(seed + BC_SEED_OFFSET)
         actor = make_actor(obs_dim, action_dim, tuple(hidden_sizes), device=data.device)
         loss = BehaviourCloningLoss(actor)
-        buffer, generator = _sampler(
-            data.select("observation", "action"), config.batch_size, seed + BC_SEED_OFFSET
-        )
-        run_supervised_stage(
-            "bc", loss, buffer, generator, config, work_dir, progress, log_fn,
-            cuda_graph=cuda_graph,
-        )  # fmt: skip
+        pairs = data.select("observation", "action")
+        if getattr(config, "converge", False):
+            generator = torch.Generator(device=data.device).manual_seed(seed + BC_SEED_OFFSET)
+            fit_bc_to_convergence(loss, pairs, config, generator, work_dir, log_fn)
+        else:
+            buffer, generator = _sampler(pairs, config.batch_size, seed + BC_SEED_OFFSET)
+            run_supervised_stage(
+                "bc", loss, buffer, generator, config, work_dir, progress, log_fn,
+                cuda_graph=cuda_graph,
+            )  # fmt: skip
         return _store_result(actor, "bc", "actor", config.lr, work_dir, record), False
+
+
+@torch.no_grad()
+def bc_holdout_nll(loss: BehaviourCloningLoss, rows: TensorDictBase) -> float:
+    """The actor's mean negative log-likelihood of held-out ``[H]`` rows' actions."""
+    return float(loss(rows).get("loss_bc"))
+
+
+def fit_bc_to_convergence(
+    loss: BehaviourCloningLoss,
+    data: TensorDictBase,
+    config: BCConfig,
+    generator: torch.Generator,
+    work_dir: Path,
+    log_fn: LogFn | None = None,
+) -> int:
+    """The authors' BC (``rlkit/trainers/behavior_clone.py`` in jihwan-jeong/CBOP, lines
+    144-247), in place; returns the number of epochs.
+
+    Holds out ``min(config.holdout, N // 5)`` random rows of ``data`` (``observation``,
+    ``action`` ``[N]``) and trains on the rest in epochs of ``ceil(N_train / batch_size)``
+    Adam steps on ``N_train`` rows drawn with replacement. After each epoch the held-out
+    NLL is measured; a relative fall of more than ``config.improvement`` keeps those
+    weights as the best, and training ends after ``config.patience`` epochs without one
+    (or ``config.max_epochs``), with the best weights restored. The stage is not resumed
+    mid-way: a killed one starts again from its seed and gives the same result.
+    """
+    rows = data.shape[0]
+    holdout = min(config.holdout, rows // 5)
+    order = torch.randperm(rows, generator=generator, device=data.device)
+    test, train_rows = data[order[:holdout]], order[holdout:]
+    optimizer = torch.optim.Adam(loss.parameters(), lr=config.lr)
+    best_nll = bc_holdout_nll(loss, test)
+    best_state = {key: value.clone() for key, value in loss.state_dict().items()}
+    epochs, stale, steps = 0, 0, 0
+    while stale < config.patience and epochs < config.max_epochs:
+        draws = train_rows[
+            torch.randint(
+                train_rows.numel(), (train_rows.numel(),), generator=generator,
+                device=data.device,
+            )
+        ]  # fmt: skip
+        for start in range(0, draws.numel(), config.batch_size):
+            batch = data[draws[start : start + config.batch_size]]
+            _eager_stage_step("bc", loss, optimizer, batch, steps, work_dir / "partial.pt")
+            steps += 1
+        epochs += 1
+        nll = bc_holdout_nll(loss, test)
+        if (best_nll - nll) / max(abs(best_nll), 1e-12) > config.improvement:
+            best_nll, stale = nll, 0
+            best_state = {key: value.clone() for key, value in loss.state_dict().items()}
+        else:
+            stale += 1
+    loss.load_state_dict(best_state)
+    if log_fn is not None:
+        log_fn({"bc/epochs": float(epochs), "bc/holdout_nll": best_nll}, steps)
+    return epochs
 
 
 def fqe_target_update(loss: LossModule, config: FQEConfig) -> Callable[[int], None]:
@@ -470,16 +532,20 @@ def load_or_train_fqe(
     paper: ``Q_m = f_m + prior_scale * p_m``, see ``make_qvalue``; the priors are
     seeded with ``seed``, as CBOP's); the cache key holds it only when > 0.
     ``cuda_graph`` captures the steps of the latter (:func:`run_supervised_stage`); the
-    authors' scheme runs eagerly.
+    authors' scheme runs eagerly. ``config.drop_terminal`` leaves the terminal rows out, as
+    the authors' dataset of targets does (their ``simple_replay_buffer.py``, lines 271-295).
 
     Returns:
         The :class:`FittedQEvaluationLoss` state dict (``qvalue_network_params.*``
         and ``target_qvalue_network_params.*``, stacked ``[M, ...]``, the same
         names ``CBOPLoss`` uses) and whether it came from the cache.
     """
+    fields = dict(vars(config))
+    if not fields.get("drop_terminal", True):  # added later: named only when on
+        fields.pop("drop_terminal")
     key = {
         "data": fingerprint,
-        "config": vars(config),
+        "config": fields,
         "hidden": list(hidden_sizes),
         "members": num_members,
         "gamma": gamma,
@@ -498,6 +564,8 @@ def load_or_train_fqe(
             return cached, True
         seed_everything(seed + FQE_SEED_OFFSET)
         usable = data.get("next_action_mask")
+        if getattr(config, "drop_terminal", False):  # the authors' FQE (see FQEConfig)
+            usable = usable & ~data.get(("next", "terminated")).reshape(-1)
         fqe_data = data.select(
             "observation",
             "action",
