@@ -91,6 +91,7 @@ def build_cbop_loss(
             "lmbda": estimator.lmbda,
             "quantile": estimator.quantile,
             "sampling": estimator.sampling,
+            "unbiased_variance": estimator.unbiased_variance,
         },
     )
     return loss.to(device), actor
