@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from programs import _clear_hydra, _forget_programs, logging_restored
 
 #: A child process's imports on a loaded 2-core machine; every refusal comes before training.
 TIMEOUT_S = 120
+APPS = "cbop_torchrl.apps."  # the programs' modules, imported anew for each run
 BLOCKED_AFTER_S = 120  # far above what a refusal takes on a loaded machine; a FIFO blocks
 #: What a refusal's output never holds, whatever the case (a traceback, Hydra's own advice
 #: or its error wrapper, a stage that started).
@@ -95,6 +97,7 @@ def working_folder(cwd: Path, env: dict[str, str]) -> Iterator[None]:
 def run_one(script: str, args: list[str], cwd: Path, env: dict[str, str]) -> Finished:
     """``python scripts/<script> *args`` from ``cwd`` with ``env``, run in this process as a
     new process would start it: no Hydra instance and the program's module imported anew."""
+    programs = {name: module for name, module in sys.modules.items() if name.startswith(APPS)}
     _clear_hydra()
     _forget_programs()
     try:
@@ -102,6 +105,12 @@ def run_one(script: str, args: list[str], cwd: Path, env: dict[str, str]) -> Fin
             return run_program(script.removesuffix(".py"), args)
     finally:
         _clear_hydra()
+        # the modules other tests imported, back in place (not the run's fresh copies)
+        _forget_programs()
+        sys.modules.update(programs)
+        for name, module in programs.items():
+            parent, _, child = name.rpartition(".")
+            setattr(sys.modules[parent], child, module)
 
 
 def run_cases(cases: dict[str, Case], root: Path) -> dict[str, tuple[Finished, Path, Case]]:

@@ -3,16 +3,29 @@ before any work, nothing left behind.
 
 A missing checkpoint, bad values, an output it cannot write, and files that are no
 checkpoint (JSON, CSV, text, HDF5, a folder, a FIFO), never unpickled. The cases run in
-this process, each from its own empty working folder (tests/refusals.py).
+this process, each from its own empty working folder (tests/refusals.py); one runs as a
+process of its own.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from refusal_inputs import write_inputs
-from refusals import OMEGACONF_FIELDS, Case, assert_refused, case_ids, run_cases, selected_cases
+from refusals import (
+    OMEGACONF_FIELDS,
+    Case,
+    assert_refused,
+    case_env,
+    case_ids,
+    run_cases,
+    selected_cases,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def cases(root: Path) -> dict[str, Case]:
@@ -64,3 +77,13 @@ def refused(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_a_bad_input_is_one_paragraph_before_any_work(case_id: str, refused: dict) -> None:
     assert_refused(*refused[case_id])
+
+
+def test_the_script_exits_2_without_a_checkpoint(tmp_path: Path) -> None:
+    """The one refusal of this program run as a process of its own (the interpreter's exit
+    code of ``scripts/evaluate.py``)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "evaluate.py")],
+        cwd=tmp_path, env=case_env(tmp_path), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert_refused(done, tmp_path, Case("evaluate.py", [], ["checkpoint"], OMEGACONF_FIELDS))
