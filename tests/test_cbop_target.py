@@ -102,7 +102,14 @@ def test_the_settings_object_and_the_keywords_build_the_same_estimator(models):
 
 
 def test_the_lcb_is_the_posterior_mean_less_psi_sigmas() -> None:
+    """The one test of the LCB formula on tensors (the estimator's and the loss's tests
+    check that they bootstrap from it: tests/test_cbop.py, tests/test_update_equivalence.py)."""
     returns = torch.randn(5, 4, 3, 6)
     value, post, sigma = cbop_target.horizon_value(returns, None, "lcb", psi=2.0)
     assert torch.equal(sigma, post.var.sqrt())
     assert torch.equal(value, post.mean - 2.0 * sigma)
+    assert torch.all(sigma > 0) and torch.all(value < post.mean)
+    map_value, _, _ = cbop_target.horizon_value(returns, None, "map", psi=2.0)
+    assert torch.equal(map_value, post.mean)
+    lcb_psi_zero, _, _ = cbop_target.horizon_value(returns, None, "lcb", psi=0.0)
+    assert torch.equal(lcb_psi_zero, map_value)

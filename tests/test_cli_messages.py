@@ -1,10 +1,8 @@
-"""What every program prints for bad input, an interrupt and a log file.
+"""What every program prints for an interrupt, a log file and ``--help``.
 
-Each console program, started as ``scripts/<name>.py`` (what ``cbop-<name>`` runs), refuses
-a bad value before any stage with one paragraph and exit code 2, never a traceback (the
-refusals run one after another in one child process, tests/programs.py); Ctrl-C
-exits with 130 and says how to go on; redirected to a file, a run writes a few whole lines
-per progress bar instead of thousands of fragments.
+Ctrl-C exits with 130 and says how to go on; redirected to a file, a run writes a few whole
+lines per progress bar instead of thousands of fragments; each program's help says what it
+does. Each program's refusals of bad input are in tests/test_refusals_cbop_*.py.
 """
 
 from __future__ import annotations
@@ -19,86 +17,16 @@ import time
 from pathlib import Path
 
 import pytest
-from programs import Call, logging_restored, run_programs, selected_ids
+from programs import logging_restored
 
 from cbop_torchrl.config import capped_threads, generated_psi, usable_cores
 from cbop_torchrl.trainers.logging import ProgressLines
 
 ROOT = Path(__file__).resolve().parents[1]
-UNSET = "CBOP_TEST_SURELY_UNSET_VARIABLE"
-
-#: (script, bad overrides, words the one-paragraph error must hold)
-BAD_INPUTS = [
-    ("cbop.py", ["preset=debug", "agent.eta=-5"], ["agent.eta=-5", ">= 0"]),
-    ("cbop.py", ["preset=debug", "seed=${seed}"], ["seed=${seed}", "e.g. seed=0"]),
-    (
-        "baseline.py",
-        ["preset=debug", "dynamics.activation=bogus"],
-        ["dynamics.activation", "silu, relu, tanh, elu"],
-    ),
-    ("evaluate.py", ["checkpoint=x.pt", "seed=${seed}"], ["seed=${seed}", "never the key's own"]),
-    ("collect.py", [f"seed=${{oc.env:{UNSET}}}"], [UNSET, "must be set"]),
-    (
-        "train_dynamics.py",
-        ["output_dir=out", "dynamics.activation=bogus"],
-        ["dynamics.activation", "silu, relu, tanh, elu"],
-    ),
-    ("cbop.py", ["preset=debug", "hydra.run.dir=/proc"], ["'/proc'", "hydra.run.dir="]),
-    ("select_psi.py", ["sweep_dir=.", "qvalue_nets=${qvalue_nets}"], ["qvalue_nets=${"]),
-    ("report.py", ["paths=runs", f"out=${{oc.env:{UNSET}}}"], [UNSET, "must be set"]),
-]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != UNSET}
-    env["CBOP_TORCHRL_CACHE"] = str(tmp_path / "cache")
-    return env
-
-
-IDS = [f"{script}:{' '.join(overrides)}" for script, overrides, _ in BAD_INPUTS]
-#: The program no other test starts as a process of its own: its case runs as one, so the
-#: interpreter's exit code of ``scripts/select_psi.py`` is checked too.
-OWN_PROCESS = "select_psi.py"
-TEST_REFUSES = "test_every_program_refuses_bad_input_in_one_paragraph_with_exit_code_2"
-
-
-@pytest.fixture(scope="module")
-def bad_inputs_run(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """The selected cases but OWN_PROCESS's, each from its own empty folder, in one child."""
-    wanted = selected_ids(request, TEST_REFUSES)
-    calls, folders = [], {}
-    for id_, (script, overrides, _) in zip(IDS, BAD_INPUTS, strict=True):
-        if id_ in wanted and script != OWN_PROCESS:
-            folders[id_] = tmp_path_factory.mktemp("refused")
-            calls.append(Call(script, overrides, str(folders[id_]), _env(folders[id_])))
-    results = run_programs(calls, timeout_s=120 + 30 * len(calls))
-    return {id_: (done, folders[id_]) for id_, done in zip(folders, results, strict=True)}
-
-
-@pytest.mark.parametrize(("script", "overrides", "expected"), BAD_INPUTS, ids=IDS)
-def test_every_program_refuses_bad_input_in_one_paragraph_with_exit_code_2(
-    script: str, overrides: list[str], expected: list[str], request: pytest.FixtureRequest
-) -> None:
-    if script == OWN_PROCESS:
-        folder = request.getfixturevalue("tmp_path")
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / script), *overrides],
-            cwd=folder, env=_env(folder), capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-    else:
-        done, folder = request.getfixturevalue("bad_inputs_run")[request.node.callspec.id]
-        assert done.args[1:] == [str(ROOT / "scripts" / script), *overrides]
-    output = done.stdout + done.stderr
-    assert done.returncode == 2, output
-    assert "Traceback" not in output and "Error executing job" not in output, output
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, output
-    for word in expected:
-        assert word in errors[0], errors[0]
-    assert "[cbop] dynamics" not in output  # refused before any stage
-    assert not (folder / "runs").exists()  # and nothing left behind
+    return {**os.environ, "CBOP_TORCHRL_CACHE": str(tmp_path / "cache")}
 
 
 def test_ctrl_c_exits_130_with_how_to_resume_and_no_traceback(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from programs import Call, run_programs
+from refusals import run_one
 from tensordict import TensorDict
 
 from cbop_torchrl.trainers.dynamics import (
@@ -181,35 +181,23 @@ def write_tiny_hopper_file(path: Path, num_episodes: int = 6, length: int = 50) 
         handle["metadata/family"] = "hopper"
 
 
-def script_call(tmp_path: Path, *overrides: str) -> Call:
+def script_run(tmp_path: Path, *overrides: str):  # noqa: ANN201 (inprocess.Finished)
+    """``scripts/train_dynamics.py *overrides`` from ``tmp_path``, in this process."""
     env = {"CBOP_TORCHRL_CACHE": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
-    env["OMP_NUM_THREADS"] = "1"
-    return Call("train_dynamics.py", overrides, str(tmp_path), env)
+    return run_one("train_dynamics.py", list(overrides), tmp_path, env)
 
 
 def test_script_writes_metrics_and_rejects_bad_input(tmp_path):
-    """Both commands of ``scripts/train_dynamics.py`` in one child process (tests/programs.py)."""
+    """Both commands of ``scripts/train_dynamics.py``, in this process (tests/refusals.py)."""
     data_path = tmp_path / "hopper-tiny.hdf5"
     write_tiny_hopper_file(data_path)
     out = tmp_path / "out"
-    result, bad = run_programs(
-        [
-            script_call(
-                tmp_path,
-                f"env={data_path}",
-                f"output_dir={out}",
-                "progress=false",
-                "dynamics.num_members=3",
-                "dynamics.num_elites=2",
-                "dynamics.max_epochs=2",
-                "dynamics.hidden_size=16",
-                "dynamics.num_layers=1",
-                "dynamics.weight_decay=[0,0]",
-            ),
-            script_call(tmp_path, f"env={tmp_path / 'missing.hdf5'}", f"output_dir={out}"),
-        ],
-        timeout_s=300,
-    )
+    result = script_run(
+        tmp_path, f"env={data_path}", f"output_dir={out}", "progress=false",
+        "dynamics.num_members=3", "dynamics.num_elites=2", "dynamics.max_epochs=2",
+        "dynamics.hidden_size=16", "dynamics.num_layers=1", "dynamics.weight_decay=[0,0]",
+    )  # fmt: skip
+    bad = script_run(tmp_path, f"env={tmp_path / 'missing.hdf5'}", f"output_dir={out}")
     assert result.returncode == 0, result.stderr
     metrics = json.loads((out / "dynamics_metrics.json").read_text())
     for key in ("holdout_r2_mean", "coverage_2sigma", "elites", "epochs", "wall_time_s"):

@@ -1,22 +1,21 @@
-"""The package installed from its wheel works outside the checkout.
+"""The package installed from the offline bundle works outside the checkout.
 
-The wheel is built from a copy of the package's files, installed with
-``--no-deps --no-index`` into a fresh venv that sees the project venv's
-site-packages (torch and the other dependencies; nothing is downloaded), and
-run from an empty directory: ``--cfg job`` composes the paper preset for a D4RL id,
-every console script is a Hydra app (``--help``, ``--cfg job``, bash completion),
-``python -m cbop_torchrl`` lists and runs them, and an error's suggested command names
-the installed script. That an installed ``cbop-train`` trains the debug preset end to end
-is checked once, on the stronger case: a venv that has nothing but the offline bundle's
-wheels (``tests/test_bundle.py``).
+One install for every test here: ``python -m tools.bundle --with-torch`` builds this
+checkout's wheel and every wheel it needs (torch at the version this venv has; building
+reaches the package index by name, and pip's cache makes a second build fast), and a fresh
+venv installs them with ``--no-index`` and no pip configuration, so nothing but the bundle
+is seen. From an empty directory: the wheel holds the configs and the console scripts;
+``--cfg job`` composes the paper preset for a D4RL id, every console script is a Hydra app
+(``--help``, ``--cfg job``, bash completion), ``python -m cbop_torchrl`` lists and runs
+them, an error's suggested command names the installed script, and the installed
+``cbop-train`` trains the debug preset end to end. The bundle's dependency walk, its
+refusals and a bundle for another Python are in ``tests/test_bundle.py``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import site
 import subprocess
 import sys
 import venv
@@ -24,11 +23,19 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from cbop_torchrl.apps import COMMANDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # tools/ is run from the checkout's root
+TORCH_SPEC = f"torch=={torch.__version__.split('+')[0]}"
 pytestmark = pytest.mark.install
+
+
+def offline_env(**extra: str) -> dict[str, str]:
+    """This environment without any pip configuration: only the bundle can be found."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1", **extra}
 
 
 def test_pyproject_registers_every_program() -> None:
@@ -49,41 +56,6 @@ def test_pyproject_registers_every_program() -> None:
 def test_configs_exist_once() -> None:
     assert not (ROOT / "configs").exists()
     assert (ROOT / "cbop_torchrl" / "configs" / "config.yaml").is_file()
-
-
-def build_wheel(work: Path) -> Path:
-    """``pip wheel`` of a copy of the package's files (the checkout stays untouched)."""
-    source = work / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    shutil.copytree(
-        ROOT / "cbop_torchrl",
-        source / "cbop_torchrl",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-    )
-    command = [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps",
-               "--no-build-isolation", "--no-index", "-q", "-w", str(work / "dist")]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, timeout=300)
-    (wheel,) = (work / "dist").glob("cbop_torchrl-*.whl")
-    return wheel
-
-
-def install(wheel: Path, env_dir: Path) -> Path:
-    """A venv holding only the wheel, over the project venv's packages; returns its bin/."""
-    venv.create(env_dir, with_pip=False)
-    python = env_dir / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
-    # Plain paths: the project venv's .pth files (its editable install of this
-    # checkout) are not processed, so only the wheel provides cbop_torchrl.
-    Path(purelib, "project_venv.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-               "--no-index", "-q", str(wheel)]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, timeout=300)
-    return env_dir / "bin"
 
 
 HELP_AND_CFG = """
@@ -129,11 +101,51 @@ print(json.dumps(report))
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """``(wheel, bin directory of the venv it is installed in)``."""
-    work = tmp_path_factory.mktemp("install")
-    wheel = build_wheel(work)
-    return wheel, install(wheel, work / "venv")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
+    """``(bundle folder, its bundle.json, what the build printed)``."""
+    dest = tmp_path_factory.mktemp("bundle") / "wheels"
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.bundle", "--dest", str(dest),
+         "--with-torch", "--torch", TORCH_SPEC],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dest, json.loads((dest / "bundle.json").read_text()), done.stdout
+
+
+@pytest.fixture(scope="module")
+def installed(built, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``(the package's wheel, bin directory of the venv the bundle is installed in)``."""
+    dest, _, _ = built
+    env_dir = tmp_path_factory.mktemp("install") / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    install = [str(python), "-m", "pip", "install", "-q", "--no-index", "--no-compile",
+               "--find-links", str(dest), "cbop-torchrl"]  # fmt: skip
+    done = subprocess.run(install, env=offline_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (wheel,) = dest.glob("cbop_torchrl-*.whl")
+    return wheel, env_dir / "bin"
+
+
+def run_env(tmp_path: Path) -> dict[str, str]:
+    """An offline environment for the installed programs: no PYTHONPATH, a private cache."""
+    env = offline_env(CBOP_TORCHRL_CACHE=str(tmp_path / "cache"), WANDB_MODE="offline")
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def test_bundle_holds_the_package_torch_and_its_requirements(built) -> None:
+    dest, manifest, printed = built
+    names = {name.split("-")[0].lower() for name in manifest["files"]}
+    assert {"cbop_torchrl", "torch", "torchrl", "tensordict", "hydra_core", "mujoco"} <= names
+    # Hydra's parser is published only as a source archive: built here into a pure wheel.
+    assert any(n.startswith("antlr4") and n.endswith("none-any.whl") for n in manifest["files"])
+    on_disk = {p.name: p.stat().st_size for p in dest.glob("*.whl")}
+    assert manifest["files"].items() <= on_disk.items()
+    assert manifest["total_bytes"] == sum(manifest["files"].values())
+    assert f"{manifest['total_bytes'] / 2**20:.1f} MiB" in printed and "largest: " in printed
+    assert "pip install --no-index --find-links" in printed
 
 
 def test_the_wheel_holds_the_configs_and_the_console_scripts(installed) -> None:
@@ -155,8 +167,7 @@ def test_console_scripts_run_outside_the_checkout(installed, tmp_path: Path) -> 
     _, bin_dir = installed
     empty = tmp_path / "empty"
     empty.mkdir()
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env["CBOP_TORCHRL_CACHE"] = str(tmp_path / "cache")
+    env = run_env(tmp_path)
 
     probe = subprocess.run(
         [str(bin_dir / "python"), "-c", HELP_AND_CFG],
@@ -198,3 +209,27 @@ def test_console_scripts_run_outside_the_checkout(installed, tmp_path: Path) -> 
     job = runs["python -m cbop_torchrl cbop-report paths=x --cfg job"]
     assert job["code"] == 0 and "paths: x\n" in job["out"]
     assert list(empty.iterdir()) == []  # --help, --cfg, -sc and the refusal wrote nothing
+
+
+def test_the_installed_cbop_train_trains_the_debug_preset(installed, tmp_path: Path) -> None:
+    _, bin_dir = installed
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = run_env(tmp_path)
+    where = subprocess.run(
+        [str(bin_dir / "python"), "-c", "import cbop_torchrl; print(cbop_torchrl.__file__)"],
+        cwd=empty, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(bin_dir.parent)  # the bundle's copy
+    train = subprocess.run(
+        [str(bin_dir / "cbop-train"), "preset=debug", "progress=false"],
+        cwd=empty, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert "normalized score" in train.stdout
+    (results_path,) = empty.rglob("results.json")
+    assert results_path == empty / "runs" / "demo" / "debug" / "default" / "results.json"
+    results = json.loads(results_path.read_text())
+    assert results["preset"] == "debug" and results["gradient_steps"] == 40
+    assert str(results_path) in train.stdout
+    assert (results_path.parent / "policy.pt2").is_file()

@@ -118,14 +118,6 @@ def test_variance_floor_keeps_weights_finite():
     torch.testing.assert_close(post.mean, torch.ones(2))
 
 
-def test_lcb_below_map_and_psi_zero_is_map():
-    post = gaussian_posterior(random_returns(5))
-    sigma = post.var.sqrt()
-    for psi in (0.5, 2.0, 5.0):
-        assert torch.all(post.mean - psi * sigma < post.mean)
-    torch.testing.assert_close(post.mean - 0.0 * sigma, post.mean)
-
-
 def test_bf16_input_is_reduced_in_fp32():
     returns = random_returns(6).to(torch.bfloat16)
     post = gaussian_posterior(returns)

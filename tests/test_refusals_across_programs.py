@@ -12,8 +12,8 @@ One mechanism per class, each tested on the reported cases and on forms not repo
 - one paragraph for every refused write (``io.WriteRefusedError``, ``io.refused_write``,
   ``cli.hydra_entry``).
 
-The refusals run one after another in one child process (tests/programs.py), each from its
-own empty working directory, which must stay empty.
+The battery of refused commands that these mechanisms stop is in each program's own file,
+tests/test_refusals_cbop_*.py.
 """
 
 from __future__ import annotations
@@ -27,14 +27,12 @@ import sys
 import warnings
 from pathlib import Path
 
-import h5py
-import numpy as np
 import pytest
 import torch
 from d4rl_files import pipeline_workspace, write_d4rl_hdf5
 from inprocess import train_cbop
-from programs import Call, run_programs, selected_ids
-from refusals import TIMEOUT_S, Case, case_env, run_cases
+from programs import Call, run_programs
+from refusals import TIMEOUT_S, case_env
 
 from cbop_torchrl.config import PretrainConfig, RunConfig, range_problems
 from cbop_torchrl.data import load_dataset_with_info
@@ -65,224 +63,6 @@ from cbop_torchrl.trainers.rundir import MARKER_NAME, claim_run_dir
 ROOT = Path(__file__).resolve().parents[1]
 TINY_DYNAMICS = {"num_members": 3, "num_elites": 2, "hidden_size": 8, "num_layers": 1,
                  "weight_decay": (0.0, 0.0), "batch_size": 32, "max_epochs": 1}  # fmt: skip
-
-
-# ------------------------------------------------------------------------------ inputs
-
-
-def _replace(path: Path, key: str, **create) -> Path:  # noqa: ANN003
-    """``path`` with ``key`` rewritten by ``h5py.create_dataset(**create)`` of its values."""
-    with h5py.File(path, "a") as handle:
-        values = handle[key][()]
-        del handle[key]
-        dtype = create.pop("dtype", values.dtype)
-        handle.create_dataset(key, data=values.astype(dtype), **create)
-    return path
-
-
-def refusal_cases(root: Path) -> dict[str, Case]:
-    """Every refusal of the battery: the reported cases, then forms not reported."""
-    data = root / "data"
-    data.mkdir()
-
-    def hopper(name: str) -> Path:
-        return write_d4rl_hdf5(data / name, episode_lengths=(400, 400, 400))
-
-    float16 = _replace(hopper("hopper-f16.hdf5"), "observations", dtype=np.float16)
-    scaleoffset = _replace(hopper("hopper-so.hdf5"), "observations", scaleoffset=2)
-    next_f16 = _replace(hopper("hopper-nf16.hdf5"), "next_observations", dtype=np.float16)
-    loop = write_d4rl_hdf5(data / "hopper-loop.hdf5", episode_lengths=(40, 40, 40))
-    with h5py.File(loop, "a") as handle:
-        del handle["observations"]
-        handle["observations"] = h5py.SoftLink("/loop_a")
-        handle["loop_a"] = h5py.SoftLink("/loop_b")
-        handle["loop_b"] = h5py.SoftLink("/loop_a")
-    dangling = write_d4rl_hdf5(data / "hopper-dangling.hdf5", episode_lengths=(40, 40, 40))
-    with h5py.File(dangling, "a") as handle:
-        del handle["rewards"]
-        handle["rewards"] = h5py.SoftLink("/nowhere")
-    fifo = data / "fifo.hdf5"
-    os.mkfifo(fifo)
-    folder = data / "a-folder.hdf5"
-    folder.mkdir()
-    not_checkpoints = {
-        "json": (data / "policy.json", b'{"actor": 1}\n', "a JSON file"),
-        "csv": (data / "scores.csv", b"step,value\n1,2.0\n2,3.0\n", "a CSV file"),
-        "text": (data / "notes.txt", b"my notes about the run\n", "a text file"),
-        "hdf5": (hopper("hopper-plain.hdf5"), None, "an HDF5 file"),
-    }
-    for path, content, _ in not_checkpoints.values():
-        if content is not None:
-            path.write_bytes(content)
-    # a report folder and a sweep holding FIFOs named like what the programs read
-    fifo_report = root / "fifo_report"
-    (fifo_report / "run").mkdir(parents=True)
-    os.mkfifo(fifo_report / "summary.json")
-    os.mkfifo(fifo_report / "run" / "results.json")
-    fifo_sweep = root / "fifo_sweep" / "run"
-    fifo_sweep.mkdir(parents=True)
-    os.mkfifo(fifo_sweep / "config.json")
-    (fifo_sweep / "policy.pt").write_bytes(b"x")
-    collect = ["env=hopper", "kind=random", "rollout_transitions=2000", "progress=false"]
-    debug = ["preset=debug", "progress=false"]
-    on_data = [*debug, "estimator.psi=1"]
-    sweep = root / "sweep"
-    sweep.mkdir()
-    dyn_out = str(root / "dyn_out")
-    unchained = "the observation of the next row is not this row's next observation"
-
-    cases = {
-        # tracebacks instead of one paragraph (the reported cases)
-        "hidden_sizes=[]": Case(
-            "cbop.py", [*debug, "agent.hidden_sizes=[]"],
-            ["agent.hidden_sizes=[]", "at least 1 item"], ["max()"],
-        ),
-        "fqe.target_tau=5": Case(
-            "cbop.py", [*debug, "fqe.target_tau=5"], ["fqe.target_tau=5", "(0, 1]"], ["eps"]
-        ),
-        # forms not listed
-        "critic_hidden_sizes=[]": Case(
-            "cbop.py", [*debug, "agent.critic_hidden_sizes=[]"], ["agent.critic_hidden_sizes=[]"]
-        ),
-        "agent.tau=2": Case("cbop.py", [*debug, "agent.tau=2"], ["agent.tau=2", "(0, 1]"]),
-        "sac.gamma=2": Case("collect.py", [*collect, "sac.gamma=2"], ["sac.gamma=2"]),
-        "sac.hidden_sizes=[]": Case(
-            "collect.py", [*collect, "sac.hidden_sizes=[]"], ["sac.hidden_sizes=[]"]
-        ),
-        "evaluate max_steps=0": Case(
-            "evaluate.py", ["checkpoint=x.pt", "max_steps=0"], ["max_steps=0"]
-        ),
-        "baseline td3bc policy_delay=0": Case(
-            "baseline.py", ["algo=td3bc", *debug, "algo.policy_delay=0"],
-            ["algo.policy_delay=0 must be an integer >= 1"],
-        ),
-        # late refusals and misleading messages
-        "collect compression_level=99": Case(
-            "collect.py", [*collect, "compression_level=99"],
-            ["compression_level=99", "[0, 9]"], ["GZIP setting"],
-        ),
-        "collect compression_level=-1": Case(
-            "collect.py", [*collect, "compression_level=-1"], ["compression_level=-1"]
-        ),
-        "select-psi qvalue_nets=1": Case(
-            "select_psi.py", [f"sweep_dir={sweep}", "qvalue_nets=1"],
-            ["qvalue_nets=1", "at least 2"], ["parameter list"],
-        ),
-        "select-psi batch_size=0": Case(
-            "select_psi.py", [f"sweep_dir={sweep}", "batch_size=0"], ["batch_size=0"]
-        ),
-        "float16 observations": Case(
-            "cbop.py", [*on_data, f"env={float16}"], [unchained, "float16"], ["too small"]
-        ),
-        "scaleoffset observations": Case(
-            "cbop.py", [*on_data, f"env={scaleoffset}"], [unchained, "scaleoffset"],
-            ["too small"],
-        ),
-        "float16 next_observations": Case(
-            "cbop.py", [*on_data, f"env={next_f16}"], [unchained], ["too small"]
-        ),
-        "a soft-link loop": Case(
-            "cbop.py", [*on_data, f"env={loop}"], ["observations is a soft link", "loop"]
-        ),
-        "a dangling soft link": Case(
-            "cbop.py", [*on_data, f"env={dangling}"], ["rewards is a soft link"]
-        ),
-        "env= a folder": Case(
-            "cbop.py", [*on_data, f"env={folder}"], ["is a folder"], ["no file at"]
-        ),
-        "env= a FIFO": Case(
-            "cbop.py", [*on_data, f"env={fifo}"], ["is a FIFO"], ["no file at"]
-        ),
-        "train-dynamics env= a FIFO": Case(
-            "train_dynamics.py", [f"env={fifo}", f"output_dir={dyn_out}"], ["is a FIFO"]
-        ),
-        **{
-            f"checkpoint= {kind}": Case(
-                "evaluate.py", [f"checkpoint={path}"], [what], ["pickle", "unpickle"]
-            )
-            for kind, (path, _, what) in not_checkpoints.items()
-        },
-        "checkpoint= a folder": Case("evaluate.py", [f"checkpoint={folder}"], ["is a folder"]),
-        "checkpoint= a FIFO": Case("evaluate.py", [f"checkpoint={fifo}"], ["is a FIFO"]),
-        # nonsense accepted
-        "dynamics.lr=0": Case("cbop.py", [*debug, "dynamics.lr=0"], ["dynamics.lr=0"]),
-        "dynamics.weight_decay=[-1,0,0]": Case(
-            "cbop.py", [*debug, "dynamics.weight_decay=[-1,0,0]"],
-            ["dynamics.weight_decay=[-1.0,0.0,0.0]", "each a number >= 0"],
-        ),
-        "dynamics.logvar_bound_coef=-1": Case(
-            "cbop.py", [*debug, "dynamics.logvar_bound_coef=-1"], ["dynamics.logvar_bound_coef"]
-        ),
-        "dynamics.improvement_threshold=2": Case(
-            "cbop.py", [*debug, "dynamics.improvement_threshold=2"],
-            ["dynamics.improvement_threshold=2"],
-        ),
-        "train-dynamics dynamics.lr=0": Case(
-            "train_dynamics.py", [f"output_dir={dyn_out}", "dynamics.lr=0"], ["dynamics.lr=0"]
-        ),
-        "train-dynamics weight_decay<0": Case(
-            "train_dynamics.py",
-            [f"output_dir={dyn_out}", "dynamics.weight_decay=[0,0,0,0,-1e-4]"],
-            ["dynamics.weight_decay"],
-        ),
-        # hangs (each would block forever on the FIFO; the child's timeout fails them)
-        "report on FIFOs named *.json": Case(
-            "report.py", [f"paths={fifo_report}", f"out={root / 'report_out'}"],
-            ["no finished runs"],
-        ),
-        "select-psi on a FIFO config.json": Case(
-            "select_psi.py", [f"sweep_dir={fifo_sweep.parent}"], ["no trained runs"]
-        ),
-        # sweep_dir=/ would walk every folder of the machine (and /proc/<pid>/cwd links)
-        "select-psi sweep_dir=/": Case(
-            "select_psi.py", ["sweep_dir=/"], ["sweep_dir=/", "the whole file system"]
-        ),
-        "select-psi sweep_dir=/proc/self": Case(
-            "select_psi.py", ["sweep_dir=/proc/self"], ["sweep_dir=/proc/self", "/proc"]
-        ),
-        "report paths=/": Case(
-            "report.py", ["paths=/", f"out={root / 'report_root'}"], ["paths=/"]
-        ),
-        "report paths=/dev": Case(
-            "report.py", ["paths=/dev", f"out={root / 'report_dev'}"], ["paths=/dev"]
-        ),
-    }  # fmt: skip
-    return cases
-
-
-def _case_ids() -> list[str]:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        return list(refusal_cases(Path(folder)))
-
-
-CASE_IDS = _case_ids()
-
-
-@pytest.fixture(scope="module")
-def refused(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    wanted = selected_ids(request, "test_a_bad_input_is_one_paragraph_before_any_work")
-    root = tmp_path_factory.mktemp("battery4")
-    cases = {id_: case for id_, case in refusal_cases(root).items() if id_ in wanted}
-    return run_cases(cases, root)
-
-
-@pytest.mark.parametrize("case_id", CASE_IDS)
-def test_a_bad_input_is_one_paragraph_before_any_work(case_id: str, refused: dict) -> None:
-    done, cwd, case = refused[case_id]
-    output = done.stdout + done.stderr
-    assert done.returncode == 2, output
-    for noise in ("Traceback", "HYDRA_FULL_ERROR", *case.not_words):
-        assert noise not in output, (noise, output)
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, done.stderr
-    message = done.stderr[done.stderr.index("error:") :]
-    for word in case.words:
-        assert word in message, (word, message)
-    left = sorted(p.name for p in cwd.iterdir() if p.name != "cache")
-    assert left == [], f"the refused command left {left} behind"
-    assert not (cwd / "cache" / "dynamics").exists(), "a stage ran before the refusal"
 
 
 # -------------------------------------------------------------------------- one range table

@@ -1,12 +1,11 @@
 """Refusals of outputs and caches: no program replaces a file it did not write, nothing in a
-cache runs code, a run notices every change to its data and checkpoint, and every ordinary
-bad value is one paragraph with exit code 2.
+cache runs code, a run notices every change to its data and checkpoint.
 
-The refusals run one after another in one child process (tests/programs.py), each from its
-own empty working directory (so a refused command is also checked to leave nothing behind).
 The cases that need a trained run share one debug run, trained and resumed inside this
 process (tests/inprocess.py), on Pendulum-like data whose observations live in another file
-(an HDF5 external link) under a folder whose name holds ``$(...)`` and a quote.
+(an HDF5 external link) under a folder whose name holds ``$(...)`` and a quote. The
+ordinary bad values (one paragraph, exit code 2, no file touched) are in each program's
+own file, tests/test_refusals_cbop_*.py.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ import pytest
 import torch
 from d4rl_files import pipeline_workspace, write_d4rl_hdf5
 from inprocess import run_program
-from programs import Call, run_programs, selected_ids
-from refusals import TIMEOUT_S, Case, case_env, run_cases
+from programs import Call, run_programs
+from refusals import TIMEOUT_S, case_env
 from tensordict import NonTensorData, TensorDict, tensorclass
 
 from cbop_torchrl.config import RunConfig
@@ -53,7 +52,7 @@ from cbop_torchrl.trainers.checkpoint import (
     state_digest,
 )
 from cbop_torchrl.trainers.memory import process_limits, run_estimate
-from cbop_torchrl.trainers.rundir import LOCK_NAME, MARKER_NAME, claim_run_dir
+from cbop_torchrl.trainers.rundir import claim_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,319 +68,6 @@ class _RunsCodeWhenUnpickled:
 
 
 # ------------------------------------------------------------------------------ inputs
-
-
-def _edit_file(source: Path, path: Path, edit) -> Path:  # noqa: ANN001
-    """A copy of the D4RL-format ``source`` at ``path``, changed by ``edit(handle)``."""
-    shutil.copy(source, path)
-    with h5py.File(path, "a") as handle:
-        edit(handle)
-    return path
-
-
-def _as_group(key: str):  # noqa: ANN202
-    def edit(handle: h5py.File) -> None:
-        values = handle[key][()]
-        del handle[key]
-        handle.create_group(key)["values"] = values
-
-    return edit
-
-
-def _scaled(key: str, factor: float):  # noqa: ANN202
-    def edit(handle: h5py.File) -> None:
-        values = handle[key][()].astype(np.float64) * factor
-        del handle[key]
-        handle[key] = values
-
-    return edit
-
-
-def _linked(key: str, target: str, virtual: bool = False):  # noqa: ANN202
-    def edit(handle: h5py.File) -> None:
-        shape = handle[key].shape
-        del handle[key]
-        if virtual:
-            layout = h5py.VirtualLayout(shape=shape, dtype="f4")
-            layout[...] = h5py.VirtualSource(target, "values", shape=shape)
-            handle.create_virtual_dataset(key, layout)
-        else:
-            handle[key] = h5py.ExternalLink(target, "/values")
-
-    return edit
-
-
-def user_run_like_folder(folder: Path) -> dict[Path, bytes]:
-    """A user's folder with an empty ``.run.lock`` and files named like a run's outputs."""
-    files = {
-        folder / "logs" / "2024-notes.txt": b"my notes\n",
-        folder / "config.json": b'{"mine": true}\n',
-        folder / "results.json": b'{"also": "mine"}\n',
-        folder / LOCK_NAME: b"",
-    }
-    for path, content in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-    return files
-
-
-def refusal_cases(root: Path) -> dict[str, Case]:
-    """Every refusal of the battery (the reported cases, then similar ones), inputs written."""
-    base = write_d4rl_hdf5(root / "hopper-base.hdf5", episode_lengths=(40, 40, 40))
-    with h5py.File(root / "values.h5", "w") as handle:
-        handle["values"] = np.zeros((120, 11), dtype=np.float32)
-    data = root / "data"
-    data.mkdir()
-    evil_config = root / "evil_config"
-    (evil_config / "preset").mkdir(parents=True)
-    sentinel = root / "yaml_code_ran"
-    (evil_config / "preset" / "evil.yaml").write_text(
-        f'seed: !!python/object/apply:os.system ["touch {sentinel}"]\n'
-    )
-    (evil_config / "preset" / "broken.yaml").write_text("seed: [0\n")
-
-    def hdf5(name: str, edit) -> str:  # noqa: ANN001
-        return str(_edit_file(base, data / name, edit))
-
-    sweep = root / "sweep"
-    (sweep / "run").mkdir(parents=True)
-    (sweep / "run" / "policy.pt").write_bytes(b"trained policy bytes")
-    own_json = root / "mine" / "notes.json"
-    own_json.parent.mkdir()
-    own_json.write_bytes(b'{"my": "notes"}\n')
-    linked_json = root / "mine" / "link.json"
-    linked_json.symlink_to(own_json)
-    report_out = root / "report_out"
-    report_out.mkdir()
-    report_files = {
-        report_out / name: f"the user's {name}\n".encode()
-        for name in ("results.md", "results.csv", "README_results.md")
-    }
-    for path, content in report_files.items():
-        path.write_bytes(content)
-    planted = root / "planted_manifest"
-    planted.mkdir()
-    (planted / OUTPUTS_MANIFEST).symlink_to(own_json)
-    collect_dirs = {kind: root / f"collect_{kind}" for kind in ("text", "h5", "provenance")}
-    for folder in collect_dirs.values():
-        folder.mkdir()
-    (collect_dirs["text"] / "hopper-random-gen.hdf5").write_bytes(b"not an HDF5 file\n")
-    shutil.copy(base, collect_dirs["h5"] / "hopper-random-gen.hdf5")  # the user's own data
-    (collect_dirs["provenance"] / "hopper-random-gen.provenance.json").write_bytes(b"{}\n")
-    dynamics_out = root / "dynamics_out"
-    dynamics_out.mkdir()
-    (dynamics_out / "dynamics_metrics.json").write_bytes(b'{"mine": 1}\n')
-    run_like = {resume: root / f"run_like_{resume}" for resume in ("false", "auto")}
-    collect = ["env=hopper", "kind=random", "rollout_transitions=2000", "progress=false"]
-    debug = ["preset=debug", "progress=false"]
-    on_data = [*debug, "estimator.psi=1"]  # the files' names give no dataset kind: psi given
-
-    def kept(*paths: Path) -> dict[Path, bytes]:
-        return {path: path.read_bytes() for path in paths}
-
-    cases = {
-        # tracebacks where one paragraph belongs
-        "seed=-1": Case("cbop.py", [*debug, "seed=-1"], ["seed=-1 must be an integer from 0"]),
-        "seed=2**70": Case(
-            "cbop.py",
-            [*debug, "seed=1180591620717411303424"],
-            ["seed=1180591620717411303424 must be an integer from 0 to 2**32 - 1"],
-        ),  # fmt: skip
-        "num_qvalue_nets=1": Case(
-            "cbop.py",
-            [*debug, "agent.num_qvalue_nets=1"],
-            ["agent.num_qvalue_nets=1", "at least 2"],
-            ["parameter list"],
-        ),  # fmt: skip
-        "cql num_random=0": Case(
-            "baseline.py",
-            ["algo=cql", *debug, "algo.num_random=0"],
-            ["algo.num_random=0 must be an integer >= 1"],
-        ),  # fmt: skip
-        "yaml tag": Case(
-            "cbop.py",
-            ["--config-dir", str(evil_config), "preset=evil"],
-            ["YAML tag", "python/object/apply:os.system", "evil.yaml", "line 1"],
-            ["ConstructorError"],
-            absent=[sentinel],
-        ),  # fmt: skip
-        "collect onto a non-HDF5 file": Case(
-            "collect.py",
-            [*collect, f"out_dir={collect_dirs['text']}"],
-            ["hopper-random-gen.hdf5", "was not written by cbop-torchrl"],
-            ["signature"],
-            kept=kept(collect_dirs["text"] / "hopper-random-gen.hdf5"),
-        ),  # fmt: skip
-        # nonsense accepted, or refused late
-        "psi=inf": Case(
-            "cbop.py", [*debug, "estimator.psi=inf"], ["estimator.psi=inf"], ["learning rate"]
-        ),
-        "iql temperature=-3": Case(
-            "baseline.py",
-            ["algo=iql", *debug, "algo.temperature=-3"],
-            ["algo.temperature=-3", "must be a number >= 0"],
-        ),  # fmt: skip
-        # refused, but the message misled
-        "rewards is a group": Case(
-            "cbop.py",
-            [*on_data, f"env={hdf5('hopper-group.hdf5', _as_group('rewards'))}"],
-            ["rewards is a group"],
-            ["attribute"],
-        ),  # fmt: skip
-        "observations link to a missing file": Case(
-            "cbop.py",
-            [*on_data, f"env={hdf5('hopper-link.hdf5', _linked('observations', 'gone.h5'))}"],
-            ["observations", "'gone.h5'", "does not exist"],
-        ),
-        "rewards x 1e30": Case(
-            "cbop.py",
-            [*on_data, f"env={hdf5('hopper-big-r.hdf5', _scaled('rewards', 1e30))}"],
-            ["rewards has values up to 1", "Rescale rewards"],
-            ["dynamics.lr="],
-        ),  # fmt: skip
-        "observations x 1e30": Case(
-            "cbop.py",
-            [*on_data, f"env={hdf5('hopper-big-o.hdf5', _scaled('observations', 1e30))}"],
-            ["observations has values up to", "Rescale observations"],
-            ["dynamics.lr="],
-        ),
-        # files a program did not write
-        "select-psi json onto a run's policy.pt": Case(
-            "select_psi.py",
-            [f"sweep_dir={sweep}", "steps=20", f"json={sweep}/run/policy.pt"],
-            ["policy.pt", "was not written by cbop-torchrl"],
-            kept=kept(sweep / "run" / "policy.pt"),
-        ),  # fmt: skip
-        "select-psi json onto a user's json": Case(
-            "select_psi.py",
-            [f"sweep_dir={sweep}", f"json={own_json}"],
-            ["notes.json", "was not written by cbop-torchrl"],
-            kept=kept(own_json),
-        ),  # fmt: skip
-        "report onto a user's results.md": Case(
-            "report.py",
-            [f"paths={sweep}", f"out={report_out}"],
-            ["results.md", "was not written by cbop-torchrl"],
-            kept=report_files,
-        ),  # fmt: skip
-        "collect onto a user's HDF5 file": Case(
-            "collect.py",
-            [*collect, f"out_dir={collect_dirs['h5']}"],
-            ["hopper-random-gen.hdf5", "was not written by cbop-torchrl"],
-            kept=kept(collect_dirs["h5"] / "hopper-random-gen.hdf5"),
-        ),  # fmt: skip
-        **{
-            f"a folder with a stray lock, resume={resume}": Case(
-                "cbop.py",
-                [*debug, f"hydra.run.dir={folder}", f"resume={resume}"],
-                ["no cbop-torchrl run wrote there", "config.json"],
-                kept=user_run_like_folder(folder),
-                absent=[folder / MARKER_NAME, folder / ".hydra"],
-            )  # fmt: skip
-            for resume, folder in run_like.items()
-        },
-        # the same classes, other inputs
-        "evaluate seed=-5": Case("evaluate.py", ["checkpoint=x.pt", "seed=-5"], ["seed=-5"]),
-        "collect seed=2**32": Case("collect.py", ["seed=4294967296"], ["seed=4294967296"]),
-        "td3bc alpha=inf": Case(
-            "baseline.py", ["algo=td3bc", *debug, "algo.alpha=inf"], ["algo.alpha=inf"]
-        ),
-        "cql cql_temperature=0": Case(
-            "baseline.py",
-            ["algo=cql", *debug, "algo.cql_temperature=0"],
-            ["algo.cql_temperature=0"],
-        ),  # fmt: skip
-        "dynamics.lr=inf": Case("cbop.py", [*debug, "dynamics.lr=inf"], ["dynamics.lr=inf"]),
-        "invalid YAML in a preset": Case(
-            "cbop.py",
-            ["--config-dir", str(evil_config), "preset=broken"],
-            ["broken.yaml", "is not valid YAML"],
-        ),  # fmt: skip
-        "actions x 1e30": Case(
-            "cbop.py",
-            [*on_data, f"env={hdf5('hopper-big-a.hdf5', _scaled('actions', 1e30))}"],
-            ["actions has values up to"],
-        ),  # fmt: skip
-        "virtual dataset from a missing file": Case(
-            "cbop.py",
-            [*on_data, f"env={hdf5('hopper-vds.hdf5', _linked('observations', 'vgone.h5', True))}"],
-            ["observations", "'vgone.h5'"],
-        ),
-        "train-dynamics rewards group": Case(
-            "train_dynamics.py",
-            [f"env={data / 'hopper-group.hdf5'}", f"output_dir={root / 'dyn_new'}"],
-            ["rewards is a group"],
-        ),
-        "train-dynamics onto a user's metrics": Case(
-            "train_dynamics.py",
-            [f"env={base}", f"output_dir={dynamics_out}"],
-            ["dynamics_metrics.json", "was not written by cbop-torchrl"],
-            kept=kept(dynamics_out / "dynamics_metrics.json"),
-        ),  # fmt: skip
-        "select-psi json through a link": Case(
-            "select_psi.py",
-            [f"sweep_dir={sweep}", f"json={linked_json}"],
-            ["link.json", "is a link"],
-            kept=kept(own_json),
-        ),  # fmt: skip
-        "report into a folder with a planted manifest": Case(
-            "report.py",
-            [f"paths={sweep}", f"out={planted}"],
-            [OUTPUTS_MANIFEST, "is a link"],
-            kept=kept(own_json),
-        ),  # fmt: skip
-        "collect onto a user's provenance file": Case(
-            "collect.py",
-            [*collect, f"out_dir={collect_dirs['provenance']}"],
-            ["hopper-random-gen.provenance.json", "was not written by cbop-torchrl"],
-            kept=kept(collect_dirs["provenance"] / "hopper-random-gen.provenance.json"),
-        ),  # fmt: skip
-    }
-    return cases
-
-
-def _case_ids() -> list[str]:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        return list(refusal_cases(Path(folder)))
-
-
-CASE_IDS = _case_ids()
-
-
-@pytest.fixture(scope="module")
-def refused(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, tuple[subprocess.CompletedProcess, Path, Case]]:
-    """Every selected case (and the hostile TorchRL cache), one child process for all."""
-    wanted = selected_ids(request, "test_a_bad_input_is_one_paragraph_and_touches_nothing")
-    root = tmp_path_factory.mktemp("battery")
-    cases = {id_: case for id_, case in refusal_cases(root).items() if id_ in wanted}
-    return run_cases(cases, root)
-
-
-@pytest.mark.parametrize("case_id", CASE_IDS)
-def test_a_bad_input_is_one_paragraph_and_touches_nothing(
-    case_id: str, refused: dict[str, tuple[subprocess.CompletedProcess, Path, Case]]
-) -> None:
-    done, cwd, case = refused[case_id]
-    output = done.stdout + done.stderr
-    assert done.returncode == 2, output
-    for noise in ("Traceback", "HYDRA_FULL_ERROR", *case.not_words):
-        assert noise not in output, (noise, output)
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, done.stderr
-    message = done.stderr[done.stderr.index("error:") :]  # a list of problems: its lines
-    for word in case.words:
-        assert word in message, (word, message)
-    left = sorted(p.name for p in cwd.iterdir() if p.name != "cache")
-    assert left == [], f"the refused command left {left} behind"
-    for path, content in case.kept.items():
-        assert path.read_bytes() == content, path
-        assert not path.is_symlink()
-    for path in case.absent:
-        assert not path.exists(), path
 
 
 # -------------------------------------------------------------------------- code in a cache

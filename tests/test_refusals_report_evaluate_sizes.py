@@ -2,8 +2,8 @@
 evaluation replaces only its own output, no file makes gymnasium import code, and edited
 policies and sizes that cannot fit are refused.
 
-One finished ``scripts/cbop.py preset=debug`` run (module fixture, ~30 s on a loaded
-2-core machine) feeds the report and evaluation cases; the others refuse before any work.
+One finished debug CBOP run (module fixture, trained in this process: tests/inprocess.py)
+feeds the report and evaluation cases; the others refuse before any work.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from d4rl_files import debug_cbop_command, pipeline_workspace
+from inprocess import train_cbop
 
 from cbop_torchrl.apps import evaluate as evaluate_app
 from cbop_torchrl.apps import report as report_app
@@ -32,29 +33,18 @@ from cbop_torchrl.trainers import memory
 from cbop_torchrl.trainers.checkpoint import CheckpointError, load_policy, seal
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT_S = 180
 ZEN = "Beautiful is better than ugly"  # what `import this` prints
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """A finished debug CBOP run: ``{"root", "dataset", "env", "run"}``."""
+    """A finished debug CBOP run, trained in this process (only its outputs are read):
+    ``{"root", "dataset", "env", "run"}``."""
     root = tmp_path_factory.mktemp("relio")
     workspace = pipeline_workspace(root)
     run = root / "run"
-    done = subprocess.run(
-        debug_cbop_command(workspace, run), env=workspace["env"], capture_output=True,
-        text=True, timeout=TIMEOUT_S, cwd=root,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+    train_cbop(debug_cbop_command(workspace, run)[2:], run, workspace["env"])
     return {**workspace, "run": run}
-
-
-def _script(name: str, *args: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / name), *args],
-        env=env, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S,
-    )  # fmt: skip
 
 
 def _one_error(done: subprocess.CompletedProcess) -> str:

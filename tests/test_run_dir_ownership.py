@@ -1,8 +1,7 @@
 """A run only touches files it made, and links never redirect a write.
 
-The end-to-end cases run ``scripts/cbop.py`` at the debug preset in a folder that
-is not a run; each is refused before any data is loaded, so both take only the
-seconds of one child process's imports (tests/programs.py).
+The end-to-end cases run ``cbop-train`` at the debug preset in a folder that is not a run,
+in this process (tests/refusals.py); each is refused before any data is loaded.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from d4rl_files import debug_cbop_command, pipeline_workspace, write_d4rl_hdf5
-from programs import Call, run_programs
+from refusals import run_one
 from tensordict import NonTensorData, TensorDict
 
 from cbop_torchrl.data import DatasetError
@@ -29,8 +28,6 @@ from cbop_torchrl.trainers.rundir import (
     claim_run_dir,
     clear_previous_run,
 )
-
-TIMEOUT_S = 120  # imports on a loaded 2-core machine; refusals come before any training
 
 
 def user_folder(root: Path) -> dict[Path, str]:
@@ -51,17 +48,16 @@ RESUMES = ["false", "auto"]
 
 @pytest.fixture(scope="module")
 def refused_folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
-    """resume -> (run, the folder, its files): both commands in one child process."""
-    folders, calls = {}, []
+    """resume -> (run, the folder, its files): each command from its workspace's folder."""
+    refused = {}
     for resume in RESUMES:
         root = tmp_path_factory.mktemp(f"resume_{resume}")
         workspace = pipeline_workspace(root)
         folder = root / "my_folder"
-        folders[resume] = folder, user_folder(folder)
+        files = user_folder(folder)
         _, script, *args = debug_cbop_command(workspace, folder, f"resume={resume}")
-        calls.append(Call(Path(script).name, args, str(root), workspace["env"]))
-    results = run_programs(calls, timeout_s=TIMEOUT_S + 30 * len(calls))
-    return {resume: (done, *folders[resume]) for resume, done in zip(RESUMES, results, strict=True)}
+        refused[resume] = run_one(Path(script).name, args, root, workspace["env"]), folder, files
+    return refused
 
 
 @pytest.mark.parametrize("resume", RESUMES)
