@@ -92,7 +92,7 @@ class DynamicsConfig(Section):
     max_holdout: int = 5000  # at most this many held-out rows (see holdout_ratio)
     patience: int = 5
     improvement_threshold: float = 0.01
-    max_epochs: int | None = None
+    max_epochs: int | None = None  # at most this many training epochs
     weight_decay: tuple[float, ...] = field(default=(2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4))
     logvar_bound_coef: float = 0.01
     seed: int = 0  # seed of the ensemble's training; the configs set it to the run's seed

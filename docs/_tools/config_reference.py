@@ -190,6 +190,8 @@ def schema_rows(
         if field.default is MISSING:
             default = MISSING
         description = yaml.get(key) or own.get(field.name, "")
+        if yaml.get(key, "").startswith("null:") and own.get(field.name):  # says null alone
+            description = f"{own[field.name]}; {yaml[key]}"
         if default is None and section_null and "null" not in description.lower():
             description = f"{description.rstrip('.')} (null: {section_null})".lstrip()
         rows.append((key, type_name(hint), show(default), description))
@@ -223,8 +225,11 @@ def group_files() -> list[Path]:
 
 
 def escape(cell: str) -> str:
-    """A table cell: one line, its ``|`` escaped (already escaped ones kept)."""
-    return re.sub(r"(?<!\\)\|", r"\\|", " ".join(cell.split()).replace("<", "&lt;"))
+    """A table cell: one line, its ``|`` escaped (already escaped ones kept) and ``<`` outside
+    code spans written as ``&lt;`` (Markdown shows a code span's text as it is)."""
+    pieces = re.split(r"(`[^`]*`)", " ".join(cell.split()))
+    text = "".join(p if p.startswith("`") else p.replace("<", "&lt;") for p in pieces)
+    return re.sub(r"(?<!\\)\|", r"\\|", text)
 
 
 def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
@@ -254,7 +259,9 @@ GROUP_PACKAGE = {"preset": "", "sweep": "", "hydra/launcher": "hydra.launcher."}
 
 
 def _plain(text: str) -> str:
-    """A docstring's reStructuredText code (````x````) as Markdown code (```x```)."""
+    """A docstring's reStructuredText code (````x````) and roles (``:func:`x```) as Markdown
+    code (```x```)."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)
     return re.sub(r"``([^`]+)``", r"`\1`", text)
 
 
@@ -289,7 +296,7 @@ def with_resolution(key: str, value: str, description: str) -> str:
     resolution = null_resolution(key) if value == "`null`" else None
     if resolution is None:
         return description
-    hand = re.sub(r"\s*\(null:[^()]*\)|^null:[^;]*;?\s*", "", description).strip(" ;")
+    hand = re.sub(r"\s*\(null:[^()]*\)|(?:^|;\s*)null:[^;]*", "", description).strip(" ;.")
     return f"{hand}; {resolution}" if hand else resolution
 
 
@@ -351,8 +358,8 @@ def program_tables() -> tuple[list[Table], dict[str, str]]:
             tables.append(Table(f"{name}.yaml", intro, ("key", "value", "description"), rows))
             continue
         rows = program_rows(name)
-        if name in ("config", "baseline"):
-            described |= {key: description for key, _, _, description in rows}
+        if name in ("config", "baseline"):  # cbop-train's text first (the presets are its)
+            described = {**{key: text for key, _, _, text in rows}, **described}
         rows = [(key, *rest, with_resolution(key, rest[-1], text)) for key, *rest, text in rows]
         header = ("key", "type", "default", "description")
         tables.append(Table(f"{name}.yaml", intro, header, rows))
