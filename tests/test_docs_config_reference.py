@@ -111,12 +111,12 @@ def test_a_key_without_a_description_or_with_an_unexplained_null_is_caught():
 
 
 SCHEMA_SOURCE = '''
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class Inner:
-    """A section. A null means "from the family".
+    """A section (null: from the family).
 
     Attributes:
         documented, also: told in the docstring,
@@ -126,6 +126,7 @@ class Inner:
     documented: int = 1
     also: int | None = None
     plain: int = 0
+    bare: str | None = None
 
 
 @dataclass
@@ -137,7 +138,7 @@ class Outer:
     # over two lines
     depth: int | None = None
     silent: float = 0.5
-    inner: Inner = None
+    inner: Inner = field(default_factory=Inner)
 '''
 
 
@@ -152,9 +153,13 @@ def test_field_descriptions_come_from_line_comments_blocks_and_docstrings(tmp_pa
     inner = config_reference.field_comments(module.Inner)
     assert inner["documented"] == inner["also"] == "told in the docstring, over two lines."
     assert "plain" not in inner
+    rows = {key: text for key, *_, text in config_reference.schema_rows(module.Outer, {})}
+    assert rows["inner.bare"] == "(null: from the family)"  # the section's null clause
+    assert rows["inner.plain"] == ""
+    assert rows["depth"] == "said above it, over two lines"  # a null said nothing about: kept
 
 
-def test_a_null_is_explained_by_the_paper_table_or_the_section(tmp_path):
+def test_a_paper_table_null_says_what_the_table_gives():
     psi = config_reference.with_resolution("estimator.psi", "`null`", "LCB (null: the paper's)")
     assert "(null: the paper's)" not in psi and "GENERATED_PSI" in psi and "PAPER_PSI" in psi
     assert config_reference.with_resolution("estimator.psi", "`2.0`", "LCB") == "LCB"
