@@ -139,7 +139,7 @@ class AlgoConfig:
     config's (``train.batch_size``, ``agent.*``) where None.
     """
 
-    name: str = "td3bc"
+    name: str = "td3bc"  # the baseline: bc | td3bc | iql | cql (set by the algo group)
     batch_size: int | None = None  # the recipe's batch (null: train.batch_size)
     hidden_sizes: list[int] | None = None  # actor's and critics' widths (null: agent's)
     actor_lr: float | None = None  # the actor's learning rate (null: agent.actor_lr)
@@ -147,22 +147,22 @@ class AlgoConfig:
     normalize_states: bool = False  # standardize states by the dataset's mean and std
     reward_scale: str = "none"  # none | return_range: x 1000 / (max - min return)
     actor_lr_schedule: str = "constant"  # constant | cosine: the actor's rate decays to 0
-    num_qvalue_nets: int = 2
+    num_qvalue_nets: int = 2  # critics (their minimum is the target)
     # TD3+BC
-    alpha: float = 2.5
-    policy_noise: float = 0.2
-    noise_clip: float = 0.5
-    policy_delay: int = 2
+    alpha: float = 2.5  # TD3+BC: the actor's Q weight is alpha / mean |Q|
+    policy_noise: float = 0.2  # TD3+BC: std of the target action's smoothing noise
+    noise_clip: float = 0.5  # TD3+BC: the smoothing noise is clipped to +-noise_clip
+    policy_delay: int = 2  # TD3+BC: critic steps per actor step
     # IQL
-    temperature: float = 3.0
-    expectile: float = 0.7
-    value_lr: float = 3e-4
+    temperature: float = 3.0  # IQL: inverse temperature of the advantage-weighted actor
+    expectile: float = 0.7  # IQL: the expectile of the value regression
+    value_lr: float = 3e-4  # IQL: the value network's learning rate
     # CQL
-    min_q_weight: float = 5.0
-    num_random: int = 10
-    cql_temperature: float = 1.0
-    with_lagrange: bool = False
-    lagrange_thresh: float = 10.0
+    min_q_weight: float = 5.0  # CQL: weight of the conservative penalty
+    num_random: int = 10  # CQL: random actions per state in the penalty's log-sum-exp
+    cql_temperature: float = 1.0  # CQL: temperature of that log-sum-exp
+    with_lagrange: bool = False  # CQL: tune the penalty's weight to reach lagrange_thresh
+    lagrange_thresh: float = 10.0  # CQL: the penalty's target with_lagrange aims for
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> AlgoConfig:

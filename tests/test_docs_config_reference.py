@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 from pathlib import Path
@@ -81,3 +82,86 @@ def test_a_wrapped_comment_continues_its_key_and_an_indented_one_opens_the_next(
     assert comments["agent.depth"] == "said above depth"
     assert "agent.plain" not in comments
     assert comments["agent.last"] == "the file's last key, wrapped too"
+
+
+def test_every_key_has_a_description():
+    missing = config_reference.undescribed(config_reference.reference_tables())
+    assert not missing, (
+        "keys with no description in docs/configuration.md (write a comment on the dataclass "
+        f"field or next to the key in its YAML file): {missing}"
+    )
+
+
+def test_every_null_says_what_it_becomes():
+    unexplained = config_reference.unexplained_nulls(config_reference.reference_tables())
+    assert not unexplained, (
+        f"null keys whose description does not say what null means: {unexplained}"
+    )
+
+
+def test_a_key_without_a_description_or_with_an_unexplained_null_is_caught():
+    table = config_reference.Table(
+        "x.yaml",
+        [],
+        ("key", "type", "default", "description"),
+        [("a", "int", "`1`", "said"), ("b", "int", "`2`", " "), ("c", "str", "`null`", "said")],
+    )
+    assert config_reference.undescribed([table]) == ["x.yaml: b"]
+    assert config_reference.unexplained_nulls([table]) == ["x.yaml: c"]
+
+
+SCHEMA_SOURCE = '''
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Inner:
+    """A section (null: from the family).
+
+    Attributes:
+        documented, also: told in the docstring,
+            over two lines.
+    """
+
+    documented: int = 1
+    also: int | None = None
+    plain: int = 0
+    bare: str | None = None
+
+
+@dataclass
+class Outer:
+    """The schema."""
+
+    width: int = 3  # said on its line
+    # said above it,
+    # over two lines
+    depth: int | None = None
+    silent: float = 0.5
+    inner: Inner = field(default_factory=Inner)
+'''
+
+
+def test_field_descriptions_come_from_line_comments_blocks_and_docstrings(tmp_path, monkeypatch):
+    (tmp_path / "schema_under_test.py").write_text(SCHEMA_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("schema_under_test")
+    outer = config_reference.field_comments(module.Outer)
+    assert outer["width"] == "said on its line"
+    assert outer["depth"] == "said above it, over two lines"
+    assert "silent" not in outer
+    inner = config_reference.field_comments(module.Inner)
+    assert inner["documented"] == inner["also"] == "told in the docstring, over two lines."
+    assert "plain" not in inner
+    rows = {key: text for key, *_, text in config_reference.schema_rows(module.Outer, {})}
+    assert rows["inner.bare"] == "(null: from the family)"  # the section's null clause
+    assert rows["inner.plain"] == ""
+    assert rows["depth"] == "said above it, over two lines"  # a null said nothing about: kept
+
+
+def test_a_paper_table_null_says_what_the_table_gives():
+    psi = config_reference.with_resolution("estimator.psi", "`null`", "LCB (null: the paper's)")
+    assert "(null: the paper's)" not in psi and "GENERATED_PSI" in psi and "PAPER_PSI" in psi
+    assert config_reference.with_resolution("estimator.psi", "`2.0`", "LCB") == "LCB"
+    horizon = config_reference.with_resolution("estimator.horizon", "`null`", "H")
+    assert horizon.startswith("H; null: the paper's 10")

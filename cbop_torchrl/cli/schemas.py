@@ -89,9 +89,9 @@ class EvaluateConfig:
 
     checkpoint: str = MISSING  # path to a run's checkpoint.pt or policy.pt
     episodes: int = 10
-    max_steps: int = 1000
-    seed: int = 0
-    device: str = "auto"
+    max_steps: int = 1000  # the episode cap
+    seed: int = 0  # seed of the evaluation episodes
+    device: str = "auto"  # auto | cpu | cuda | cuda:<index>
     backend: EvalBackend = EvalBackend.serial
     output: str | None = None
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -104,7 +104,7 @@ class CollectConfig:
     env: str = "hopper"
     task: TaskConfig = field(default_factory=TaskConfig)
     kind: Any = "medium-replay"  # one kind, a list of kinds, or "all"
-    seed: int = 0
+    seed: int = 0  # the SAC run's seed (and the rollouts')
     tag: str | None = None
     out_dir: str | None = None
     runs_dir: str | None = None
@@ -117,7 +117,7 @@ class CollectConfig:
     num_threads: int = 1
     progress: bool | None = None  # null: by the terminal (resolve_progress)
     compression: Compression | None = Compression.gzip
-    compression_level: int = 4
+    compression_level: int = 4  # gzip level, 0 (fastest) to 9 (smallest)
     sac: SACConfig = field(default_factory=SACConfig)
 
 

@@ -83,19 +83,19 @@ class DynamicsConfig(Section):
 
     num_members: int = 30
     num_elites: int = 20
-    hidden_size: int = 200
+    hidden_size: int = 200  # width of each hidden layer
     num_layers: int = 4
     activation: str = "silu"
-    lr: float = 1e-3
+    lr: float = 1e-3  # Adam learning rate
     batch_size: int = 256
     holdout_ratio: float = 0.2
-    max_holdout: int = 5000
+    max_holdout: int = 5000  # at most this many held-out rows (see holdout_ratio)
     patience: int = 5
     improvement_threshold: float = 0.01
-    max_epochs: int | None = None
+    max_epochs: int | None = None  # at most this many training epochs
     weight_decay: tuple[float, ...] = field(default=(2.5e-5, 5e-5, 7.5e-5, 7.5e-5, 1e-4))
     logvar_bound_coef: float = 0.01
-    seed: int = 0
+    seed: int = 0  # seed of the ensemble's training; the configs set it to the run's seed
     separate_reward: bool = False
     bootstrap_per_epoch: bool = False  # the authors': each member's resample redrawn every epoch
     shared_logvar_bounds: bool = False  # the authors': one log-variance bound pair for all members
@@ -179,16 +179,16 @@ class AgentConfig(Section):
     """The EDAC-style SAC trained with CBOP targets (actor, M Q-networks, alpha)."""
 
     num_qvalue_nets: int | None = None  # M; null: 50 for hopper, 20 otherwise
-    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256, 256])
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256, 256])  # actor's widths
     # The Q-networks' hidden widths; null: hidden_sizes (the paper uses one size for both).
     critic_hidden_sizes: list[int] | None = None
     q_init: QInit = QInit.torch
-    gamma: float = 0.99
-    tau: float = 0.005
-    actor_lr: float | None = None
-    critic_lr: float | None = None
-    alpha_lr: float | None = None
-    alpha_init: float = 1.0
+    gamma: float = 0.99  # discount
+    tau: float = 0.005  # the target Q-ensemble's Polyak rate
+    actor_lr: float | None = None  # the actor's Adam learning rate
+    critic_lr: float | None = None  # the Q-ensemble's Adam learning rate; 0 freezes it
+    alpha_lr: float | None = None  # the entropy temperature's Adam learning rate
+    alpha_init: float = 1.0  # SAC's initial entropy temperature alpha
     eta: float = 1.0  # EDAC gradient-diversity weight
     bc_weight: float = 0.0  # beyond the paper (opt-in): weight of the actor's NLL of data actions
     # Beyond the paper (opt-in): weight of each member's Q(s, a_pi) - Q(s, a_data) in its loss.
@@ -232,10 +232,10 @@ class EstimatorConfig(Section):
     """Arguments of :class:`CBOPValueEstimator` (see its docstring)."""
 
     mode: EstimatorMode = EstimatorMode.lcb
-    psi: float | None = None
-    horizon: int | None = None
+    psi: float | None = None  # the LCB coefficient psi: larger is more conservative
+    horizon: int | None = None  # the rollout length H
     fixed_weighting: FixedWeighting = FixedWeighting["uniform"]
-    lmbda: float = 0.9
+    lmbda: float = 0.9  # fixed_weighting=lambda: horizon h weighs lmbda^h
     quantile: float = 0.3085
     termination: Termination = Termination.zero_precision
     sampling: Sampling = Sampling.shared  # shared | independent rollouts per horizon
@@ -266,10 +266,10 @@ class EstimatorConfig(Section):
 class PretrainConfig(Section):
     """Behaviour cloning or fitted Q evaluation before CBOP (DESIGN.md section 1)."""
 
-    steps: int = 50_000
-    batch_size: int = 256
-    lr: float = 3e-4
-    checkpoint_interval: int = 5_000
+    steps: int = 50_000  # gradient steps
+    batch_size: int = 256  # dataset rows per gradient step
+    lr: float = 3e-4  # Adam learning rate
+    checkpoint_interval: int = 5_000  # gradient steps between checkpoints (a rerun resumes)
 
     RANGES = (
         *(positive(k, SIZE, integer=True) for k in ("steps", "batch_size", "checkpoint_interval")),
@@ -331,10 +331,10 @@ class FQEConfig(PretrainConfig):
     # epochs without a relative improvement of ``improvement``, at most ``max_epochs``, and the
     # best held-out weights of each member kept. ``steps`` and ``target_tau`` are then unused.
     converge: bool = False
-    max_epochs: int = 100
-    patience: int = 5
-    holdout: int = 1000
-    improvement: float = 0.01
+    max_epochs: int = 100  # converge=true: at most this many epochs per round
+    patience: int = 5  # converge=true: epochs without improvement that end a round
+    holdout: int = 1000  # converge=true: held-out dataset rows for early stopping
+    improvement: float = 0.01  # converge=true: the relative held-out improvement that counts
     drop_terminal: bool = False  # the authors': FQE fits no terminal rows (false: it fits them)
 
     # FQE as the paper's Algorithm 2 (Le et al. 2019): ``rounds`` rounds of
@@ -375,11 +375,11 @@ class FQEConfig(PretrainConfig):
 class TrainConfig(Section):
     """The CBOP stage: ``epochs * steps_per_epoch`` gradient steps."""
 
-    epochs: int | None = None
-    steps_per_epoch: int | None = None
-    batch_size: int | None = None
-    checkpoint_interval: int = 5_000
-    log_interval: int = 1_000
+    epochs: int | None = None  # CBOP epochs
+    steps_per_epoch: int | None = None  # gradient steps per epoch
+    batch_size: int | None = None  # dataset rows per CBOP gradient step
+    checkpoint_interval: int = 5_000  # gradient steps between checkpoints (a rerun resumes)
+    log_interval: int = 1_000  # gradient steps between logged training metrics
 
     RANGES = tuple(
         positive(k, SIZE, integer=True)
@@ -395,9 +395,9 @@ class TrainConfig(Section):
 class EvalConfig(Section):
     """Evaluation of the deterministic policy on vectorized TorchRL environments."""
 
-    episodes: int = 10
+    episodes: int = 10  # episodes per evaluation, run side by side
     interval: int = 10_000  # gradient steps between evaluations; 0 = only at the end
-    max_steps: int = 1000
+    max_steps: int = 1000  # the episode cap
     # serial: one process (SerialEnv); parallel: ParallelEnv workers
     backend: EvalBackend = EvalBackend.serial
     diagnostics: bool = False  # also measure value error, policy drift, model error (diag/*)
@@ -434,12 +434,12 @@ class EvalConfig(Section):
 class LoggerConfig(Section):
     """A TorchRL logger (``torchrl.record.loggers``)."""
 
-    backend: LoggerBackend = LoggerBackend.csv
+    backend: LoggerBackend = LoggerBackend.csv  # where metrics go; set by the logger group
     project: str = "cbop-torchrl"  # wandb project
     # wandb: online | offline (default: no account, no network) | disabled
     mode: WandbMode = WandbMode.offline
-    entity: str | None = None  # wandb entity (team or user); None: the account's default
-    group: str | None = None  # wandb group, e.g. one per sweep
+    entity: str | None = None  # wandb entity (team or user); null: the account's default
+    group: str | None = None  # wandb group, e.g. one per sweep (null: none)
     tags: list[str] = field(default_factory=list)  # wandb tags
 
     def problems(self) -> list[str]:
@@ -467,7 +467,7 @@ class RunConfig(Section):
 
     env: str = "demo"
     preset: str = "cpu"
-    seed: int = 0
+    seed: int = 0  # the run's seed: networks, batches, rollouts, evaluation episodes
     device: str = "auto"
     threads: int | None = None  # torch CPU threads; None: torch's default (all cores)
     # torch.compile of the CBOP target: inductor on a CPU and inside a captured CUDA step;

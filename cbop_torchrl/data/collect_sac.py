@@ -72,16 +72,16 @@ class SACConfig:
     frames_per_batch: int = 1_000  # env steps per collector batch; 1 update per step
     checkpoint_every: int = 5_000  # policy checkpoint + evaluation + resume point
     eval_episodes: int = 10  # deterministic episodes per checkpoint evaluation
-    batch_size: int = 256
-    lr: float = 3e-4
-    gamma: float = 0.99
-    tau: float = 5e-3
-    hidden_sizes: tuple[int, ...] = (256, 256)
+    batch_size: int = 256  # replay rows per gradient step
+    lr: float = 3e-4  # Adam learning rate of the actor, critics and temperature
+    gamma: float = 0.99  # discount
+    tau: float = 5e-3  # the target critics' Polyak rate
+    hidden_sizes: tuple[int, ...] = (256, 256)  # actor's and critics' widths
     # rlkit's SAC (D4RL's behaviour policies) regresses Q with MSE; SACLoss's own
     # default, smooth_l1, caps the TD gradient (with it, hopper seed 0 peaked at
     # return 746 in 100k steps).
     loss_function: str = "l2"
-    max_episode_steps: int | None = None  # None: the family's cap (1000)
+    max_episode_steps: int | None = None  # null: the family's cap (1000)
 
     def validate(self) -> None:
         """Raises ``ValueError`` with a readable message for inconsistent settings."""
