@@ -207,6 +207,7 @@ def train_side_by_side(
     from cbop_torchrl.config.runs import RunsConfig, expand_runs
     from cbop_torchrl.runtime import resolve_device
     from cbop_torchrl.trainers.offline import run_pipeline
+    from cbop_torchrl.trainers.rundir import claim_run_dir
     from cbop_torchrl.trainers.side_by_side import train_in_turn
 
     cfg = _as_config(cfg, "run")
@@ -226,6 +227,7 @@ def train_side_by_side(
         _check_memory(config, info, rollouts=True)
     job_dir = Path(job_dir)
     names = [spec.name for spec in specs]
+    claim_run_dir(job_dir)  # marked as a run's folder: the same command continues in it
     if first.progress:
         print(run_banner(first, info.name, job_dir / names[0], filled), flush=True)
         print(f"[cbop] {len(names)} runs side by side in {_shown_path(job_dir)}: "

@@ -98,6 +98,7 @@ def _set_label(words: Sequence[str]) -> str:
 def _parse_set_entry(entry: str, index: int) -> list[tuple[str, Any]]:
     """The ``(key, value)`` overrides of one ``runs.set`` entry, with Hydra's parser."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
 
     words = str(entry).split()
     if not words:
@@ -114,7 +115,8 @@ def _parse_set_entry(entry: str, index: int) -> list[tuple[str, Any]]:
         ) from None
     pairs = []
     for override in parsed:
-        if not override.is_change() or override.is_sweep_override():  # type: ignore[attr-defined]
+        plain = override.type is OverrideType.CHANGE and not override.is_sweep_override()
+        if not plain:
             raise ConfigError(
                 f"runs.set[{index}]: {override.input_line!r} is not a plain key=value "
                 "override; each entry sets existing keys to one value each, e.g. "
