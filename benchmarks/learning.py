@@ -90,6 +90,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python benchmarks/learning.py` puts benchmarks/, not the root
 
 from benchmarks import BenchmarkInputError, run_main  # noqa: E402
+from benchmarks.learning_jobs import claim_job_dir, side_by_side_command  # noqa: E402
 from benchmarks.set_files import dataset_provenance, ensure_dataset  # noqa: E402
 from cbop_torchrl.evaluation.summaries import (  # noqa: E402
     CURRENT,
@@ -205,6 +206,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="only (re)write <results>/<dataset>/rows.json (each row's score and interval over "
         "seeds and evaluations) from the summaries there, and exit",
     )
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="train each CBOP variant's seeds on a dataset as one cbop-train job of runs side "
+        "by side (runs.seeds=[...]; benchmarks/learning_jobs.py); not with --max-minutes or "
+        "--slice-steps",
+    )
     parser.add_argument("--no-analysis", action="store_true", help="skip checkpoint analysis")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument(
@@ -215,6 +223,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--max-minutes {args.max_minutes}: give a positive number (e.g. 8)")
     if args.start_states < 0:
         parser.error(f"--start-states {args.start_states}: give 0 (off) or a positive number")
+    if args.side_by_side and (args.max_minutes is not None or args.slice_steps is not None):
+        parser.error(
+            "--side-by-side trains whole jobs; drop --max-minutes/--slice-steps, or drop "
+            "--side-by-side to train in slices"
+        )
     if args.slice_steps is not None and args.slice_steps < 1:
         parser.error(f"--slice-steps {args.slice_steps}: give a positive number (e.g. 10000)")
     return args
@@ -696,6 +709,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds
         for variant in args.algos
     ]
+    jobs: dict[tuple[str, str], dict] = {}  # --side-by-side: (dataset, variant) -> its runs
     # Composed once per variant (a Hydra compose each), not once per dataset and seed.
     settings = {v: expected_settings(v, args.preset, list(args.overrides)) for v in args.algos}
     for dataset, seed, variant in plan:
@@ -753,6 +767,10 @@ def main(argv: list[str] | None = None) -> int:
         if not provenance and dataset_provenance(dataset):
             return main(argv)  # just generated: its version now names the run directories
         command = run_command(variant, data, seed, args.preset, run_dir, args)
+        if args.side_by_side and VARIANTS[variant][0] == "cbop.py":  # trained after the loop
+            job = jobs.setdefault((dataset, name), {"command": command, "runs": []})
+            job["runs"].append((seed, run_dir, summary_path))
+            continue
         if deadline is not None and time.time() >= deadline:
             print(resume_message(argv, f"the --max-minutes {args.max_minutes:g} budget is spent"))
             return 0
@@ -780,36 +798,72 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             continue
-        try:
-            summary = summarize_run(run_dir, analysis=not args.no_analysis)
-        except Exception as error:  # noqa: BLE001 - the finished run's summary must be written
-            if args.no_analysis:
-                raise
-            # The checkpoint analysis failed (e.g. code changed under a long queue): keep the
-            # run's scores; `--rows` and the report do not need the analysis.
-            print(f"[bench] analysis failed ({type(error).__name__}: {error}); summary without it")
-            summary = summarize_run(run_dir, analysis=False)
-            summary["analysis_error"] = f"{type(error).__name__}: {error}"
-        add_score_measures(summary, run_dir)
-        summary["dataset"] = dataset
-        summary["variant"] = name  # the config alone cannot tell cbop-fqe-rounds5 from cbop
-        summary["command"] = portable_command(command)
-        summary["commit"] = git_commit()
-        summary["dataset_provenance"] = dataset_provenance(dataset)
-        summary["session_wall_s"] = time.time() - start
-        summary["finished_utc"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        summary["host"] = {"nproc": os.cpu_count(), "loadavg": os.getloadavg()}
-        if (run_dir / "slices.json").is_file():  # a run made in slices (--max-minutes)
-            summary["slices"] = json.loads((run_dir / "slices.json").read_text())
-        atomic_json_dump(summary, summary_path)
-        write_rows(args.results, dataset)
-        print(
-            f"[bench] finished {dataset} {name} seed {seed}: final "
-            f"{summary['final_normalized_score']:.1f}, best {summary['best_normalized_score']:.1f}"
-            f" ({summary['wall_time_s']:.0f} s) -> {summary_path}",
-            flush=True,
-        )
+        write_summary(run_dir, summary_path, dataset, name, seed, command, start, args)
+    run_side_by_side_jobs(jobs, args)
     return 0
+
+
+def run_side_by_side_jobs(jobs: dict, args: argparse.Namespace) -> None:
+    """``--side-by-side``: each CBOP variant's pending seeds on a dataset as one job."""
+    for (dataset, name), job in jobs.items():
+        seeds = [seed for seed, _, _ in job["runs"]]
+        job_dir = job["runs"][0][1].parent
+        command = side_by_side_command(job["command"], seeds, job_dir)
+        claim_job_dir(job_dir)
+        print(f"[bench] running  {shlex.join(command)}", flush=True)
+        start = time.time()
+        returncode = subprocess.run(command, cwd=ROOT, check=False).returncode
+        for seed, run_dir, summary_path in job["runs"]:
+            if not (run_dir / "results.json").is_file():
+                print(
+                    f"[bench] FAILED   {dataset} {name} seed {seed} (exit {returncode});"
+                    " moving on (re-run to resume it)",
+                    flush=True,
+                )
+                continue
+            write_summary(run_dir, summary_path, dataset, name, seed, command, start, args)
+
+
+def write_summary(
+    run_dir: Path,
+    summary_path: Path,
+    dataset: str,
+    name: str,
+    seed: int,
+    command: list[str],
+    start: float,
+    args: argparse.Namespace,
+) -> None:
+    """Writes a finished run's summary and its dataset's rows.json."""
+    try:
+        summary = summarize_run(run_dir, analysis=not args.no_analysis)
+    except Exception as error:  # noqa: BLE001 - the finished run's summary must be written
+        if args.no_analysis:
+            raise
+        # The checkpoint analysis failed (e.g. code changed under a long queue): keep the
+        # run's scores; `--rows` and the report do not need the analysis.
+        print(f"[bench] analysis failed ({type(error).__name__}: {error}); summary without it")
+        summary = summarize_run(run_dir, analysis=False)
+        summary["analysis_error"] = f"{type(error).__name__}: {error}"
+    add_score_measures(summary, run_dir)
+    summary["dataset"] = dataset
+    summary["variant"] = name  # the config alone cannot tell cbop-fqe-rounds5 from cbop
+    summary["command"] = portable_command(command)
+    summary["commit"] = git_commit()
+    summary["dataset_provenance"] = dataset_provenance(dataset)
+    summary["session_wall_s"] = time.time() - start
+    summary["finished_utc"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    summary["host"] = {"nproc": os.cpu_count(), "loadavg": os.getloadavg()}
+    if (run_dir / "slices.json").is_file():  # a run made in slices (--max-minutes)
+        summary["slices"] = json.loads((run_dir / "slices.json").read_text())
+    atomic_json_dump(summary, summary_path)
+    write_rows(args.results, dataset)
+    print(
+        f"[bench] finished {dataset} {name} seed {seed}: final "
+        f"{summary['final_normalized_score']:.1f}, best {summary['best_normalized_score']:.1f}"
+        f" ({summary['wall_time_s']:.0f} s) -> {summary_path}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "compose_config": "cbop_torchrl.apps.api",
     "train": "cbop_torchrl.apps.api",
     "train_baseline": "cbop_torchrl.apps.api",
+    "train_side_by_side": "cbop_torchrl.apps.api",
     "evaluate": "cbop_torchrl.apps.api",
 }
 """Public name -> the module defining it."""

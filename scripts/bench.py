@@ -98,6 +98,7 @@ from benchmarks.speed.report import (  # noqa: E402
     print_preset_steps,
     print_size,
 )
+from benchmarks.speed.side_by_side import bench_side_by_side, print_side_by_side  # noqa: E402
 from benchmarks.speed.size_timings import bench_size  # noqa: E402
 from benchmarks.speed.sizes import (  # noqa: E402
     PAPER,
@@ -163,6 +164,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(inductor) against the eager step, fp32 and bf16, and the compile time (minutes)",
     )
     parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="only time runs side by side (cbop-train runs.seeds=...): R = 1, 2, 4 runs in one "
+        "one-thread process against two one-thread processes on the CPU; R = 1, 4, 12, 24 at "
+        "the paper's sizes on CUDA (benchmarks/speed/side_by_side.py)",
+    )
+    parser.add_argument(
+        "--side-by-side-steps",
+        type=int,
+        default=20,
+        help="with --side-by-side: timed gradient steps per run (default 20)",
+    )
+    parser.add_argument(
         "--no-extras",
         action="store_true",
         help="skip the dynamics-training and evaluation benchmarks",
@@ -222,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json and (reason := unwritable_reason(args.json.absolute().parent)) is not None:
         print(f"--json {args.json} cannot be written: {reason}.", file=sys.stderr)
         return 2
+    if args.side_by_side:
+        return side_by_side_main(
+            args, device, [known[name] for name in names] if args.sizes else None
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     rounds = args.rounds or (3 if args.quick else 5)
@@ -275,6 +293,22 @@ def main(argv: list[str] | None = None) -> int:
     report["goals"] = speed_goals(report)
     print_goals(report["goals"])
     report["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    if args.json:
+        atomic_json_dump(report, args.json)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def side_by_side_main(args: argparse.Namespace, device: torch.device, sizes: list | None) -> int:
+    """``--side-by-side``: runs side by side against one run (and two processes on the CPU)."""
+    if args.side_by_side_steps < 1:
+        print(f"--side-by-side-steps {args.side_by_side_steps}: give a positive integer.",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    torch.set_num_threads(args.threads or 1)
+    report = bench_side_by_side(device, args.side_by_side_steps, sizes)
+    report["command"] = " ".join(["python", "scripts/bench.py", *(sys.argv[1:])])
+    print_side_by_side(report)
     if args.json:
         atomic_json_dump(report, args.json)
         print(f"\nwrote {args.json}")

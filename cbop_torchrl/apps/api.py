@@ -131,7 +131,8 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path) -> dict[str,
     """
     from cbop_torchrl.trainers.offline import run_pipeline
 
-    config, info, data, filled = _load(config_values(_as_config(cfg, "run")))
+    values = config_values(_as_config(cfg, "run"))
+    config, info, data, filled = _load(values)  # a runs section: refused (train_side_by_side)
     _check_memory(config, info, rollouts=True)
     if config.progress:
         banner = run_banner(config, info.name, Path(run_dir), filled)
@@ -140,6 +141,107 @@ def train(cfg: DictConfig | Mapping[str, Any], run_dir: str | Path) -> dict[str,
             banner = f"{first}\n[cbop]   {task}\n{rest}"
         print(banner, flush=True)
     return run_pipeline(config, info, data, Path(run_dir))
+
+
+def runs_given(cfg: DictConfig | Mapping[str, Any]) -> bool:
+    """Whether ``cfg`` lists several runs (``runs.seeds``, ``runs.psi`` or ``runs.set``)."""
+    from cbop_torchrl.config.runs import RunsConfig
+
+    runs = cfg.get("runs") if isinstance(cfg, (DictConfig, Mapping)) else None
+    if isinstance(runs, DictConfig):
+        runs = OmegaConf.to_container(runs, resolve=True)
+    return RunsConfig.from_values(runs).given
+
+
+def _run_config(cfg: DictConfig, overrides: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """The config values of one run side by side: ``cfg`` with its overrides, without runs."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from cbop_torchrl.config import ConfigError
+
+    run_cfg = cfg.copy()
+    for key, value in overrides:
+        try:
+            if OmegaConf.select(run_cfg, key, default=_ABSENT) is _ABSENT:
+                raise KeyError(key)
+            OmegaConf.update(run_cfg, key, value, merge=False)
+        except (KeyError, OmegaConfBaseException) as error:
+            detail = "no such key" if isinstance(error, KeyError) else str(error).splitlines()[0]
+            raise ConfigError(
+                f"runs: {key}={value!r} cannot be set ({detail}); each override of runs.set "
+                "names an existing key with a value of its type, as on the command line "
+                '(e.g. runs.set=["agent.actor_lr=1e-4"])'
+            ) from None
+    values = config_values(run_cfg)
+    values.pop("runs", None)
+    return values
+
+
+_ABSENT = object()
+
+
+def train_side_by_side(
+    cfg: DictConfig | Mapping[str, Any], job_dir: str | Path
+) -> dict[str, dict[str, Any]]:
+    """Trains the runs of ``cfg``'s ``runs`` section side by side, as ``cbop-train`` does.
+
+    Each run is the run its overrides give alone (``seed=S estimator.psi=P ...``), in its
+    own directory ``job_dir/<name>`` (``psi<P>-seed<S>``, :func:`~cbop_torchrl.config.runs.
+    expand_runs`), with its own checkpoint, resume and ``results.json``; the runs take
+    turns per gradient step in one process (:mod:`cbop_torchrl.trainers.side_by_side`).
+    Every run's config is checked before any work.
+
+    Args:
+        cfg: a config from :func:`compose_config` with e.g. ``runs.seeds=[0,1,2]``.
+        job_dir: the folder of the runs' directories.
+
+    Returns:
+        Each run's name (its directory's) -> its ``results.json`` dict, in the runs' order.
+
+    Raises:
+        ConfigError: an empty list, runs that would differ in a tensor's shape or a
+            setting of the process, two runs with the same directory, any run's invalid
+            config.
+    """
+    from cbop_torchrl.config import ConfigError, load_config
+    from cbop_torchrl.config.runs import RunsConfig, expand_runs
+    from cbop_torchrl.runtime import resolve_device
+    from cbop_torchrl.trainers.offline import run_pipeline
+    from cbop_torchrl.trainers.rundir import claim_run_dir
+    from cbop_torchrl.trainers.side_by_side import train_in_turn
+
+    cfg = _as_config(cfg, "run")
+    runs = RunsConfig.from_values(OmegaConf.to_container(cfg.runs, resolve=True))
+    if not runs.given:
+        raise ConfigError(
+            "train_side_by_side needs a runs section (e.g. runs.seeds=[0,1,2]); "
+            "train() trains a single run"
+        )
+    specs = expand_runs(runs)
+    all_values = [_run_config(cfg, spec.overrides) for spec in specs]
+    first, info, data, filled = _load(all_values[0])  # the dataset, loaded once
+    configs = [first] + [
+        load_config(values, lambda env: (info.family, info.name))[0] for values in all_values[1:]
+    ]
+    for config in configs:
+        _check_memory(config, info, rollouts=True)
+    job_dir = Path(job_dir)
+    names = [spec.name for spec in specs]
+    claim_run_dir(job_dir)  # marked as a run's folder: the same command continues in it
+    if first.progress:
+        print(run_banner(first, info.name, job_dir / names[0], filled), flush=True)
+        print(f"[cbop] {len(names)} runs side by side in {_shown_path(job_dir)}: "
+              f"{', '.join(names)}", flush=True)  # fmt: skip
+
+    def trainer(config: Any, run_dir: Path) -> Any:
+        return lambda take_turns: run_pipeline(config, info, data, run_dir, take_turns)
+
+    results = train_in_turn(
+        [trainer(config, job_dir / name) for config, name in zip(configs, names, strict=True)],
+        names,
+        resolve_device(first.device),
+    )
+    return dict(zip(names, results, strict=True))
 
 
 def task_line(config: Any, info: Any) -> str | None:

@@ -5,10 +5,13 @@ CBOP, evaluation, results.json.
     cbop-train env=hopper-medium-replay-v2   # a D4RL id: the paper's settings
     cbop-train env=/path/to/file.hdf5 preset=cpu estimator.psi=1.0
     cbop-train preset=debug logger=tensorboard seed=1
+    cbop-train runs.seeds=[0,1,2] runs.psi=[0.5,2,3,5]   # 12 runs side by side, one process
 
 The run directory (``runs/<dataset>/<preset>/<overrides>``) is the same for
 the same command, so re-running an interrupted command continues from its
-checkpoint; ``resume=false`` starts over, ``resume=true`` insists on one.
+checkpoint; ``resume=false`` starts over, ``resume=true`` insists on one. With a
+``runs`` section the run directory holds one directory per run (``psi<P>-seed<S>``),
+each resumed the same way (:func:`cbop_torchrl.apps.api.train_side_by_side`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from cbop_torchrl.apps.api import config_name, train
+from cbop_torchrl.apps.api import config_name, runs_given, train, train_side_by_side
 from cbop_torchrl.cli import hydra_entry, refuse
 from cbop_torchrl.config import ConfigError
 from cbop_torchrl.data import DatasetError
@@ -46,6 +49,10 @@ def run(cfg: DictConfig) -> None:
     """The Hydra task: one training run in Hydra's run directory."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
+        if runs_given(cfg):
+            for name, results in train_side_by_side(cfg, run_dir).items():
+                print(format_summary(results, run_dir / name))
+            return
         results = train(cfg, run_dir)
     except (ConfigError, DatasetError, CheckpointError, NonFiniteLossError) as error:
         refuse(error, run_dir)

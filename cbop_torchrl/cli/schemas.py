@@ -37,6 +37,7 @@ from cbop_torchrl.config.choices import (
     RolloutExploration,
 )
 from cbop_torchrl.config.paper import paper_settings
+from cbop_torchrl.config.runs import RunsConfig
 from cbop_torchrl.config.runtime import run_name
 from cbop_torchrl.config.sections import DynamicsConfig, RunConfig
 from cbop_torchrl.data.collect_sac import SACConfig
@@ -74,6 +75,7 @@ class RunSchema(RunConfig):
 
     dynamics: DynamicsSchema = field(default_factory=DynamicsSchema)
     progress: bool | None = None  # null: by the terminal (resolve_progress)
+    runs: RunsConfig = field(default_factory=RunsConfig)  # several runs side by side
 
 
 @dataclass

@@ -65,7 +65,8 @@ def load_config(
         print(f"note: {note}", file=sys.stderr)
     if values.get("progress") is None:  # the programs decide by the terminal; the API shows bars
         values["progress"] = True
-    problems = _unknown_keys(values, RunConfig, "")
+    problems = _runs_problems(values.pop("runs", None))
+    problems += _unknown_keys(values, RunConfig, "")
     for name, section_type in {**_BUILT, "dynamics": DynamicsConfig}.items():
         values[name] = dict(values.get(name) or {})
         problems += _unknown_keys(values[name], section_type, f"{name}.")
@@ -114,6 +115,22 @@ def _build(values: dict[str, Any]) -> tuple[RunConfig, list[str]]:
         {"dynamics": dynamics_values}, prefixed(DynamicsConfig.RANGES, "dynamics.")
     )
     return config, problems
+
+
+def _runs_problems(runs: Mapping[str, Any] | None) -> list[str]:
+    """A ``runs`` section (several runs side by side) given to a program that trains one run.
+
+    ``cbop-train`` expands it first (:func:`cbop_torchrl.config.runs.expand_runs`) and loads
+    each run's config without it; an unset section (every list null) is dropped.
+    """
+    given = sorted(key for key, value in dict(runs or {}).items() if value is not None)
+    if not given:
+        return []
+    return [
+        f"{', '.join(f'runs.{key}' for key in given)} asks for several runs side by side, "
+        "which only cbop-train (and cbop_torchrl.train_side_by_side) trains; leave runs.* "
+        "out here and give one seed= and estimator.psi= per command"
+    ]
 
 
 def _field_names(kind: type) -> list[str]:

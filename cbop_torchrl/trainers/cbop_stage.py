@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from torchrl.objectives import SoftUpdate
+from torchrl.trainers import TrainerHookBase
 
 from cbop_torchrl.config import ConfigError, RunConfig
 from cbop_torchrl.data import DatasetInfo, make_replay_buffer
@@ -180,8 +181,13 @@ def cbop_stage(
     dynamics: Any,
     bc_state: dict[str, torch.Tensor],
     fqe_state: dict[str, torch.Tensor],
+    take_turns: TrainerHookBase | None = None,
 ) -> CBOPStage:
-    """CBOP from the BC actor and the FQE Q-ensemble on TorchRL's Trainer (resumable)."""
+    """CBOP from the BC actor and the FQE Q-ensemble on TorchRL's Trainer (resumable).
+
+    ``take_turns``: registered last on the Trainer (runs side by side,
+    :mod:`cbop_torchrl.trainers.side_by_side`).
+    """
     config = run.config
     seed_everything(config.seed + CBOP_SEED_OFFSET)
     loss, actor = build_cbop_loss(config, run.info, dynamics, run.device)
@@ -221,6 +227,7 @@ def cbop_stage(
         cuda_graph), checkpoint=checkpoint, buffer=buffer, generator=generator,
         actor=actor, eval_env=eval_env, target_update=None,
         extra_hooks=(QValueStats(loss, run.logger, config.train.log_interval), *diagnostics),
+        take_turns=take_turns,
     )  # fmt: skip
     start = training.start_step
     run.clock.start("cbop", f"resuming at gradient step {start}" if start else None)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tensordict import TensorDictBase
+from torchrl.trainers import TrainerHookBase
 
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo
@@ -43,7 +44,13 @@ from cbop_torchrl.trainers.offline_training import (
 from cbop_torchrl.trainers.pretrain import load_or_train_bc, load_or_train_fqe
 
 
-def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run_dir: Path) -> dict:
+def run_pipeline(
+    config: RunConfig,
+    info: DatasetInfo,
+    data: TensorDictBase,
+    run_dir: Path,
+    take_turns: TrainerHookBase | None = None,
+) -> dict:
     """Runs CBOP as in appendix B of the paper and returns the ``results.json`` dict.
 
     Learn the dynamics ensemble, pretrain the actor by behaviour cloning and the
@@ -56,6 +63,8 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
         data: the dataset TensorDict (any device; moved to the run's device).
         run_dir: where the checkpoint, the policy, the logs and ``results.json`` go.
             A checkpoint already there is resumed (``resume=auto|true``).
+        take_turns: runs side by side (:mod:`cbop_torchrl.trainers.side_by_side`): the
+            hook that hands over to the next run after each CBOP gradient step.
 
     Raises:
         DatasetError: the data is smaller than a batch or the model's holdout split.
@@ -84,7 +93,7 @@ def run_pipeline(config: RunConfig, info: DatasetInfo, data: TensorDictBase, run
     dynamics, dynamics_metrics = dynamics_stage(run, data)
     bc_state, bc_cached = behaviour_cloning_stage(run, data)
     fqe_state, fqe_cached = fitted_q_evaluation_stage(run, data)
-    cbop = cbop_stage(run, data, dynamics, bc_state, fqe_state)
+    cbop = cbop_stage(run, data, dynamics, bc_state, fqe_state, take_turns)
     final = final_evaluation(run, cbop.training)
     if cbop.diagnostics is not None:
         cbop.diagnostics.measure(config.train.total_steps)

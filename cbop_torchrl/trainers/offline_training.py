@@ -101,12 +101,14 @@ def build_offline_training(
     eval_env: EnvBase,
     target_update: SoftUpdate | None,
     extra_hooks: tuple[TrainerHookBase, ...] = (),
+    take_turns: TrainerHookBase | None = None,
 ) -> OfflineTraining:
     """TorchRL's Trainer with the offline hooks registered, resumed from the run's checkpoint.
 
     Hooks, in registration order: batch sampling, target-network update,
     metrics, ``extra_hooks``, periodic evaluation, checkpoints, the global RNG
-    state and the progress bar.
+    state, the progress bar and ``take_turns`` (runs side by side: the hand-over to the
+    next run after each step, :mod:`cbop_torchrl.trainers.side_by_side`).
     """
     config, total_steps = run.config, run.config.train.total_steps
     trainer = Trainer(
@@ -148,6 +150,8 @@ def build_offline_training(
         slice_budget.register(trainer)
     trainer.register_module("rng", PortableRNGState())
     ResumeProgressBar(trainer).register(trainer)
+    if take_turns is not None:
+        take_turns.register(trainer)
     training = OfflineTraining(trainer, actor, metrics, evaluation, checkpoint, eval_env)
     training.slice_budget = slice_budget
     if run.resume_state is not None:
