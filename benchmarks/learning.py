@@ -280,6 +280,24 @@ def slice_end_label(outcome: SliceOutcome, steps: int) -> str:
     return "before its CBOP stage"
 
 
+def child_environment(deadline: float | None, slice_steps: int | None) -> dict[str, str]:
+    """The environment of a run's process: this one's, the slice budget, this checkout first.
+
+    ``PYTHONPATH`` starts with this checkout, so the run imports the package beside the scripts
+    it runs, whatever the interpreter's own install points at (an editable install made from
+    another worktree would otherwise train that worktree's code under this one's commit).
+    """
+    env = dict(os.environ)
+    env.pop(DEADLINE_ENV, None)
+    env.pop(STEPS_ENV, None)
+    if deadline is not None:
+        env[DEADLINE_ENV] = repr(deadline)
+    if slice_steps is not None:
+        env[STEPS_ENV] = str(slice_steps)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
 def run_slice(
     command: list[str], run_dir: Path, args: argparse.Namespace, deadline: float | None
 ) -> SliceOutcome:
@@ -289,13 +307,7 @@ def run_slice(
     environment (:mod:`cbop_torchrl.trainers.slicing`); one still running
     :data:`KILL_GRACE_S` after the deadline is interrupted (SIGINT, then SIGKILL).
     """
-    env = dict(os.environ)
-    env.pop(DEADLINE_ENV, None)
-    env.pop(STEPS_ENV, None)
-    if deadline is not None:
-        env[DEADLINE_ENV] = repr(deadline)
-    if args.slice_steps is not None:
-        env[STEPS_ENV] = str(args.slice_steps)
+    env = child_environment(deadline, args.slice_steps)
     (run_dir / SLICE_END_NAME).unlink(missing_ok=True)
     started_utc = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     start = time.time()
