@@ -29,7 +29,7 @@ from torchrl.data import ReplayBuffer
 from torchrl.trainers import Trainer, TrainerHookBase
 
 from cbop_torchrl.envs.evaluate import deterministic_policy
-from cbop_torchrl.io import atomic_torch_save
+from cbop_torchrl.io import atomic_torch_save, find_regular_files
 from cbop_torchrl.trainers.checkpoint import CHECKPOINT_FORMAT, seal, training_config_hash
 from cbop_torchrl.trainers.conservatism import (
     MC_STATES,
@@ -51,12 +51,9 @@ def snapshot_path(run_dir: Path, step: int) -> Path:
 def snapshot_steps(run_dir: Path) -> list[int]:
     """The steps of the snapshots in ``run_dir``, ascending (temporary files are not counted)."""
     folder = Path(run_dir) / SNAPSHOT_DIR
-    steps = []
-    for path in folder.glob("step*.pt") if folder.is_dir() else ():
-        digits = path.stem.removeprefix("step")
-        if digits.isdigit() and path.is_file() and not path.is_symlink():
-            steps.append(int(digits))
-    return sorted(steps)
+    found = find_regular_files(folder, "step*.pt", depth=0) if folder.is_dir() else []
+    digits = (path.stem.removeprefix("step") for path in found if not path.is_symlink())
+    return sorted(int(text) for text in digits if text.isdigit())
 
 
 def snapshot_states(data: Any, count: int = MC_STATES) -> tuple[torch.Tensor, torch.Tensor]:
