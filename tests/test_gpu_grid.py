@@ -22,7 +22,7 @@ from pathlib import Path
 from d4rl_files import write_d4rl_hdf5
 from inprocess import run_program
 
-from benchmarks import learning
+from benchmarks import learning, psi_grid
 from cbop_torchrl.trainers.snapshots import snapshot_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_the_grid_job_brings_back_snapshots_that_score_into_rows(
     # Scored on "another machine": a cache holding the set's file, not the job's path.
     elsewhere = tmp_path / "cpu-cache"
     (elsewhere / "generated").mkdir(parents=True)
-    shutil.copy(data, elsewhere / "generated" / data.name)
+    shutil.move(data, elsewhere / "generated" / data.name)
     shutil.rmtree(tmp_path / "state")
     results = tmp_path / "results"
     scored = run_program(
@@ -91,6 +91,22 @@ def test_the_grid_job_brings_back_snapshots_that_score_into_rows(
     for psi in (2, 5):
         seeds = sorted(p.name for p in (results / DATASET / f"cbop-debug-psi{psi}").iterdir())
         assert seeds == ["seed0.json", "seed1.json"]
+    config = json.loads((unpacked / DATASET / runs[0] / "config.json").read_text())
+    assert config["env_recorded"] == str(data)
+    assert config["env"] == str(elsewhere / "generated" / data.name)
     rows = json.loads(learning.write_rows(results, DATASET).read_text())["rows"]
     assert {row["variant"] for row in rows} == {"cbop-debug-psi2", "cbop-debug-psi5"}
     assert all(len(row["final_per_seed"]) == 2 for row in rows)
+
+    # FQE selection from the last snapshot's actor (policy.pt, written from it by the scorer:
+    # the archive brings no policy), into the preset's own selection file
+    for name in runs:
+        assert (unpacked / DATASET / name / "policy.pt").is_file()
+    selection = psi_grid.select(results, DATASET, 1, "debug")
+    assert selection["missing_psi"] == [0.5, 3.0] and selection["selected_psi"] is None
+    per_run = selection["fqe_per_run"]
+    assert sorted(per_run) == [f"cbop-debug-psi{p}/seed{s}" for p in (2, 5) for s in (0, 1)]
+    for entry in per_run.values():
+        assert entry["policy_step"] == 40 and Path(entry["run_dir"]).parent == unpacked / DATASET
+    assert (results / DATASET / "psi_selection-debug.json").is_file()
+    assert not (results / DATASET / "psi_selection.json").exists()

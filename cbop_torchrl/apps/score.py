@@ -110,16 +110,17 @@ def run(cfg: DictConfig) -> None:
     for run_dir in runs:
         try:
             records = score_run(run_dir, announce)
+            finished = (run_dir / "results.json").is_file()
+            summary = seed_summary(run_dir, records) if finished else None
         except (ScoringError, DatasetError, CheckpointError) as error:
             refuse(error)
-        if not (run_dir / "results.json").is_file():
+        if summary is None:
             print(
                 f"[score] {run_dir}: {len(records)} snapshot(s) scored; the run has not "
                 "finished (no results.json), so it has no seed summary yet",
                 flush=True,
             )
             continue
-        summary = seed_summary(run_dir, records)
         path = (
             Path(cfg.results) / summary["dataset"] / summary["variant"] / f"seed{summary['seed']}"
         ).with_suffix(".json")

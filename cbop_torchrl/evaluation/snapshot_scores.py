@@ -30,6 +30,7 @@ other.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -47,7 +48,13 @@ from cbop_torchrl.envs.starts import START_STATES_SEED, rollout_restored
 from cbop_torchrl.evaluation.analysis import score_measures
 from cbop_torchrl.evaluation.summaries import final_window_score, summarize_run
 from cbop_torchrl.io import atomic_json_dump, cache_dir, read_regular_text
-from cbop_torchrl.trainers.checkpoint import INTEGRITY_KEY, load_checkpoint, load_policy
+from cbop_torchrl.trainers.checkpoint import (
+    INTEGRITY_KEY,
+    POLICY_NAME,
+    load_checkpoint,
+    load_policy,
+    save_policy,
+)
 from cbop_torchrl.trainers.conservatism import policy_entropy_fn
 from cbop_torchrl.trainers.hooks import EVAL_SCALARS
 from cbop_torchrl.trainers.snapshots import snapshot_path, snapshot_steps
@@ -83,6 +90,63 @@ def run_dataset(run_dir: Path, values: dict[str, Any]) -> str:
         f"{str(here)!r} does not exist either; put the set's file there (for a benchmark set: "
         f"python benchmarks/set_files.py {Path(env).stem}) and score again"
     )
+
+
+def localize_dataset(run_dir: Path) -> None:
+    """Points the run's ``config.json`` at this machine's copy of its dataset, when the
+    recorded file is not here and the cache's file of that name has the content the run
+    recorded (``data.json``); the recorded path is kept as ``env_recorded``. Then FQE
+    selection (``benchmarks/psi_grid.py --select``) and the report read the run here.
+
+    Raises:
+        ScoringError: the file is not here, or the cache's file holds other data.
+    """
+    path = Path(run_dir) / "config.json"
+    values = json.loads(read_regular_text(path))
+    here = run_dataset(Path(run_dir), values)
+    if here == str(values.get("env")):
+        return
+    data_json = Path(run_dir) / "data.json"
+    recorded = (
+        json.loads(read_regular_text(data_json)).get("content") if data_json.is_file() else None
+    )
+    if recorded is not None and file_sha256(Path(here)) != recorded:
+        raise ScoringError(
+            f"the run {str(run_dir)!r} trained on a file of sha256 {recorded[:12]}..., and "
+            f"{here!r} holds other data; put the run's own file there and score again"
+        )
+    atomic_json_dump({**values, "env": here, "env_recorded": values.get("env")}, path)
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def final_policy(run_dir: Path, step: int) -> Path:
+    """The finished run's ``policy.pt``, checked to be the last snapshot's actor (written from
+    it when the run's files came without it), so FQE selection scores that actor.
+
+    Raises:
+        ScoringError: ``policy.pt`` holds another actor.
+    """
+    policy, snapshot = Path(run_dir) / POLICY_NAME, snapshot_path(run_dir, step)
+    last = load_checkpoint(snapshot)["actor"]
+    if policy.is_file():
+        stored = load_checkpoint(policy)["actor"]
+        if stored.keys() != last.keys() or any(not torch.equal(stored[k], last[k]) for k in last):
+            raise ScoringError(
+                f"{str(policy)!r} is not the actor of the last snapshot {str(snapshot)!r}; the "
+                "run's files were mixed with another run's. Score a run directory as training "
+                "left it"
+            )
+        return policy
+    actor, _, metadata = load_policy(snapshot)
+    return save_policy(policy, actor, metadata)
 
 
 def load_scoring_config(run_dir: Path) -> tuple[RunConfig, Any, Any]:
@@ -204,6 +268,7 @@ def score_run(run_dir: Path, announce: Any = None) -> list[dict[str, Any]]:
         if step not in records or records[step].get("snapshot_digest") != digest:
             todo.append(step)
     if todo:
+        localize_dataset(run_dir)
         config, _, info = load_scoring_config(run_dir)
         task = resolve_task(config.task, info)
         env = make_eval_env(task, config.eval.episodes, config.eval.backend)
@@ -253,6 +318,7 @@ def seed_summary(run_dir: Path, records: list[dict[str, Any]]) -> dict[str, Any]
     ``results.json``) is replaced by the last snapshot's.
     """
     run_dir = Path(run_dir)
+    localize_dataset(run_dir)
     summary = summarize_run(run_dir, analysis=False)
     values = json.loads(read_regular_text(run_dir / "config.json"))
     curve = [[r["step"], r["normalized_score_mean"]] for r in records]
@@ -279,6 +345,9 @@ def seed_summary(run_dir: Path, records: list[dict[str, Any]]) -> dict[str, Any]
     )
     summary["start_states"]["seed"] = START_STATES_SEED
     summary["analysis"] = {"conservatism": last["conservatism"]}
+    summary["fqe_policy"] = (
+        f"{final_policy(run_dir, last['step']).name}: the actor of snapshots/step{last['step']}.pt"
+    )
     summary["command"] = f"cbop-score paths={run_dir}"
     summary["commit"] = package_commit()
     summary["dataset_provenance"] = dataset_provenance(run_dir, values)
@@ -292,6 +361,8 @@ __all__ = [
     "SCORES_NAME",
     "ScoringError",
     "conservatism_numbers",
+    "final_policy",
+    "localize_dataset",
     "load_scoring_config",
     "score_run",
     "score_snapshot",
