@@ -92,7 +92,8 @@ def test_the_grid_job_brings_back_snapshots_that_score_into_rows(
         seeds = sorted(p.name for p in (results / DATASET / f"cbop-debug-psi{psi}").iterdir())
         assert seeds == ["seed0.json", "seed1.json"]
     config = json.loads((unpacked / DATASET / runs[0] / "config.json").read_text())
-    assert config["env_recorded"] == str(data)
+    moved = json.loads((unpacked / DATASET / runs[0] / "env_recorded.json").read_text())
+    assert moved["env"] == str(data)
     assert config["env"] == str(elsewhere / "generated" / data.name)
     rows = json.loads(learning.write_rows(results, DATASET).read_text())["rows"]
     assert {row["variant"] for row in rows} == {"cbop-debug-psi2", "cbop-debug-psi5"}

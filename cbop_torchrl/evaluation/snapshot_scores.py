@@ -61,6 +61,8 @@ from cbop_torchrl.trainers.snapshots import snapshot_path, snapshot_steps
 
 SCORES_NAME = "snapshot_scores.json"
 SCORES_FORMAT = "cbop-torchrl-snapshot-scores/1"
+MOVED_NAME = "env_recorded.json"
+"""Where :func:`localize_dataset` keeps the data path a run trained elsewhere recorded."""
 PROVENANCE_KEYS = (
     "command", "data_key", "sha256", "transitions", "episodes", "episode_normalized_score_mean",
     "policy_normalized_score", "sac_total_steps",
@@ -95,7 +97,7 @@ def run_dataset(run_dir: Path, values: dict[str, Any]) -> str:
 def localize_dataset(run_dir: Path) -> None:
     """Points the run's ``config.json`` at this machine's copy of its dataset, when the
     recorded file is not here and the cache's file of that name has the content the run
-    recorded (``data.json``); the recorded path is kept as ``env_recorded``. Then FQE
+    recorded (``data.json``); the recorded path is kept in ``env_recorded.json``. Then FQE
     selection (``benchmarks/psi_grid.py --select``) and the report read the run here.
 
     Raises:
@@ -115,7 +117,10 @@ def localize_dataset(run_dir: Path) -> None:
             f"the run {str(run_dir)!r} trained on a file of sha256 {recorded[:12]}..., and "
             f"{here!r} holds other data; put the run's own file there and score again"
         )
-    atomic_json_dump({**values, "env": here, "env_recorded": values.get("env")}, path)
+    # The recorded path is kept beside, not in config.json: every reader of a config refuses
+    # keys of no setting.
+    atomic_json_dump({"env": values.get("env"), "now": here}, Path(run_dir) / MOVED_NAME)
+    atomic_json_dump({**values, "env": here}, path)
 
 
 def file_sha256(path: Path) -> str:
