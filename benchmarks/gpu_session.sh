@@ -22,7 +22,8 @@
 # value; other sets' files from $DATA_DIR, default .gpu-data), SEEDS (0; "0 1 2" for three
 # runs per set), RUN_THREADS (torch threads per run; default: the cores shared out),
 # BENCH_ARGS ("": more options of scripts/bench.py, e.g. "--compiled-step --no-extras"),
-# EVAL_INTERVAL (10000), START_STATES ("": learning.py's default; the screens: 0), LABEL ("":
+# GRID ("": a set whose psi grid runs as one job instead of the slices, benchmarks/gpu_grid.sh;
+# GRID_STEPS: its CBOP steps, "": the preset's), EVAL_INTERVAL (10000), START_STATES ("": learning.py's default; the screens: 0), LABEL ("":
 # the runs' label, e.g. screen), OVERRIDES ("": extra Hydra overrides of every run) and RUNS
 # ("": the runs as set:seed[:override[:override...]] words instead of DATASETS x SEEDS, each
 # with its own overrides after OVERRIDES, e.g. the psi grid side by side:
@@ -156,6 +157,20 @@ overrides_label() {
     done
     echo "$label"
 }
+# 4'. GRID=<set>: that set's psi grid x seeds as one job of runs with snapshots and no
+#    evaluation in the window (benchmarks/gpu_grid.sh, its settings PSIS, SEEDS,
+#    SNAPSHOT_INTERVAL), in place of the slices; $OUT/grid.tgz holds the snapshots.
+if [ -n "${GRID:-}" ] && ! skipped slices; then
+    prepare_data "$GRID" || exit 2
+    grid_min=$(echo "$(minutes_left)" | awk '{printf "%d", $1 - 1.5}')
+    if [ "$grid_min" -ge 1 ]; then
+        GRID_SET=$GRID MAX_MINUTES=$grid_min PRESET=$PRESET OVERRIDES=$OVERRIDES OUT=$OUT STATE=$STATE \
+            PYTHON=$PYTHON STEPS=${GRID_STEPS:-} bash benchmarks/gpu_grid.sh || say "the grid job failed: grid.log"
+    else
+        say "no time left for the grid in this call ($(minutes_left) min); run the same command again"
+    fi
+    SKIP="$SKIP slices"
+fi
 if ! skipped slices; then
     # The runs: (set, seed, own overrides, label) for each RUNS word, else DATASETS x SEEDS.
     run_sets=() run_seeds=() run_overrides=() run_labels=()

@@ -86,7 +86,46 @@ PROVISIONAL = (
 """The table's note on a choice resting on such scores."""
 
 
-def run_dir_here(results: Path, dataset: str, psi: float, seed: int, summary: dict) -> Path | None:
+def grid_variant_of(psi: float, preset: str) -> str:
+    """The grid's row of ``psi`` at ``preset``: ``cbop-psi<P>`` (the CPU preset's),
+    ``cbop-<preset>-psi<P>`` otherwise (``cbop-score``'s rows of a GPU job's snapshots)."""
+    return grid_variant(psi) if preset == "cpu" else f"cbop-{preset}-psi{psi:g}"
+
+
+def stand_ins(psi: float, preset: str) -> tuple[str, ...]:
+    """The variants whose runs of the same psi and seed can stand for a row's run: the CPU
+    preset's grid and default rows; none at another preset (its sizes are its own)."""
+    return (grid_variant(psi), *DEFAULT_PSI_ROWS) if preset == "cpu" else ()
+
+
+def preset_grid_rows(results: Path, dataset: str, preset: str) -> dict[float, tuple[str, dict]]:
+    """Per grid psi: the row's variant and its summaries on the set's current file, by seed
+    (:func:`~cbop_torchrl.evaluation.headline.grid_rows` at the CPU preset; the
+    ``cbop-<preset>-psi<P>`` rows otherwise)."""
+    if preset == "cpu":
+        return grid_rows(results, dataset)
+    rows = load_rows(results, dataset)
+    if rows is None:
+        return {}
+    file, grid = current_file(rows), {}
+    for psi in GRID:
+        variant = grid_variant_of(psi, preset)
+        found = summaries_on(results, dataset, variant, file)
+        found = {seed: s for seed, s in found.items() if summary_psi(s) == psi}
+        if found:
+            grid[psi] = (variant, found)
+    return grid
+
+
+def selection_name(preset: str) -> str:
+    """``psi_selection.json`` (the CPU preset's, which the headline reads), else
+    ``psi_selection-<preset>.json``."""
+    return SELECTION_NAME if preset == "cpu" else SELECTION_NAME.replace(".json", f"-{preset}.json")
+
+
+def run_dir_here(
+    results: Path, dataset: str, psi: float, seed: int, summary: dict, preset: str = "cpu"
+) -> Path | None:
     """A run directory on this machine for the row's run ``summary`` (psi, seed), or None.
 
     The summary's own ``run_dir`` when it is here; else that of another grid variant's run of
@@ -97,7 +136,7 @@ def run_dir_here(results: Path, dataset: str, psi: float, seed: int, summary: di
     if (own / "config.json").is_file():
         return own
     file = str(summary.get("dataset_provenance", {}).get("sha256"))[:12]
-    for variant in (grid_variant(psi), *DEFAULT_PSI_ROWS):
+    for variant in stand_ins(psi, preset):
         other = summaries_on(results, dataset, variant, file).get(seed)
         if other is None or summary_psi(other) != psi or other.get("curve") != summary.get("curve"):
             continue
@@ -114,7 +153,14 @@ def own_dir(summary: dict) -> Path | None:
 
 
 def seed_runs(
-    results: Path, dataset: str, psi: float, variant: str, seed: int, summary: dict, file: str
+    results: Path,
+    dataset: str,
+    psi: float,
+    variant: str,
+    seed: int,
+    summary: dict,
+    file: str,
+    preset: str = "cpu",
 ) -> list[tuple[str, dict]]:
     """``(key, summary)`` of the runs that can stand for the row's run at ``seed``, in order.
 
@@ -125,7 +171,7 @@ def seed_runs(
     with its own online finals beside its FQE score.
     """
     runs = [(f"{variant}/seed{seed}", summary)]
-    for other in (grid_variant(psi), *DEFAULT_PSI_ROWS):
+    for other in stand_ins(psi, preset):
         rerun = summaries_on(results, dataset, other, file).get(seed) if other != variant else None
         if rerun is not None and summary_psi(rerun) == psi:
             runs.append((f"{other}/seed{seed}", rerun))
@@ -259,30 +305,35 @@ def _show(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
-def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] | None:
-    """Scores the grid's policies by FQE, writes and returns ``psi_selection.json``."""
+def select(
+    results: Path, dataset: str, threads: int | None, preset: str = "cpu"
+) -> dict[str, Any] | None:
+    """Scores the grid's policies by FQE, writes and returns ``psi_selection.json`` (at
+    another preset, ``psi_selection-<preset>.json`` from its ``cbop-<preset>-psi<P>`` rows)."""
     import torch
 
     from cbop_torchrl.evaluation.selection import score_runs, spearman_rho
 
     if threads:
         torch.set_num_threads(threads)
-    grid = grid_rows(results, dataset)
+    grid = preset_grid_rows(results, dataset, preset)
     if len(grid) < 2:
         print(f"[psi] {dataset}: {len(grid)} grid value(s) with runs; nothing to choose between")
         return None
-    path = results / dataset / SELECTION_NAME
+    path = results / dataset / selection_name(preset)
     stored = read_json(path, SELECTION_FORMAT)
     per_seed: dict[str, dict] = stored.get("fqe_per_run", {})
     file = current_file(load_rows(results, dataset))
     for psi, (variant, found) in grid.items():
         for seed, summary in sorted(found.items()):
-            runs = seed_runs(results, dataset, psi, variant, seed, summary, file)
+            runs = seed_runs(results, dataset, psi, variant, seed, summary, file, preset)
             if any(is_scored(per_seed, key, run) for key, run in runs):
                 continue
             for index, (key, run) in enumerate(runs):
                 run_dir = (
-                    run_dir_here(results, dataset, psi, seed, run) if index == 0 else own_dir(run)
+                    run_dir_here(results, dataset, psi, seed, run, preset)
+                    if index == 0
+                    else own_dir(run)
                 )
                 if run_dir is None:
                     continue
@@ -300,7 +351,7 @@ def select(results: Path, dataset: str, threads: int | None) -> dict[str, Any] |
     for psi, (variant, found) in grid.items():
         scored: dict[int, tuple[str, dict]] = {}
         for seed, summary in sorted(found.items()):
-            runs = seed_runs(results, dataset, psi, variant, seed, summary, file)
+            runs = seed_runs(results, dataset, psi, variant, seed, summary, file, preset)
             first = next(((k, r) for k, r in runs if is_scored(per_seed, k, r)), None)
             if first is not None:
                 scored[seed] = first
@@ -462,13 +513,20 @@ def main(argv: list[str] | None = None) -> int:
         help=f"fit FQE to the grid's runs found here, write <set>/{SELECTION_NAME}",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads for FQE")
+    parser.add_argument(
+        "--preset",
+        default="cpu",
+        help="with --select: the grid's rows at this preset (paper: cbop-paper-psi<P>, the "
+        "rows cbop-score makes of a GPU job's snapshots), chosen into "
+        "<set>/psi_selection-<preset>.json",
+    )
     args = parser.parse_args(argv)
     unknown = [d for d in args.datasets if not (args.results / d).is_dir()]
     if unknown:
         parser.exit(2, f"psi_grid: no results for {', '.join(unknown)} under {args.results}\n")
     if args.select:
         for dataset in args.datasets:
-            select(args.results, dataset, args.threads)
+            select(args.results, dataset, args.threads, args.preset)
     print(grid_table(args.results, args.datasets))
     print()
     print(selection_table(args.results, args.datasets))

@@ -47,6 +47,8 @@ COMMANDS: tuple[Command, ...] = (
             "rank a sweep's runs offline by fitted Q evaluation of their policies"),
     Command("cbop-report", "report", "scripts/report.py",
             "results table, learning curves and the paper's figures from run directories"),
+    Command("cbop-score", "score", "scripts/score.py",
+            "score the snapshots of runs trained with eval.snapshot_interval, on the CPU"),
 )  # fmt: skip
 """Every program; ``pyproject.toml``'s ``[project.scripts]`` lists the same (tested)."""
 
@@ -95,3 +97,7 @@ def cbop_select_psi() -> Any:
 
 def cbop_report() -> Any:
     return launch("report")
+
+
+def cbop_score() -> Any:
+    return launch("score")

@@ -162,6 +162,15 @@ class ReportConfig:
     figure_prefix: str | None = None  # null: out relative to the working directory
 
 
+@dataclass
+class ScoreConfig:
+    """``cbop-score``: the snapshots of runs scored on the CPU, written as seed summaries."""
+
+    paths: Any = MISSING  # a run directory, a folder of run directories, or a list of them
+    results: str = "benchmarks/results"
+    threads: int | None = 1
+
+
 SCHEMAS: dict[str, type] = {
     "run": RunSchema,
     "baseline": BaselineRunConfig,
@@ -170,6 +179,7 @@ SCHEMAS: dict[str, type] = {
     "train_dynamics": TrainDynamicsConfig,
     "select_psi": SelectPsiConfig,
     "report": ReportConfig,
+    "score": ScoreConfig,
 }
 """The ``schema`` config group (package ``_global_``): a YAML config lists ``schema: <name>``
 first in its defaults, and ``baseline.yaml`` overrides the ``run`` schema of the

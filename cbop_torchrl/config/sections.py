@@ -411,6 +411,10 @@ class EvalConfig(Section):
     # evaluations during training in a worker thread on a copy of the weights, logged at the
     # step they measure; training does not wait for them (the diagnostics stay in-line)
     background: bool = False
+    # every this many gradient steps (and at the last) write <run dir>/snapshots/step<k>.pt: the
+    # actor's weights and the critics' Q at 100 fixed dataset states, scored afterwards by
+    # cbop-score (trainers/snapshots.py); 0: off
+    snapshot_interval: int = 0
 
     RANGES = (
         positive("episodes", "episodes run side by side, e.g. eval.episodes=10", integer=True),
@@ -420,6 +424,8 @@ class EvalConfig(Section):
         non_negative("mc_states", "dataset states of the Q - MC measurement; 0: none",
                      integer=True),
         non_negative("start_states", "dataset states also evaluated from; 0: off", integer=True),
+        non_negative("snapshot_interval", "gradient steps between snapshots, e.g. "
+                     "eval.snapshot_interval=2500; 0: off", integer=True),
         Range("actor_average", 0, 1, high_open=True, reason="0: off; e.g. "
               "eval.actor_average=0.999 averages over about the last 1,000 gradient steps"),
     )  # fmt: skip

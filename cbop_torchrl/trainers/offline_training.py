@@ -48,6 +48,7 @@ from cbop_torchrl.trainers.logging import MetricsHook
 from cbop_torchrl.trainers.offline_run import OfflineRun
 from cbop_torchrl.trainers.portable import PortableRNGState, PortableSampleFromBuffer
 from cbop_torchrl.trainers.slicing import SliceBudgetHook, slice_budget_hook
+from cbop_torchrl.trainers.snapshots import snapshot_hook
 
 CBOP_KEYS = (
     "observation",
@@ -144,6 +145,8 @@ def build_offline_training(
         start_obs=start_obs, background=config.eval.background,
     )  # fmt: skip
     evaluation.register(trainer)
+    if config.eval.snapshot_interval > 0:  # before the checkpoint: a resume rewrites, never skips
+        snapshot_hook(run, loss, actor, buffer).register(trainer)
     checkpoint.register(trainer)
     slice_budget = slice_budget_hook(checkpoint, run.lock.release if run.lock else None)
     if slice_budget is not None:  # after the checkpoint hook: it stops right after a save

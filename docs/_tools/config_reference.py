@@ -42,6 +42,7 @@ PROGRAMS = {  # primary config -> the console script and the script that compose
     "train_dynamics": "`cbop-train-dynamics` (`scripts/train_dynamics.py`)",
     "select_psi": "`cbop-select-psi` (`scripts/select_psi.py`)",
     "report": "`cbop-report` (`scripts/report.py`)",
+    "score": "`cbop-score` (`scripts/score.py`)",
 }
 KEY_LINE = re.compile(
     r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w\-]*):(?P<value>[^#]*?)\s*(#\s*(?P<comment>.*))?$"
