@@ -456,9 +456,15 @@ HYPERPARAMETERS = (
     ("dynamics.num_members", "the dynamics ensemble's members"),
     ("dynamics.num_elites", "K, the members the rollouts use (the best on held-out data)"),
     ("dynamics.max_epochs", "the dynamics model's epoch cap"),
+    ("bc.converge", "behaviour cloning fitted to held-out early stopping (the authors')"),
     ("bc.steps", "behaviour cloning's steps (CBOP's starting actor)"),
+    ("fqe.converge", "each FQE round fitted to held-out early stopping (the authors')"),
+    ("fqe.rounds", "FQE's rounds (null: one soft-target fit)"),
     ("fqe.steps", "fitted Q evaluation's steps (the critics' start)"),
     ("fqe.target_tau", "FQE's target-network rate"),
+    ("agent.q_init", "the Q-networks' initialisation"),
+    ("dynamics.separate_reward", "rewards from an ensemble of their own"),
+    ("estimator.unbiased_variance", "the n - 1 variance over the M x K samples"),
     ("train.epochs", "CBOP's epochs (x train.steps_per_epoch gradient steps)"),
     ("train.steps_per_epoch", "gradient steps per epoch"),
     ("train.batch_size", "CBOP's batch"),
@@ -476,6 +482,8 @@ def _show(value: object) -> str:
     if isinstance(value, ListConfig):
         value = OmegaConf.to_container(value)
     value = getattr(value, "value", value)  # an enum choice
+    if isinstance(value, bool):
+        return str(value).lower()  # as an override writes it
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, list | tuple):
@@ -508,6 +516,14 @@ def _null(key: str, preset: str) -> str:
     return "null"
 
 
+#: Keys a preset does not use: the switch that makes them unused.
+UNUSED_WHEN = {
+    "bc.steps": "bc.converge",
+    "fqe.steps": "fqe.converge",
+    "fqe.target_tau": "fqe.converge",
+}
+
+
 def hyperparameters_markdown() -> str:
     """The paper's preset beside the CPU preset, key by key, from the composed configs."""
     from omegaconf import OmegaConf
@@ -523,7 +539,11 @@ def hyperparameters_markdown() -> str:
         cells = []
         for preset, config in presets.items():
             value = OmegaConf.select(config, key)
-            cells.append(_null(key, preset) if value is None else _show(value))
+            switch = UNUSED_WHEN.get(key)
+            if switch is not None and OmegaConf.select(config, switch):
+                cells.append(f"unused ({switch}=true)")
+            else:
+                cells.append(_null(key, preset) if value is None else _show(value))
         lines.append(f"| `{key}` | {meaning} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines) + "\n"
 
