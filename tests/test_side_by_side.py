@@ -89,7 +89,8 @@ def assert_same_training(expected_dir: Path, actual_dir: Path) -> None:
 
 
 def test_each_run_side_by_side_is_the_run_alone(job: Path, alone: list[Path]) -> None:
-    assert sorted(path.name for path in job.iterdir() if path.is_dir()) == RUN_NAMES
+    runs = sorted(p.name for p in job.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert runs == RUN_NAMES  # beside Hydra's record of the job's command (.hydra/)
     for name, alone_dir in zip(RUN_NAMES, alone, strict=True):
         run_dir = job / name
         assert_same_training(alone_dir, run_dir)
