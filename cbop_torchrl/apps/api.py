@@ -192,7 +192,8 @@ def train_side_by_side(
     Every run's config is checked before any work.
 
     Args:
-        cfg: a config from :func:`compose_config` with e.g. ``runs.seeds=[0,1,2]``.
+        cfg: a config from :func:`compose_config` with a ``runs`` section (``runs.seeds``,
+            ``runs.psi``, ``runs.set``).
         job_dir: the folder of the runs' directories.
 
     Returns:
