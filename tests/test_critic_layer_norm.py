@@ -234,9 +234,11 @@ def fqe_cache_key(monkeypatch: pytest.MonkeyPatch, **kwargs) -> dict:
 
 
 def test_fqe_cache_key_changes_only_with_layer_norm(monkeypatch: pytest.MonkeyPatch) -> None:
+    fqe = dict(vars(FQEConfig(steps=10, batch_size=8, lr=1e-3, checkpoint_interval=10)))
+    del fqe["drop_terminal"]  # off, it stays out of the key: keys made before it still match
     before = {
         "data": "fingerprint",
-        "config": vars(FQEConfig(steps=10, batch_size=8, lr=1e-3, checkpoint_interval=10)),
+        "config": fqe,
         "hidden": [16, 16],
         "members": 3,
         "gamma": 0.99,

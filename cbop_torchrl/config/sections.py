@@ -298,8 +298,7 @@ class BCConfig(PretrainConfig):
     )  # fmt: skip
 
     def cache_fields(self) -> dict[str, Any]:
-        """The fields that decide what is trained: the ``converge`` scheme's only when it is
-        on, so the stage's cache keys and the run hashes from before it still match."""
+        """The fields that decide what is trained; ``converge``'s only when on (old keys match)."""
         values = dict(vars(self))
         if not self.converge:
             for key in BC_CONVERGE_FIELDS:
@@ -307,8 +306,7 @@ class BCConfig(PretrainConfig):
         return values
 
 
-#: :class:`BCConfig`'s ``converge`` fields and :class:`DynamicsConfig`'s flags added after
-#: runs existed: hashed only when on, so earlier caches and checkpoints still match.
+#: Fields added after runs existed, hashed only when on: earlier caches and checkpoints match.
 BC_CONVERGE_FIELDS = ("converge", "max_epochs", "patience", "holdout", "improvement")
 LATER_DYNAMICS_FLAGS = ("bootstrap_per_epoch", "shared_logvar_bounds")
 
@@ -317,9 +315,9 @@ LATER_DYNAMICS_FLAGS = ("bootstrap_per_epoch", "shared_logvar_bounds")
 class FQEConfig(PretrainConfig):
     """FQE also has its target ensemble's Polyak rate.
 
-    Each soft update moves the target a fraction ``target_tau`` towards the
-    online ensemble, so ``steps * target_tau`` is roughly the number of
-    value-iteration sweeps FQE gets; with gamma = 0.99 it needs a few hundred.
+    Each soft update moves the target a fraction ``target_tau`` towards the online ensemble,
+    so ``steps * target_tau`` is roughly the number of value-iteration sweeps FQE gets; with
+    gamma = 0.99 it needs a few hundred.
     """
 
     target_tau: float = 0.005
