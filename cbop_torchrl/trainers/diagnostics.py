@@ -382,7 +382,7 @@ class LearningDiagnostics(BackgroundMeasurementHook):
         estimator = self.loss.value_estimator
         next_obs = self.batch.get(("next", "observation"))
         returns, valid, _ = estimator.rollout_returns(next_obs)
-        post = gaussian_posterior(returns, valid, estimator.var_floor)
+        post = gaussian_posterior(returns, valid, estimator.var_floor, estimator.unbiased_variance)
         record: dict[str, float] = {
             "posterior_std": float(post.var.sqrt().mean()),
             "lcb_penalty": float(estimator.psi * post.var.sqrt().mean()),
