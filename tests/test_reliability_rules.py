@@ -15,36 +15,17 @@ so each such call runs under an alarm.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from inprocess import run_program
+from refusals import no_blocking
 
 BLOCKED_AFTER_S = 60  # far above the seconds each call takes; only a blocked open reaches it
-
-
-@contextlib.contextmanager
-def no_blocking(seconds: int = BLOCKED_AFTER_S) -> Iterator[None]:
-    """Fails the test when the block takes ``seconds`` (a FIFO opened for reading)."""
-
-    def blocked(signum: int, frame: object) -> None:
-        raise TimeoutError(f"still running after {seconds} s: a special file was opened")
-
-    previous = signal.signal(signal.SIGALRM, blocked)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
 
 # ------------------------------------------------------ 1. only regular files are opened
 
@@ -62,7 +43,7 @@ def _skipped(stderr: str, path: Path) -> bool:
 
 def test_report_skips_a_fifo_named_json(tmp_path: Path) -> None:
     folder = _fifo_folder(tmp_path / "runs", "x.json", "run/results.json")
-    with no_blocking():
+    with no_blocking(BLOCKED_AFTER_S):
         done = run_program("report", [f"paths={folder}", f"out={tmp_path / 'out'}"],
                            {"CBOP_TORCHRL_CACHE": str(tmp_path / "cache")})  # fmt: skip
     assert _skipped(done.stderr, folder / "x.json"), done.stderr
@@ -73,7 +54,7 @@ def test_report_skips_a_fifo_named_json(tmp_path: Path) -> None:
 def test_select_psi_skips_a_fifo_named_json(tmp_path: Path) -> None:
     sweep = _fifo_folder(tmp_path / "sweep", "run/config.json", "run/results.json")
     (sweep / "run" / "policy.pt").write_bytes(b"x")
-    with no_blocking():
+    with no_blocking(BLOCKED_AFTER_S):
         done = run_program("select_psi", [f"sweep_dir={sweep}"],
                            {"CBOP_TORCHRL_CACHE": str(tmp_path / "cache")})  # fmt: skip
     assert _skipped(done.stderr, sweep / "run" / "config.json"), done.stderr
@@ -85,7 +66,7 @@ def test_the_sweep_readers_skip_a_fifo(tmp_path: Path, capfd: pytest.CaptureFixt
 
     sweep = _fifo_folder(tmp_path, "b/config.json")
     (tmp_path / "b" / "policy.pt").write_bytes(b"x")
-    with no_blocking():
+    with no_blocking(BLOCKED_AFTER_S):
         assert find_runs(sweep) == []
     err = capfd.readouterr().err
     assert _skipped(err, sweep / "b" / "config.json"), err
@@ -95,7 +76,7 @@ def test_the_benchmark_tools_skip_a_fifo(tmp_path: Path, capfd: pytest.CaptureFi
     from benchmarks import cbop_row, learning, psi_grid
 
     results = _fifo_folder(tmp_path, "set/cbop/seed0.json", "set/cbop-psi1/seed1.json")
-    with no_blocking():
+    with no_blocking(BLOCKED_AFTER_S):
         assert learning.write_rows(results, "set") is None
         assert cbop_row.seed_summaries(results, "set", "cbop", "abc") == []
         assert psi_grid.main(["--datasets", "set", "--results", str(results)]) == 0

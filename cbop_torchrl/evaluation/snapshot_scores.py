@@ -55,7 +55,7 @@ from cbop_torchrl.trainers.checkpoint import (
     load_policy,
     save_policy,
 )
-from cbop_torchrl.trainers.conservatism import policy_entropy_fn
+from cbop_torchrl.trainers.conservatism import conservatism_record, policy_entropy_fn
 from cbop_torchrl.trainers.hooks import EVAL_SCALARS
 from cbop_torchrl.trainers.snapshots import snapshot_path, snapshot_steps
 
@@ -169,38 +169,6 @@ def load_scoring_config(run_dir: Path) -> tuple[RunConfig, Any, Any]:
     return config, loaded["data"], loaded["info"]
 
 
-def conservatism_numbers(
-    q_policy: torch.Tensor,
-    mc_return: torch.Tensor,
-    lengths: torch.Tensor,
-    entropy_sum: torch.Tensor,
-    gamma: float,
-    alpha: float,
-) -> dict[str, Any]:
-    """The fields of :func:`~cbop_torchrl.trainers.conservatism.dataset_conservatism` from the
-    members' Q ``[M, N]`` and the rollouts' ``[N]`` discounted returns, lengths and entropy sums.
-
-    The same formulas; the Q-values come from a snapshot instead of the critics themselves.
-    """
-    difference = q_policy.mean(0) - mc_return
-    entropy_part = alpha * entropy_sum
-    return {
-        "states": int(q_policy.shape[1]),
-        "gamma": gamma,
-        "alpha": float(alpha),
-        "predicted_q_mean": float(q_policy.mean()),
-        "predicted_q_min": float(q_policy.min(0).values.mean()),
-        "mc_return_mean": float(mc_return.mean()),
-        "mc_return_std": float(mc_return.std(unbiased=False)),
-        "episode_length_mean": float(lengths.float().mean()),
-        "overestimation": float(difference.mean()),
-        "overestimation_max": float(difference.max()),
-        "entropy_part_mean": float(entropy_part.mean()),
-        "overestimation_no_entropy": float((difference - entropy_part).mean()),
-        "differences": difference.tolist(),
-    }
-
-
 def score_snapshot(path: Path, config: RunConfig, task: Any, env: Any) -> dict[str, Any]:
     """One snapshot's ``eval_history``-style record: reset and start-state scores, Q - MC.
 
@@ -241,7 +209,7 @@ def score_snapshot(path: Path, config: RunConfig, task: Any, env: Any) -> dict[s
     ).summary()
     for key in EVAL_SCALARS:
         record[f"start_{key}"] = starts[key]
-    record["conservatism"] = conservatism_numbers(
+    record["conservatism"] = conservatism_record(
         critic["q_policy"].float(), rollout.discounted.float(), rollout.lengths,
         rollout.entropy.float(), gamma, alpha,
     )  # fmt: skip
@@ -365,7 +333,6 @@ __all__ = [
     "PROVENANCE_KEYS",
     "SCORES_NAME",
     "ScoringError",
-    "conservatism_numbers",
     "final_policy",
     "localize_dataset",
     "load_scoring_config",

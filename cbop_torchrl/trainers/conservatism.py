@@ -185,10 +185,23 @@ def dataset_conservatism(
     entropy_sum = rollout[2].to(start_obs.device) if alpha > 0 else torch.zeros_like(mc_return)
     q = member_q_values(loss.qvalue_network, loss.qvalue_network_params, start_obs, action)
     q = q / value_scale
-    difference = q.mean(0) - mc_return
-    entropy_part = alpha * entropy_sum
+    return conservatism_record(q, mc_return, lengths, entropy_sum, gamma, alpha)
+
+
+def conservatism_record(
+    q: torch.Tensor,
+    mc_return: torch.Tensor,
+    lengths: torch.Tensor,
+    entropy_sum: torch.Tensor,
+    gamma: float,
+    alpha: float,
+) -> dict[str, Any]:
+    """:func:`dataset_conservatism`'s fields from the members' Q ``[M, N]`` at the policy's
+    actions and the rollouts' ``[N]`` discounted returns, lengths and entropy sums."""
+    difference = q.mean(0) - mc_return  # [N]
+    entropy_part = alpha * entropy_sum  # [N]
     return {
-        "states": int(start_obs.shape[0]),
+        "states": int(q.shape[1]),
         "gamma": gamma,
         "alpha": float(alpha),
         "predicted_q_mean": float(q.mean()),
@@ -214,6 +227,7 @@ def start_states(data: TensorDictBase, count: int, seed: int) -> torch.Tensor:
 __all__ = [
     "MC_STATES",
     "STATES_SEED",
+    "conservatism_record",
     "dataset_conservatism",
     "member_q_values",
     "policy_entropy_fn",
