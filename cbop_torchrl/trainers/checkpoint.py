@@ -43,6 +43,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -466,13 +467,18 @@ def check_finite_weights(weights: dict[str, Any], path: str | Path) -> None:
 class CheckpointHook(TrainerHookBase):
     """Saves the run every ``interval`` gradient steps and after the last one (``post_steps``).
 
+    The hook decides when; what is saved is the run's one state dict
+    (:func:`~cbop_torchrl.trainers.run_state.run_state`), which ``state`` returns for a
+    step (bound by :func:`~cbop_torchrl.trainers.offline_training.build_offline_training`
+    once the training exists). The hook holds no state of its own.
+
     Args:
         path: the checkpoint file (written atomically: a reader sees the old
             or the new file, never a partial one, even after SIGKILL).
         interval: gradient steps between saves.
         total_steps: the last step, always saved.
-        payload: returns the non-trainer part of the checkpoint (policy,
-            config) for a given step.
+        payload: returns the algorithm's part of the checkpoint (``policy``, ``actor``,
+            ...) for a given step.
     """
 
     def __init__(self, path: Path, interval: int, total_steps: int, payload: Any) -> None:
@@ -480,9 +486,9 @@ class CheckpointHook(TrainerHookBase):
         self.interval = int(interval)
         self.total_steps = int(total_steps)
         self.payload = payload
+        self.state: Callable[[int], dict[str, Any]] | None = None
         self.trainer: Trainer | None = None
         self.last_saved_step: int | None = None
-        self.data: dict[str, Any] | None = None
 
     def __call__(self) -> None:
         step = self.trainer.collected_frames  # one frame per gradient step
@@ -490,18 +496,7 @@ class CheckpointHook(TrainerHookBase):
             self.save(step)
 
     def save(self, step: int) -> Path:
-        if self.data is None:  # the data this run trains on, recorded when it started
-            self.data = read_data_record(self.path.parent)
-        state = {
-            "format": CHECKPOINT_FORMAT,
-            "step": int(step),
-            "total_steps": self.total_steps,
-            **self.payload(step),
-            "trainer": self.trainer.state_dict(),
-        }
-        if self.data is not None:
-            state["data"] = self.data
-        atomic_torch_save(seal(state), self.path)
+        atomic_torch_save(seal(self.state(int(step))), self.path)
         self.last_saved_step = int(step)
         return self.path
 
@@ -509,12 +504,6 @@ class CheckpointHook(TrainerHookBase):
         if self.last_saved_step is None:
             return "none yet (the run has written no CBOP checkpoint)"
         return f"{self.path} (gradient step {self.last_saved_step})"
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
 
     def register(self, trainer: Trainer, name: str = "checkpoint") -> None:
         self.trainer = trainer
