@@ -48,8 +48,8 @@ def test_seeds_side_by_side_equal_seeds_one_by_one(
         runs = [next((root / "runs").glob(f"{DATASET}/*/debug/cbop-debug/seed{seed}"))
                 for root in (alone, together)]  # fmt: skip
         expected, actual = (torch.load(r / "checkpoint.pt", weights_only=True) for r in runs)
-        for key, value in expected["trainer"]["loss_module"].items():
-            assert torch.equal(value, actual["trainer"]["loss_module"][key]), (seed, key)
+        for key, value in expected["loss_module"].items():
+            assert torch.equal(value, actual["loss_module"][key]), (seed, key)
         summaries = [json.loads((root / "results" / DATASET / "cbop-debug" / f"seed{seed}.json")
                                 .read_text()) for root in (alone, together)]  # fmt: skip
         assert summaries[0]["final_normalized_score"] == summaries[1]["final_normalized_score"]

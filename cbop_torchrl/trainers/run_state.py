@@ -15,12 +15,15 @@ A checkpoint written before this layout (the whole ``Trainer.state_dict()`` unde
 
 from __future__ import annotations
 
+import shlex
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torchrl.trainers import Trainer
 
+from cbop_torchrl.runtime import program_command, running_program
 from cbop_torchrl.trainers.checkpoint import CheckpointError
 from cbop_torchrl.trainers.hooks import ActorWeightAverage, EvaluationHook
 from cbop_torchrl.trainers.logging import MetricsHook
@@ -47,8 +50,8 @@ RUN_STATE_KEYS: dict[str, str] = {
     "trainer_loop": "the Trainer's loop counters",
     "metrics_windows": "the first and last logged windows of training metrics",
     "evaluation_history": "the evaluation records so far",
-    "actor_average": "the evaluated weight average's weights (None: eval.actor_average=0)",
-    "diagnostics_history": "the learning diagnostics' records so far (None: off)",
+    "actor_average": "the evaluated weight average's weights (only with eval.actor_average)",
+    "diagnostics_history": "the learning diagnostics' records so far (only with them on)",
     "rng": "the process's random states (torch CPU/CUDA, NumPy, Python)",
     "integrity": "the SHA-256 of everything else",
 }
@@ -89,7 +92,7 @@ def run_state(parts: RunParts, record: dict[str, Any]) -> dict[str, Any]:
     if parts.diagnostics is not None:
         parts.diagnostics.drain()
     trainer, metrics = parts.trainer, parts.metrics
-    return {
+    state = {
         **record,
         "layout": RUN_STATE_LAYOUT,
         "loss_module": parts.loss.state_dict(),
@@ -108,12 +111,13 @@ def run_state(parts: RunParts, record: dict[str, Any]) -> dict[str, Any]:
             "last_window": dict(metrics.last_window),
         },
         "evaluation_history": [dict(r) for r in parts.evaluation.history],
-        "actor_average": None if parts.average is None else parts.average.averaged.state_dict(),
-        "diagnostics_history": (
-            None if parts.diagnostics is None else [dict(r) for r in parts.diagnostics.history]
-        ),
-        "rng": PortableRNGState().state_dict(),
     }
+    if parts.average is not None:
+        state["actor_average"] = parts.average.state_dict()
+    if parts.diagnostics is not None:
+        state["diagnostics_history"] = [dict(r) for r in parts.diagnostics.history]
+    state["rng"] = PortableRNGState().state_dict()  # last: nothing above draws from it
+    return state
 
 
 def load_run_state(parts: RunParts, state: dict[str, Any]) -> int:
@@ -168,7 +172,8 @@ def upgrade_run_state(state: dict[str, Any], path: Any = "checkpoint.pt") -> dic
     old = dict(state)
     trainer = old.pop("trainer")
     try:
-        upgraded = {**old, **{new: trainer.get(key) for key, new in _TRAINER_ENTRIES.items()}}
+        entries = {new: trainer[key] for key, new in _TRAINER_ENTRIES.items() if key in trainer}
+        upgraded = {**old, **entries}
         upgraded["layout"] = RUN_STATE_LAYOUT
         upgraded["sampler_generator"] = trainer["replay_sampler"]["generator"]
         loop = trainer["state"]
@@ -180,20 +185,30 @@ def upgrade_run_state(state: dict[str, Any], path: Any = "checkpoint.pt") -> dic
         }
         upgraded["metrics_windows"] = dict(trainer.get("metrics") or {})
         upgraded["evaluation_history"] = list((trainer.get("evaluation") or {}).get("history", []))
-        diagnostics = trainer.get("diagnostics")
-        upgraded["diagnostics_history"] = (
-            None if diagnostics is None else list(diagnostics.get("history", []))
-        )
-        if upgraded["loss_module"] is None or upgraded["rng"] is None:
-            raise KeyError("loss_module" if upgraded["loss_module"] is None else "rng")
+        if "diagnostics" in trainer:
+            upgraded["diagnostics_history"] = list(trainer["diagnostics"].get("history", []))
+        for needed in ("loss_module", "optimizer", "rng"):
+            if needed not in upgraded:
+                raise KeyError(needed)
     except (KeyError, TypeError, AttributeError) as error:
         raise CheckpointError(
             f"{str(path)!r} is a checkpoint of an earlier layout without its {error} entry, so "
-            "it cannot be resumed. Start the run over in this directory by running the same "
-            "command with resume=false (its checkpoint, results and logs are removed), or "
-            "choose another run directory (hydra.run.dir=...)."
+            "the run cannot be resumed from it. Start it over in this directory (its "
+            f"checkpoint, results and logs are removed) with {restart_command()}, or pass "
+            "another run directory (hydra.run.dir=...) to keep this one as it is."
         ) from None
     return upgraded
+
+
+def restart_command() -> str:
+    """The running program's command line with ``resume=false`` (any ``resume=`` replaced),
+    as :func:`~cbop_torchrl.runtime.program_command` spells the program; from Python (no
+    program), ``resume=false``."""
+    program = running_program()
+    if program is None:
+        return "resume=false"
+    kept = [word for word in sys.argv[1:] if not word.startswith("resume=")]
+    return f"{program_command(program)} {shlex.join([*kept, 'resume=false'])}"  # already quoted
 
 
 def loss_weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
