@@ -4,7 +4,9 @@ A CBOP checkpoint (``<run_dir>/checkpoint.pt``) is a plain dict of tensors,
 numbers, strings and lists, so ``torch.load(path, weights_only=True)`` reads
 it and a checkpoint file cannot run code:
 
-- ``format``, ``step``, ``total_steps``: where the run stands;
+- ``format``, ``layout``, ``step``, ``total_steps``: which file and where the run stands;
+- ``decisions``: the run's device, dtype, capture and seeds
+  (:class:`~cbop_torchrl.trainers.decisions.RunDecisions`);
 - ``integrity``: the SHA-256 of everything else (:func:`state_digest`), checked whenever the
   file is read, so a changed byte is refused rather than trained on;
 - ``data``: the record of the data the run trains on (:func:`cbop_torchrl.data.data_record`),
@@ -14,19 +16,22 @@ it and a checkpoint file cannot run code:
   then continues from its step to the new last step;
 - ``policy``: what :func:`load_policy` needs to rebuild the actor (task,
   sizes, dataset name) and ``actor``, the actor's weights;
-- ``trainer``: TorchRL ``Trainer.state_dict()``: the loss module (actor,
-  Q-ensemble, target Q-ensemble, log-alpha), the optimizer, the step
-  counters and every registered stateful hook (global RNG state, the replay
-  buffer's sampling generator, the evaluation history, the logged metrics).
+- the training's state (:mod:`cbop_torchrl.trainers.run_state`, which builds and restores
+  the whole dict): ``loss_module`` (actor, Q-ensemble, target Q-ensemble, log-alpha),
+  ``optimizer``, ``sampler_generator`` (the replay buffer's), ``trainer_loop`` (the step
+  counters), ``metrics_windows``, ``evaluation_history``, ``rng`` (the global RNG
+  states) and, where the run keeps them, ``actor_average`` and ``diagnostics_history``.
 
 Together these make a resumed run continue exactly where the interrupted one
 was: same parameters, same optimizer moments, same next batch, same random
 draws.
 
 What comes from TorchRL: saving runs as a ``TrainerHookBase`` registered on
-the Trainer's ``post_steps`` (:class:`CheckpointHook`), the state is
-``Trainer.state_dict()`` and resuming is ``Trainer.load_state_dict()``, and
-the global RNG state is TorchRL's ``GlobalRNGState``. What does not, and why:
+the Trainer's ``post_steps`` (:class:`CheckpointHook`), and the global RNG state is
+TorchRL's ``GlobalRNGState``. What does not, and why: the state is one dict whose keys
+name what they hold rather than ``Trainer.state_dict()`` (the state of every hook
+registered as a Trainer module, under the hooks' names), so that what a checkpoint holds
+is read in one place (:func:`~cbop_torchrl.trainers.run_state.run_state`); and
 the Trainer's own ``save_trainer`` saves only when more than
 ``save_trainer_interval`` frames passed since the last save (never at the
 last step), and TorchRL 0.14's ``torchrl.checkpoint.Checkpoint`` /
