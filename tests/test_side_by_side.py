@@ -82,8 +82,8 @@ def assert_same_training(expected_dir: Path, actual_dir: Path) -> None:
         for name, value in state.items():
             assert torch.equal(value, actual["optimizer"]["state"][index][name]), (index, name)
     assert expected["trainer_loop"]["optim_steps"] == actual["trainer_loop"]["optim_steps"] == 40
-    sampler, rng = expected["replay_sampler"], expected["rng"]  # batches and global draws
-    assert torch.equal(sampler["generator"], actual["replay_sampler"]["generator"])
+    sampler, rng = expected["sampler_generator"], expected["rng"]  # batches and global draws
+    assert torch.equal(sampler, actual["sampler_generator"])
     assert torch.equal(rng["torch_cpu"], actual["rng"]["torch_cpu"])
     assert rng["python"] == actual["rng"]["python"]
 
