@@ -22,17 +22,18 @@ from cbop_torchrl.trainers import decisions as decisions_module
 from cbop_torchrl.trainers.checkpoint import CHECKPOINT_NAME, load_checkpoint, seal
 from cbop_torchrl.trainers.decisions import StageSeeds
 from cbop_torchrl.trainers.run_state import RUN_STATE_KEYS, RUN_STATE_LAYOUT, upgrade_run_state
+from cbop_torchrl.trainers.slicing import SLICE_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_CHECKPOINT = ROOT / "tests" / "data" / "checkpoint_layout1_debug_step20.pt"
 COMMAND = ("preset=debug", "progress=false", "estimator.rollout_dtype=float32", "seed=0")
 
 
-def cbop(run_dir: Path, cache: Path, *overrides: str):
+def cbop(run_dir: Path, cache: Path, *overrides: str, env: dict[str, str] | None = None):
     return run_program(
         "cbop",
         [*COMMAND, f"hydra.run.dir={run_dir}", *overrides],
-        {"CBOP_TORCHRL_CACHE": str(cache)},
+        {"CBOP_TORCHRL_CACHE": str(cache), **(env or {})},
     )
 
 
@@ -117,18 +118,85 @@ def test_the_earlier_layout_is_translated_entry_by_entry() -> None:
     assert upgrade_run_state(new) is new  # this layout stays as it is
 
 
-def old_run_dir(run_dir: Path) -> Path:
+def earlier_layout(state: dict) -> dict:
+    """A checkpoint of this layout written back in the earlier one (its training state as
+    TorchRL's ``Trainer.state_dict()`` under ``trainer``): what the code before the run-state
+    dict would have written at the same step. Its shape is checked against the committed
+    checkpoint that code wrote (:func:`test_earlier_layout_is_the_shape_the_earlier_code_wrote`)."""
+    loop = state["trainer_loop"]
+    trainer = {
+        "collector": {},
+        "loss_module": state["loss_module"],
+        "state": {"_last_log": loop["last_log"], "_last_save": loop["last_save"],
+                  "_optim_count": loop["optim_steps"],
+                  "collected_frames": loop["collected_frames"]},
+        "optimizer": state["optimizer"],
+        "optimization_stepper": {},
+        "replay_sampler": {"generator": state["sampler_generator"]},
+        "metrics": state["metrics_windows"],
+        "evaluation": {"history": state["evaluation_history"]},
+        "rng": state["rng"],
+    }  # fmt: skip
+    if "actor_average" in state:
+        trainer["actor_average"] = state["actor_average"]
+    if "diagnostics_history" in state:
+        trainer["diagnostics"] = {"history": state["diagnostics_history"]}
+    moved = {"layout", "decisions", *RUN_STATE_KEYS, "integrity"}
+    kept = {key: value for key, value in state.items() if key not in moved or key in KEPT}
+    return seal({**kept, "trainer": trainer})
+
+
+KEPT = {"step", "total_steps", "actor", "policy", "data", "rollout_choice", "training_config",
+        "training_config_hash", "wall_time_s", "format"}  # fmt: skip
+"""Top-level entries both layouts hold."""
+
+
+def key_tree(value) -> object:
+    """The nested keys of a checkpoint entry (dicts' keys, down to the tensors)."""
+    if isinstance(value, dict):
+        return {str(key): key_tree(item) for key, item in value.items()}
+    return type(value).__name__ if isinstance(value, torch.Tensor) else None
+
+
+def test_earlier_layout_is_the_shape_the_earlier_code_wrote() -> None:
+    written = load_checkpoint(OLD_CHECKPOINT)  # by the earlier code
+    rewritten = earlier_layout(upgrade_run_state(written))
+    assert set(rewritten) == set(written)
+    assert key_tree(rewritten["trainer"]) == key_tree(written["trainer"])
+
+
+def old_run_dir(run_dir: Path, checkpoint: Path = OLD_CHECKPOINT) -> Path:
     """A run directory as the earlier code left it after step 20 (its marker, its checkpoint)."""
     run_dir.mkdir(parents=True)
     (run_dir / ".cbop-run").touch()
-    shutil.copy(OLD_CHECKPOINT, run_dir / CHECKPOINT_NAME)
+    shutil.copy(checkpoint, run_dir / CHECKPOINT_NAME)
     return run_dir
+
+
+def test_the_committed_earlier_checkpoint_resumes_to_its_last_step(workspace: dict) -> None:
+    """The earlier code's own file resumes and finishes. (Its weights are this CPU kind's: on
+    another, its first 20 steps differ in the last bits from an uninterrupted run's, so the
+    exact comparison is the next test's, on a checkpoint written here.)"""
+    run_dir = old_run_dir(workspace["root"] / "committed")
+    finished = cbop(run_dir, workspace["cache"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    state = load_checkpoint(run_dir / CHECKPOINT_NAME)
+    assert state["layout"] == RUN_STATE_LAYOUT and state["step"] == 40
+    assert [record["step"] for record in state["evaluation_history"]] == [20]
+    assert all(torch.isfinite(value).all() for value in state["loss_module"].values())
 
 
 def test_a_checkpoint_of_the_earlier_layout_resumes_to_the_uninterrupted_weights(
     workspace: dict,
 ) -> None:
-    run_dir = old_run_dir(workspace["root"] / "old")
+    sliced = workspace["root"] / "sliced"
+    stopped = cbop(sliced, workspace["cache"], env={"CBOP_TORCHRL_SLICE_STEPS": "20"})
+    assert stopped.returncode == SLICE_EXIT_CODE, stopped.stderr[-3000:]
+    at_step_20 = load_checkpoint(sliced / CHECKPOINT_NAME)
+    assert at_step_20["step"] == 20
+    earlier = workspace["root"] / "earlier.pt"
+    torch.save(earlier_layout(at_step_20), earlier)
+    run_dir = old_run_dir(workspace["root"] / "old", earlier)
     finished = cbop(run_dir, workspace["cache"])
     assert finished.returncode == 0, finished.stderr[-3000:]
     expected = load_checkpoint(workspace["root"] / "whole" / CHECKPOINT_NAME)
