@@ -1,8 +1,8 @@
 """``benchmarks/learning.py --grouping``: one at a time, in processes, side by side; same runs.
 
-Two seeds of the debug preset trained as one job of runs side by side, and as two processes
-at once, end with the checkpoints and summaries' scores of the same seeds trained one after
-another. ``auto`` follows a side-by-side measurement of this machine, and a rule without one.
+Two seeds of the debug preset trained as one job of runs side by side end with the
+checkpoints and summaries' scores of the same seeds trained as two processes at once (each
+the run alone). ``auto`` follows a side-by-side measurement of this machine, and a rule without one.
 """
 
 from __future__ import annotations
@@ -34,20 +34,20 @@ def bench_args(root: Path, *extra: str) -> list[str]:
     ]
 
 
-def test_seeds_side_by_side_and_in_processes_equal_seeds_one_by_one(
+def test_seeds_side_by_side_equal_the_same_seeds_in_processes(
     tmp_path: Path, isolated_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """In processes each run is its own process, the command it has one at a time (plus the
+    thread count, given here to both); side by side, the seeds share one job."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the runs' processes import this checkout
     write_d4rl_hdf5(
         isolated_cache / "generated" / f"{DATASET}.hdf5",
         episode_lengths=(150,) * 8,
         terminal_episodes=(0, 3),
     )
-    # One thread per run in every grouping: the thread count is part of the run's command.
     groupings = {
-        "one": ("--grouping", "one"),
-        "side-by-side": ("--side-by-side",),
         "processes": ("--grouping", "processes", "--workers", "2"),
+        "side-by-side": ("--side-by-side",),
     }
     for name, words in groupings.items():
         assert learning.main(bench_args(tmp_path / name, "--threads", "1", *words)) == 0
@@ -55,18 +55,16 @@ def test_seeds_side_by_side_and_in_processes_equal_seeds_one_by_one(
         runs = {name: next((tmp_path / name / "runs").glob(f"{DATASET}/*/debug/cbop-debug/"
                                                             f"seed{seed}"))
                 for name in groupings}  # fmt: skip
-        states = {name: torch.load(run / "checkpoint.pt", weights_only=True)
-                  for name, run in runs.items()}  # fmt: skip
-        summaries = {name: json.loads((tmp_path / name / "results" / DATASET / "cbop-debug"
-                                       / f"seed{seed}.json").read_text())
-                     for name in groupings}  # fmt: skip
-        for name in ("side-by-side", "processes"):
-            expected, actual = states["one"], states[name]
-            for key, value in expected["loss_module"].items():
-                assert torch.equal(value, actual["loss_module"][key]), (name, seed, key)
-            assert (summaries[name]["final_normalized_score"]
-                    == summaries["one"]["final_normalized_score"]), (name, seed)  # fmt: skip
-        assert "runs.seeds=[0,1]" in summaries["side-by-side"]["command"]
+        expected, actual = (torch.load(runs[name] / "checkpoint.pt", weights_only=True)
+                            for name in groupings)  # fmt: skip
+        for key, value in expected["loss_module"].items():
+            assert torch.equal(value, actual["loss_module"][key]), (seed, key)
+        summaries = [json.loads((tmp_path / name / "results" / DATASET / "cbop-debug"
+                                 / f"seed{seed}.json").read_text())
+                     for name in groupings]  # fmt: skip
+        assert summaries[0]["final_normalized_score"] == summaries[1]["final_normalized_score"]
+        assert summaries[0]["command"].endswith("threads=1 estimator.rollout_dtype=float32")
+        assert "runs.seeds=[0,1]" in summaries[1]["command"]
 
 
 @pytest.mark.parametrize("words", [("--side-by-side",), ("--grouping", "processes")])
