@@ -23,7 +23,10 @@ evaluation-to-evaluation noise. Every evaluation also scores one episode from ea
 After each run ``<results>/<dataset>/rows.json`` gives every row's score, its interval
 over seeds and evaluations, and how far two rows must be apart to differ (``--rows``
 rewrites it alone). Runs go seed by seed,
-algorithms in the given order (CBOP first, then BC, then the others).
+algorithms in the given order (CBOP first, then BC, then the others); ``--grouping`` says
+whether several of them train one at a time, in processes at once or side by side (default
+``auto``: what ``scripts/bench.py --side-by-side`` measured faster on this machine;
+:mod:`benchmarks.learning_grouping`).
 
 Resumable: a run whose summary exists in ``--results`` is skipped; an
 unfinished run continues from its checkpoint (the run directories live
@@ -83,6 +86,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -90,6 +94,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python benchmarks/learning.py` puts benchmarks/, not the root
 
 from benchmarks import BenchmarkInputError, run_main  # noqa: E402
+from benchmarks.learning_grouping import (  # noqa: E402
+    GROUPINGS,
+    PendingRun,
+    choose_grouping,
+    default_workers,
+    device_kind,
+    read_records,
+    run_in_processes,
+    this_machine,
+)
 from benchmarks.learning_jobs import claim_job_dir, side_by_side_command  # noqa: E402
 from benchmarks.set_files import dataset_provenance, ensure_dataset  # noqa: E402
 from cbop_torchrl.evaluation.summaries import (  # noqa: E402
@@ -207,11 +221,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "seeds and evaluations) from the summaries there, and exit",
     )
     parser.add_argument(
+        "--grouping",
+        choices=GROUPINGS,
+        default="auto",
+        help="how several runs train: one at a time, up to --workers processes at once, or "
+        "each CBOP variant's seeds side by side in one cbop-train job (runs.seeds=[...]); "
+        "auto: whichever scripts/bench.py --side-by-side measured faster on this machine "
+        "(benchmarks/learning_grouping.py); with --max-minutes/--slice-steps, one at a time",
+    )
+    parser.add_argument(
         "--side-by-side",
         action="store_true",
-        help="train each CBOP variant's seeds on a dataset as one cbop-train job of runs side "
-        "by side (runs.seeds=[...]; benchmarks/learning_jobs.py); not with --max-minutes or "
-        "--slice-steps",
+        help="the same as --grouping side-by-side",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="with --grouping processes: runs at once (default: the cores / --threads)",
     )
     parser.add_argument("--no-analysis", action="store_true", help="skip checkpoint analysis")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
@@ -223,11 +250,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--max-minutes {args.max_minutes}: give a positive number (e.g. 8)")
     if args.start_states < 0:
         parser.error(f"--start-states {args.start_states}: give 0 (off) or a positive number")
-    if args.side_by_side and (args.max_minutes is not None or args.slice_steps is not None):
+    if args.side_by_side:
+        args.grouping = "side-by-side"
+    sliced = args.max_minutes is not None or args.slice_steps is not None
+    if args.grouping in ("side-by-side", "processes") and sliced:
         parser.error(
-            "--side-by-side trains whole jobs; drop --max-minutes/--slice-steps, or drop "
-            "--side-by-side to train in slices"
+            f"--grouping {args.grouping} trains whole runs; drop --max-minutes/--slice-steps, "
+            "or use --grouping one to train in slices"
         )
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers {args.workers}: give a positive number (e.g. 2)")
     if args.slice_steps is not None and args.slice_steps < 1:
         parser.error(f"--slice-steps {args.slice_steps}: give a positive number (e.g. 10000)")
     return args
@@ -721,7 +753,11 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds
         for variant in args.algos
     ]
-    jobs: dict[tuple[str, str], dict] = {}  # --side-by-side: (dataset, variant) -> its runs
+    grouping, why = choose_grouping(
+        args.grouping, sliced, read_records(), this_machine(device_kind(args.overrides))
+    )
+    jobs: dict[tuple[str, str], dict] = {}  # side by side: (dataset, variant) -> its runs
+    pending: list[PendingRun] = []  # whole runs, trained after the loop
     # Composed once per variant (a Hydra compose each), not once per dataset and seed.
     settings = {v: expected_settings(v, args.preset, list(args.overrides)) for v in args.algos}
     for dataset, seed, variant in plan:
@@ -779,40 +815,72 @@ def main(argv: list[str] | None = None) -> int:
         if not provenance and dataset_provenance(dataset):
             return main(argv)  # just generated: its version now names the run directories
         command = run_command(variant, data, seed, args.preset, run_dir, args)
-        if args.side_by_side and VARIANTS[variant][0] == "cbop.py":  # trained after the loop
+        if grouping == "side-by-side" and VARIANTS[variant][0] == "cbop.py":
             job = jobs.setdefault((dataset, name), {"command": command, "runs": []})
             job["runs"].append((seed, run_dir, summary_path))
+            continue
+        if not sliced:
+            where = (run_dir, summary_path, dataset, name, seed)
+            label = f"{dataset} {name} seed {seed}"
+            pending.append(PendingRun(label, command, partial(finish_run, where, args)))
             continue
         if deadline is not None and time.time() >= deadline:
             print(resume_message(argv, f"the --max-minutes {args.max_minutes:g} budget is spent"))
             return 0
         print(f"[bench] running  {shlex.join(command)}", flush=True)
         start = time.time()
-        if sliced:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            outcome = run_slice(command, run_dir, args, deadline)
-            returncode = outcome.returncode
-            if returncode == SLICE_EXIT_CODE:
-                where = slice_end_label(outcome, steps)
-                print(
-                    resume_message(
-                        argv, f"slice ended: {dataset} {name} seed {seed} stopped {where}"
-                    ),
-                    flush=True,
-                )
-                return 0
-        else:
-            returncode = subprocess.run(command, cwd=ROOT, check=False).returncode
-        if returncode != 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        outcome = run_slice(command, run_dir, args, deadline)
+        if outcome.returncode == SLICE_EXIT_CODE:
+            where = slice_end_label(outcome, steps)
             print(
-                f"[bench] FAILED   {dataset} {name} seed {seed} (exit {returncode});"
-                " moving on (re-run to resume it)",
+                resume_message(argv, f"slice ended: {dataset} {name} seed {seed} stopped {where}"),
                 flush=True,
             )
-            continue
-        write_summary(run_dir, summary_path, dataset, name, seed, command, start, args)
+            return 0
+        finish_run((run_dir, summary_path, dataset, name, seed), args, command,
+                   outcome.returncode, start)  # fmt: skip
+    if len(pending) + len(jobs) > 1 or any(len(job["runs"]) > 1 for job in jobs.values()):
+        print(f"[bench] grouping {grouping}: {why}", flush=True)
+    run_pending(pending, grouping, args)
     run_side_by_side_jobs(jobs, args)
     return 0
+
+
+def run_pending(pending: list[PendingRun], grouping: str, args: argparse.Namespace) -> None:
+    """Trains the whole runs the loop queued: in processes, or one after another."""
+    workers = min(args.workers or default_workers(args.threads), len(pending))
+    if grouping != "processes" or workers < 2:
+        for run in pending:
+            print(f"[bench] running  {shlex.join(run.command)}", flush=True)
+            start = time.time()
+            returncode = subprocess.run(run.command, cwd=ROOT, check=False).returncode
+            run.finish(run.command, returncode, start)
+        return
+    if args.threads is None:  # share the cores out instead of each run taking them all
+        share = f"threads={max(1, (os.cpu_count() or 1) // workers)}"
+        pending = [run._replace(command=[*run.command, share]) for run in pending]
+    print(f"[bench] {len(pending)} runs, {workers} processes at once", flush=True)
+    run_in_processes(pending, workers)
+
+
+def finish_run(
+    where: tuple[Path, Path, str, str, int],
+    args: argparse.Namespace,
+    command: list[str],
+    returncode: int,
+    start: float,
+) -> None:
+    """After a run's process ended: its summary, or a note that it failed and resumes."""
+    run_dir, summary_path, dataset, name, seed = where
+    if returncode != 0:
+        print(
+            f"[bench] FAILED   {dataset} {name} seed {seed} (exit {returncode});"
+            " moving on (re-run to resume it)",
+            flush=True,
+        )
+        return
+    write_summary(run_dir, summary_path, dataset, name, seed, command, start, args)
 
 
 def run_side_by_side_jobs(jobs: dict, args: argparse.Namespace) -> None:

@@ -48,9 +48,9 @@ from cbop_torchrl.modules.actor_critic import (
 )
 from cbop_torchrl.modules.standardize import observation_statistics, standardize_observation
 from cbop_torchrl.objectives.pretrain import ACTION_EPS, BehaviourCloningLoss
-from cbop_torchrl.runtime import seed_everything
-from cbop_torchrl.trainers.checkpoint import CheckpointHook, training_config_hash
+from cbop_torchrl.trainers.checkpoint import CheckpointHook
 from cbop_torchrl.trainers.datasize import check_dataset_size, warn_about_terminals
+from cbop_torchrl.trainers.decisions import seed_stage
 from cbop_torchrl.trainers.grouped_step import GroupedOptimizationStepper
 from cbop_torchrl.trainers.offline_run import OfflineRun, write_results
 from cbop_torchrl.trainers.offline_training import (
@@ -61,7 +61,6 @@ from cbop_torchrl.trainers.offline_training import (
 )
 from cbop_torchrl.trainers.recipes import ACTOR_LR_SCHEDULES, REWARD_SCALES, reward_scale
 
-BASELINE_SEED_OFFSET = 5
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
@@ -452,21 +451,23 @@ def run_baseline(
     batch_size = baseline_batch_size(algo, config)
     size_key = "algo.batch_size" if batch_size != config.train.batch_size else "train.batch_size"
     check_dataset_size(data, info.name, {size_key: batch_size})
-    run = OfflineRun.open(config, info, run_dir, baseline_training_dict(config, algo))
+    run = OfflineRun.open(
+        config, info, run_dir, baseline_training_dict(config, algo), captures_step=False
+    )
     if (finished := run.finished_results()) is not None:
         return finished
     warn_about_terminals(data, info.name, run.task)
     run.start({**config.to_dict(), "algo": asdict(algo)})
     total_steps = config.train.total_steps
 
-    seed_everything(config.seed + BASELINE_SEED_OFFSET)
+    seed = seed_stage(run.decisions.seeds.baseline)
     data = run.specs.to_agent_actions(data.to(run.device))
     parts = build_baseline(algo, config, info, run.device, data)
     optimizer = torch.optim.Adam([{"params": p, "lr": lr} for _, p, lr, _ in parts.groups])
     warn_about_action_range(data, info.name)
     scale = reward_scale(algo.reward_scale, data)
     buffer = make_replay_buffer(_dataset_for(algo.name, data, scale), batch_size, device=run.device)
-    generator = torch.Generator(device=run.device).manual_seed(config.seed + BASELINE_SEED_OFFSET)
+    generator = torch.Generator(device=run.device).manual_seed(seed)
     buffer.set_rng(generator)
     eval_env = make_eval_env(run.task, config.eval.episodes, config.eval.backend)
     checkpoint = CheckpointHook(
@@ -521,13 +522,9 @@ def _policy_metadata(
 def _checkpoint_payload(
     run: OfflineRun, algo: AlgoConfig, parts: BaselineParts, step: int
 ) -> dict[str, Any]:
-    return {
-        "training_config": run.training_config,
-        "training_config_hash": training_config_hash(run.training_config),
-        "policy": _policy_metadata(run, algo, parts, step),
-        "actor": parts.actor.state_dict(),
-        "wall_time_s": run.wall_time(),
-    }
+    """The baseline's part of its checkpoint (:meth:`OfflineRun.checkpoint_record` and
+    :func:`~cbop_torchrl.trainers.run_state.run_state` add the rest)."""
+    return {"policy": _policy_metadata(run, algo, parts, step), "actor": parts.actor.state_dict()}
 
 
 __all__ = [

@@ -78,6 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from benchmarks.learning_grouping import this_machine  # noqa: E402
 from benchmarks.speed.compile_cpu import bench_compiled_target  # noqa: E402
 from benchmarks.speed.extras import bench_dynamics_training, bench_evaluation  # noqa: E402
 from benchmarks.speed.goals import print_goals, speed_goals  # noqa: E402
@@ -308,6 +309,7 @@ def side_by_side_main(args: argparse.Namespace, device: torch.device, sizes: lis
     torch.set_num_threads(args.threads or 1)
     report = bench_side_by_side(device, args.side_by_side_steps, sizes)
     report["command"] = " ".join(["python", "scripts/bench.py", *(sys.argv[1:])])
+    report["machine"] = this_machine(device.type)  # what learning.py --grouping auto matches
     print_side_by_side(report)
     if args.json:
         atomic_json_dump(report, args.json)

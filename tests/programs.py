@@ -132,6 +132,16 @@ def logging_restored() -> Iterator[None]:
         yield
     finally:
         kept = {id(handler) for _, handlers, *_ in saved for handler in handlers}
+        # A logger first made meanwhile (torch's compile loggers, by a lazy import) keeps its
+        # handlers, but not a stream handler on this test's capture stream, which pytest
+        # closes: a later test's record or flush on it raises "I/O operation on closed file".
+        real_streams = (sys.__stdout__, sys.__stderr__)
+        for logger in [logging.root, *manager.loggerDict.values()]:
+            if isinstance(logger, logging.Logger) and logger not in loggers:
+                for handler in list(logger.handlers):
+                    if (type(handler) is logging.StreamHandler
+                            and handler.stream not in real_streams):  # fmt: skip
+                        logger.removeHandler(handler)
         for logger, handlers, level, propagate, was_disabled in saved:
             for handler in logger.handlers:
                 if id(handler) not in kept:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.learning_grouping import choose_grouping, faster_in_record, this_machine
 from benchmarks.speed.side_by_side import CUDA_COUNTS, bench_side_by_side
 from benchmarks.speed.sizes import TINY
 
@@ -47,6 +48,13 @@ def test_the_cpu_benchmark_writes_runs_and_two_processes(tmp_path: Path) -> None
     assert other["processes"] == 2 and other["run_steps_per_s"] > 0
     ratio = other["run_steps_per_s"] / entry["side_by_side"][0]["run_steps_per_s"]
     assert math.isclose(other["run_steps_per_s_ratio"], ratio)
+    # The record names this machine, so `learning.py --grouping auto` here follows it.
+    here = this_machine("cpu")
+    assert report["machine"] == here
+    assert choose_grouping("auto", False, [report], here) == (
+        faster_in_record(report),
+        f"measured faster here ({report['command']})",
+    )
 
 
 def test_the_cuda_configuration_runs_on_the_cpu() -> None:

@@ -421,8 +421,8 @@ def test_a_captured_run_resumed_across_its_capture_equals_an_uninterrupted_one(
     train(tmp_path / "parts", 1)
     parts = train(tmp_path / "parts", 2)
     assert parts["resumed_from_step"] == 20 and parts["gradient_steps"] == whole["gradient_steps"]
-    whole_state = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")["trainer"]
-    parts_state = load_checkpoint(tmp_path / "parts" / "checkpoint.pt")["trainer"]
+    whole_state = load_checkpoint(tmp_path / "whole" / "checkpoint.pt")
+    parts_state = load_checkpoint(tmp_path / "parts" / "checkpoint.pt")
     # The restored state is the same: optimizer step counts (and hence Adam's bias
     # corrections) exactly. The parameters only to a tolerance, by design: the resumed run
     # makes steps 20-22 eagerly (its warm-up) where the whole run replays its graph, and

@@ -1,7 +1,7 @@
 """benchmarks/gpu_session.sh's slices: one run per (set, seed), all at once, in one archive.
 
 The script is what a lent GPU machine runs (docs/gpu.md); here its slices step runs on the
-CPU with the debug preset, two seeds side by side, on a tiny file in D4RL's format. What
+CPU with the debug preset, two runs side by side, on a tiny file in D4RL's format. What
 comes back must fit the lent machine's limits (at most 8 files, plain names, at most two
 folders down) and hold every run's curves, slice history, output and summary.
 """
@@ -49,20 +49,32 @@ def run_session(tmp_path: Path, cache: Path, **settings: str) -> subprocess.Comp
     )  # fmt: skip
 
 
-def test_two_seeds_run_side_by_side_and_come_back_in_one_archive(
+def test_runs_side_by_side_come_back_in_one_archive_each_under_its_label(
     tmp_path: Path, isolated_cache: Path
 ) -> None:
+    """Two runs at once (seed 0 as the preset has it; seed 1 with its own override, as a psi
+    grid gives each run its own) after a failed CUDA test call: each has its own directory,
+    log, summary and folder in the one archive, named after its overrides, and trains the
+    eager step (a captured step is refused without CUDA, so the runs finish only if the
+    script drops it)."""
     write_d4rl_hdf5(
         isolated_cache / "generated" / f"{DATASET}.hdf5",
         episode_lengths=(150,) * 8,
         terminal_episodes=(0, 3),
     )
-    done = run_session(tmp_path, isolated_cache, SEEDS="0 1")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "tests.failed").touch()  # as a failed CUDA test call leaves it
+    done = run_session(
+        tmp_path, isolated_cache, RUNS=f"{DATASET}:0 {DATASET}:1:estimator.psi=3",
+        OVERRIDES="estimator.rollout_dtype=float32 cuda_graph=true",
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     log = (tmp_path / "out" / "gpu_session.log").read_text()
     assert "2 run(s) at once" in log
-    for seed in (0, 1):
-        assert f"{DATASET} seed {seed}: [bench] finished" in log, log
+    assert "the CUDA tests failed: the slices run the eager step (cuda_graph=false)" in log
+    labels = {"seed0": "cbop-debug", "seed1-psi3": "cbop-debug-psi3"}
+    for label in labels:
+        assert f"{DATASET} {label.replace('seed', 'seed ', 1)}: [bench] finished" in log, log
 
     out = tmp_path / "out"
     returned = [path for path in out.rglob("*") if path.is_file()]
@@ -73,10 +85,12 @@ def test_two_seeds_run_side_by_side_and_come_back_in_one_archive(
     unpacked = tmp_path / "unpacked"
     with tarfile.open(out / "runs.tgz") as archive:
         archive.extractall(unpacked, filter="data")
-    for seed in (0, 1):
-        run = unpacked / DATASET / f"seed{seed}"
+    for (label, variant), seed in zip(labels.items(), (0, 1), strict=True):
+        run = unpacked / DATASET / label
         summary = json.loads((run / "summary.json").read_text())
         assert summary["seed"] == seed and summary["gradient_steps"] == 20
+        assert summary["variant"] == variant
+        assert ("estimator.psi=3" in summary["command"]) == (seed == 1)
         assert "finished" in (run / "run.log").read_text()
         assert [s["outcome"] for s in json.loads((run / "slices.json").read_text())] == ["finished"]
         scores = next(run.glob("logs/*/scalars/eval/normalized_score.csv")).read_text()
@@ -84,50 +98,10 @@ def test_two_seeds_run_side_by_side_and_come_back_in_one_archive(
         assert not list(run.rglob("checkpoint.pt"))
 
 
-def test_runs_with_their_own_overrides_run_side_by_side_each_under_its_label(
-    tmp_path: Path, isolated_cache: Path
-) -> None:
-    """RUNS gives each run its own overrides (a psi grid in one call): each run has its own
-    directory, log, summary and folder in the archive, named after its overrides."""
-    write_d4rl_hdf5(isolated_cache / "generated" / f"{DATASET}.hdf5", episode_lengths=(150,) * 8)
-    done = run_session(
-        tmp_path, isolated_cache, RUNS=f"{DATASET}:0:estimator.psi=2 {DATASET}:0:estimator.psi=3"
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    log = (tmp_path / "out" / "gpu_session.log").read_text()
-    assert "2 run(s) at once" in log
-    unpacked = tmp_path / "unpacked"
-    with tarfile.open(tmp_path / "out" / "runs.tgz") as archive:
-        archive.extractall(unpacked, filter="data")
-    for psi in (2, 3):
-        assert f"{DATASET} seed 0-psi{psi}: [bench] finished" in log, log
-        run = unpacked / DATASET / f"seed0-psi{psi}"
-        summary = json.loads((run / "summary.json").read_text())
-        assert summary["variant"] == f"cbop-debug-psi{psi}"
-        assert f"estimator.psi={psi}" in summary["command"]
-        assert summary["gradient_steps"] == 20
-
-
 def test_a_runs_word_without_a_seed_is_refused(tmp_path: Path, isolated_cache: Path) -> None:
     done = run_session(tmp_path, isolated_cache, RUNS=f"{DATASET}:estimator.psi=2")
     assert done.returncode == 2
     assert "is not set:seed[:override...]" in done.stdout
-
-
-def test_after_failed_cuda_tests_the_runs_take_the_eager_step(
-    tmp_path: Path, isolated_cache: Path
-) -> None:
-    """A captured step is refused without CUDA: the run finishes only if the script drops it."""
-    write_d4rl_hdf5(isolated_cache / "generated" / f"{DATASET}.hdf5", episode_lengths=(150,) * 8)
-    (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "tests.failed").touch()  # as a failed CUDA test call leaves it
-    done = run_session(
-        tmp_path, isolated_cache, OVERRIDES="estimator.rollout_dtype=float32 cuda_graph=true"
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    log = (tmp_path / "out" / "gpu_session.log").read_text()
-    assert "the CUDA tests failed: the slices run the eager step (cuda_graph=false)" in log
-    assert f"{DATASET} seed 0: [bench] finished" in log, log
 
 
 def test_a_set_without_its_file_stops_with_exit_code_2_and_says_where_to_put_it(

@@ -139,14 +139,14 @@ def test_killed_run_resumes_to_the_same_parameters(workspace: dict, reference_ru
     results = json.loads((run_dir / "results.json").read_text())
     assert results["resumed_from_step"] == killed_at
 
-    expected = torch.load(reference_run / "checkpoint.pt", weights_only=True)["trainer"]
-    actual = torch.load(checkpoint, weights_only=True)["trainer"]
+    expected = torch.load(reference_run / "checkpoint.pt", weights_only=True)
+    actual = torch.load(checkpoint, weights_only=True)
     assert expected["loss_module"].keys() == actual["loss_module"].keys()
     for key, value in expected["loss_module"].items():
         assert torch.equal(value, actual["loss_module"][key]), key
     for index, state in expected["optimizer"]["state"].items():
         assert torch.equal(state["exp_avg_sq"], actual["optimizer"]["state"][index]["exp_avg_sq"])
-    assert expected["state"]["_optim_count"] == actual["state"]["_optim_count"] == 40
+    assert expected["trainer_loop"]["optim_steps"] == actual["trainer_loop"]["optim_steps"] == 40
 
     # Rows logged between the checkpoint and the kill are not written twice.
     def rows(run: Path, name: str) -> str:
@@ -288,7 +288,7 @@ def test_actor_average_is_evaluated_beside_an_unchanged_training(workspace: dict
     ]
     assert all("average_normalized_score_mean" in r for r in average["eval_history"])
     assert not any("average_normalized_score_mean" in r for r in plain["eval_history"])
-    trained = [torch.load(runs[n] / "checkpoint.pt", weights_only=True)["trainer"] for n in runs]
+    trained = [torch.load(runs[n] / "checkpoint.pt", weights_only=True) for n in runs]
     for key, value in trained[0]["loss_module"].items():
         assert torch.equal(value, trained[1]["loss_module"][key]), key
     assert "actor_average" in trained[1] and "actor_average" not in trained[0]
@@ -306,7 +306,7 @@ def test_actor_average_is_evaluated_beside_an_unchanged_training(workspace: dict
     state = torch.load(runs["plain"] / "checkpoint.pt", weights_only=True)
     assert state["step"] == 60
     at_40 = torch.load(runs["average"] / "checkpoint.pt", weights_only=True)["actor"]
-    for key, value in state["trainer"]["actor_average"].items():
+    for key, value in state["actor_average"].items():
         torch.testing.assert_close(value, at_40[key], atol=1e-4, rtol=0)
 
 

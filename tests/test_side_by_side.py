@@ -70,7 +70,7 @@ def alone(tmp_path_factory: pytest.TempPathFactory, workspace: dict) -> list[Pat
 
 
 def trainer_state(run_dir: Path) -> dict:
-    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["trainer"]
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)
 
 
 def assert_same_training(expected_dir: Path, actual_dir: Path) -> None:
@@ -81,9 +81,9 @@ def assert_same_training(expected_dir: Path, actual_dir: Path) -> None:
     for index, state in expected["optimizer"]["state"].items():
         for name, value in state.items():
             assert torch.equal(value, actual["optimizer"]["state"][index][name]), (index, name)
-    assert expected["state"]["_optim_count"] == actual["state"]["_optim_count"] == 40
-    sampler, rng = expected["replay_sampler"], expected["rng"]  # batches and global draws
-    assert torch.equal(sampler["generator"], actual["replay_sampler"]["generator"])
+    assert expected["trainer_loop"]["optim_steps"] == actual["trainer_loop"]["optim_steps"] == 40
+    sampler, rng = expected["sampler_generator"], expected["rng"]  # batches and global draws
+    assert torch.equal(sampler, actual["sampler_generator"])
     assert torch.equal(rng["torch_cpu"], actual["rng"]["torch_cpu"])
     assert rng["python"] == actual["rng"]["python"]
 

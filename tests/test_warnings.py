@@ -49,7 +49,7 @@ def test_a_debug_run_records_no_warning(tmp_path: Path, monkeypatch: pytest.Monk
         target = loss.target_qvalue_network_params.data
         silenced = [f for f in warnings.filters if f[1] and "target network" in f[1].pattern]
     assert _described(caught) == [] and silenced == []  # associated, not silenced
-    stored = load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)["trainer"]["loss_module"]
+    stored = load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)["loss_module"]
     key = next(k for k in stored if k.startswith("target_qvalue_network_params"))
     name = key.removeprefix("target_qvalue_network_params.")
     assert torch.equal(target.get(tuple(name.split("."))), stored[key])

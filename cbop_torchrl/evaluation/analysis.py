@@ -65,6 +65,7 @@ from cbop_torchrl.trainers.conservatism import (
 )
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
 from cbop_torchrl.trainers.recipes import reward_scale
+from cbop_torchrl.trainers.run_state import loss_weights
 
 ensemble_q = member_q_values
 """``Q_m(obs, action)`` for every member ``[M, N]`` (the name this module always exported)."""
@@ -114,7 +115,7 @@ def load_cbop_loss(run_dir: Path) -> tuple[Any, RunConfig, Any, Any]:
     # Associated as in training (TorchRL warns on a loss without one); never stepped here,
     # and built before the checkpoint's weights are loaded, so they are kept as stored.
     SoftUpdate(loss, tau=config.agent.tau)
-    loss.load_state_dict(state["trainer"]["loss_module"])
+    loss.load_state_dict(loss_weights(state))
     return loss, config, data, info
 
 
@@ -153,7 +154,7 @@ def analyze_baseline_run(
     config, data, info = load_run_config(run_dir)
     parts = build_baseline(algo, config, info, torch.device("cpu"), data)
     state = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
-    parts.loss.load_state_dict(state["trainer"]["loss_module"])
+    parts.loss.load_state_dict(loss_weights(state))
     scale = reward_scale(algo.reward_scale, data)  # Q is in the scaled rewards' units
     # No baseline's critic target holds an entropy term (CQL runs with a deterministic backup).
     return {

@@ -5,7 +5,8 @@
 (:class:`~cbop_torchrl.trainers.diagnostics.LearningDiagnostics`) share: the schedule (every
 ``interval`` gradient steps before ``total_steps``, ``post_steps``), the one-thread worker,
 the queue of measurements submitted and not yet written, their writing in step order, the
-``history`` a checkpoint holds (``{"history": [...]}``) and the registration. Each hook
+``history`` a checkpoint holds (``evaluation_history``, ``diagnostics_history``:
+:mod:`cbop_torchrl.trainers.run_state`) and the registration. Each hook
 supplies what differs: what a measurement takes in the training thread and runs in the
 worker (:meth:`~BackgroundMeasurementHook._job`), how a finished one is written
 (:meth:`~BackgroundMeasurementHook._write_result`) and the in-line measurement
@@ -37,7 +38,7 @@ class BackgroundMeasurementHook(TrainerHookBase):
     :meth:`drain` waits for them. One runs at a time: a measurement due while the one
     before it still runs waits for it first, so results lag by at most one ``interval``
     (:attr:`waited_seconds` says how long training waited). Written records go into
-    :attr:`history`, which the checkpoint holds (:meth:`state_dict` drains first, so it is
+    :attr:`history`, which the run's checkpoint holds (it drains first, so the history is
     complete up to its step).
 
     Args:
@@ -75,7 +76,8 @@ class BackgroundMeasurementHook(TrainerHookBase):
                 self._in_line(step)
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"history": [...]}``, after waiting for every measurement still running."""
+        """``{"history": [...]}``, after waiting for every measurement still running (what
+        the run's checkpoint holds of this hook)."""
         self.drain()  # a checkpoint holds every measurement up to its step
         return {"history": [dict(record) for record in self.history]}
 
@@ -84,11 +86,9 @@ class BackgroundMeasurementHook(TrainerHookBase):
         self.history = [dict(record) for record in state_dict.get("history", [])]
 
     def register(self, trainer: Trainer, name: str | None = None) -> None:
-        """Registers the hook at ``post_steps`` and as the Trainer module ``name``
-        (default: :attr:`hook_name`), so the checkpoint holds its history."""
+        """Registers the hook at ``post_steps``."""
         self.trainer = trainer
         trainer.register_op("post_steps", self)
-        trainer.register_module(self.hook_name if name is None else name, self)
 
     # ------------------------------------------------------------- scheduling
     def submit(self, step: int) -> Future[Any]:

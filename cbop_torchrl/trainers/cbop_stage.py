@@ -13,15 +13,15 @@ from tensordict import TensorDictBase
 from torchrl.objectives import SoftUpdate
 from torchrl.trainers import TrainerHookBase
 
-from cbop_torchrl.config import ConfigError, RunConfig
+from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo, make_replay_buffer
 from cbop_torchrl.envs import make_eval_env
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.cbop_update import cbop_update
 from cbop_torchrl.objectives.cbop_update import make_optimizer as cbop_optimizer
 from cbop_torchrl.objectives.loss import CBOPLoss
-from cbop_torchrl.runtime import seed_everything
-from cbop_torchrl.trainers.checkpoint import CheckpointHook, training_config_hash
+from cbop_torchrl.trainers.checkpoint import CheckpointHook
+from cbop_torchrl.trainers.decisions import CBOP_SEED_OFFSET, seed_stage, uses_cuda_graph
 from cbop_torchrl.trainers.diagnostics import LearningDiagnostics
 from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper, QValueStats
 from cbop_torchrl.trainers.offline_run import OfflineRun
@@ -31,8 +31,6 @@ from cbop_torchrl.trainers.offline_training import (
     build_offline_training,
     restore_final_records,
 )
-
-CBOP_SEED_OFFSET = 3
 
 
 def critic_hidden_sizes(config: RunConfig) -> list[int]:
@@ -107,25 +105,6 @@ def make_optimizer(loss: CBOPLoss, config: RunConfig) -> torch.optim.Optimizer:
     )
 
 
-def uses_cuda_graph(config: RunConfig, device: torch.device) -> bool:
-    """Whether the CBOP step is captured as a CUDA graph (``cuda_graph``: null = on CUDA).
-
-    With ``compile=true`` the captured step holds the CBOP target compiled by inductor
-    (:attr:`~cbop_torchrl.objectives.estimator.CBOPValueEstimator.whole_step_graph`).
-
-    Raises:
-        ConfigError: ``cuda_graph=true`` on a device that is not CUDA.
-    """
-    on_cuda = device.type == "cuda"
-    if config.cuda_graph and not on_cuda:
-        raise ConfigError(
-            f"cuda_graph=true captures the CBOP step as a CUDA graph, but this run is on "
-            f"{device}; run with device=cuda on a machine with a GPU, or drop cuda_graph=true "
-            "(the default, cuda_graph=null, captures only on CUDA)."
-        )
-    return on_cuda if config.cuda_graph is None else bool(config.cuda_graph)
-
-
 @dataclass
 class CBOPStage:
     """The CBOP stage's loss, dynamics model and training state."""
@@ -158,7 +137,7 @@ def choose_rollout_dtype(run: OfflineRun, loss: CBOPLoss, data: TensorDictBase) 
             torch.bfloat16 if stored["rollout_dtype"] == "bfloat16" else torch.float32
         )
         return dict(stored)
-    generator = torch.Generator().manual_seed(run.config.seed + CBOP_SEED_OFFSET)
+    generator = torch.Generator().manual_seed(run.decisions.seeds.cbop)
     rows = torch.randint(data.shape[0], (ROLLOUT_CHOICE_SAMPLES,), generator=generator)
     sample = data.select(*CBOP_KEYS)[rows].to(run.device)
     return estimator.select_rollout_dtype(sample)
@@ -188,10 +167,10 @@ def cbop_stage(
     ``take_turns``: registered last on the Trainer (runs side by side,
     :mod:`cbop_torchrl.trainers.side_by_side`).
     """
-    config = run.config
-    seed_everything(config.seed + CBOP_SEED_OFFSET)
-    loss, actor = build_cbop_loss(config, run.info, dynamics, run.device)
-    cuda_graph = uses_cuda_graph(config, run.device)
+    config, decisions = run.config, run.decisions
+    seed_stage(decisions.seeds.cbop)
+    loss, actor = build_cbop_loss(config, run.info, dynamics, decisions.device)
+    cuda_graph = decisions.cuda_graph
     loss.value_estimator.whole_step_graph = cuda_graph
     # TorchRL's contract: the target updater is associated before the loss reads its targets.
     # It is stepped inside the gradient step (cbop_update), captured with it.
@@ -204,18 +183,18 @@ def cbop_stage(
     copy_online_to_target(loss)  # CBOP's target ensemble starts as FQE's online ensemble
     optimizer = make_optimizer(loss, config)
     buffer = make_replay_buffer(data.select(*CBOP_KEYS), config.train.batch_size, device=run.device)
-    generator = torch.Generator(device=run.device).manual_seed(config.seed + CBOP_SEED_OFFSET)
+    generator = torch.Generator(device=run.device).manual_seed(decisions.seeds.cbop)
     buffer.set_rng(generator)
     eval_env = make_eval_env(run.task, config.eval.episodes, config.eval.backend)
     diagnostics = (
-        [LearningDiagnostics(
+        LearningDiagnostics(
             loss, data, run.task.gym_id, config.agent.gamma, config.eval.interval,
             config.train.total_steps, run.logger, max_steps=config.eval.max_steps,
-            seed=config.seed, task=run.task, mc_states=config.eval.mc_states,
+            seed=decisions.seeds.evaluation, task=run.task, mc_states=config.eval.mc_states,
             background=config.eval.background,
-        )]
+        )
         if config.eval.diagnostics
-        else []
+        else None
     )  # fmt: skip
     checkpoint = CheckpointHook(
         run.checkpoint_path, config.train.checkpoint_interval, config.train.total_steps,
@@ -226,20 +205,18 @@ def cbop_stage(
         run, loss=loss, optimizer=optimizer, stepper=cbop_stepper(config, checkpoint, update,
         cuda_graph), checkpoint=checkpoint, buffer=buffer, generator=generator,
         actor=actor, eval_env=eval_env, target_update=None,
-        extra_hooks=(QValueStats(loss, run.logger, config.train.log_interval), *diagnostics),
-        take_turns=take_turns,
+        extra_hooks=(QValueStats(loss, run.logger, config.train.log_interval),),
+        diagnostics=diagnostics, take_turns=take_turns,
     )  # fmt: skip
     start = training.start_step
     run.clock.start("cbop", f"resuming at gradient step {start}" if start else None)
-    if diagnostics and start == 0:
+    if diagnostics is not None and start == 0:
         # The curves' reference point: the BC actor and the FQE critic, before any CBOP step.
         training.evaluation.evaluate(0)
-        diagnostics[0].measure(0)
-    restore_final_records(run, training, diagnostics[0] if diagnostics else None)
+        diagnostics.measure(0)
+    restore_final_records(run, training, diagnostics)
     training.train(config.train.total_steps)
-    return CBOPStage(
-        loss, dynamics, training, diagnostics[0] if diagnostics else None, rollout_choice
-    )
+    return CBOPStage(loss, dynamics, training, diagnostics, rollout_choice)
 
 
 def cbop_stepper(
@@ -258,14 +235,12 @@ def cbop_stepper(
 def cbop_checkpoint_payload(
     run: OfflineRun, actor: Any, rollout_choice: dict[str, Any] | None, step: int
 ) -> dict[str, Any]:
-    """The non-trainer part of a CBOP checkpoint at ``step``."""
+    """CBOP's part of its checkpoint at ``step`` (:meth:`OfflineRun.checkpoint_record` and
+    :func:`~cbop_torchrl.trainers.run_state.run_state` add the rest)."""
     return {
         "rollout_choice": rollout_choice,
-        "training_config": run.training_config,
-        "training_config_hash": training_config_hash(run.training_config),
         "policy": run.policy_metadata(step),
         "actor": actor.state_dict(),
-        "wall_time_s": run.wall_time(),
     }
 
 

@@ -4,7 +4,9 @@ A CBOP checkpoint (``<run_dir>/checkpoint.pt``) is a plain dict of tensors,
 numbers, strings and lists, so ``torch.load(path, weights_only=True)`` reads
 it and a checkpoint file cannot run code:
 
-- ``format``, ``step``, ``total_steps``: where the run stands;
+- ``format``, ``layout``, ``step``, ``total_steps``: which file and where the run stands;
+- ``decisions``: the run's device, dtype, capture and seeds
+  (:class:`~cbop_torchrl.trainers.decisions.RunDecisions`);
 - ``integrity``: the SHA-256 of everything else (:func:`state_digest`), checked whenever the
   file is read, so a changed byte is refused rather than trained on;
 - ``data``: the record of the data the run trains on (:func:`cbop_torchrl.data.data_record`),
@@ -14,19 +16,22 @@ it and a checkpoint file cannot run code:
   then continues from its step to the new last step;
 - ``policy``: what :func:`load_policy` needs to rebuild the actor (task,
   sizes, dataset name) and ``actor``, the actor's weights;
-- ``trainer``: TorchRL ``Trainer.state_dict()``: the loss module (actor,
-  Q-ensemble, target Q-ensemble, log-alpha), the optimizer, the step
-  counters and every registered stateful hook (global RNG state, the replay
-  buffer's sampling generator, the evaluation history, the logged metrics).
+- the training's state (:mod:`cbop_torchrl.trainers.run_state`, which builds and restores
+  the whole dict): ``loss_module`` (actor, Q-ensemble, target Q-ensemble, log-alpha),
+  ``optimizer``, ``sampler_generator`` (the replay buffer's), ``trainer_loop`` (the step
+  counters), ``metrics_windows``, ``evaluation_history``, ``rng`` (the global RNG
+  states) and, where the run keeps them, ``actor_average`` and ``diagnostics_history``.
 
 Together these make a resumed run continue exactly where the interrupted one
 was: same parameters, same optimizer moments, same next batch, same random
 draws.
 
 What comes from TorchRL: saving runs as a ``TrainerHookBase`` registered on
-the Trainer's ``post_steps`` (:class:`CheckpointHook`), the state is
-``Trainer.state_dict()`` and resuming is ``Trainer.load_state_dict()``, and
-the global RNG state is TorchRL's ``GlobalRNGState``. What does not, and why:
+the Trainer's ``post_steps`` (:class:`CheckpointHook`), and the global RNG state is
+TorchRL's ``GlobalRNGState``. What does not, and why: the state is one dict whose keys
+name what they hold rather than ``Trainer.state_dict()`` (the state of every hook
+registered as a Trainer module, under the hooks' names), so that what a checkpoint holds
+is read in one place (:func:`~cbop_torchrl.trainers.run_state.run_state`); and
 the Trainer's own ``save_trainer`` saves only when more than
 ``save_trainer_interval`` frames passed since the last save (never at the
 last step), and TorchRL 0.14's ``torchrl.checkpoint.Checkpoint`` /
@@ -43,6 +48,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -466,13 +472,18 @@ def check_finite_weights(weights: dict[str, Any], path: str | Path) -> None:
 class CheckpointHook(TrainerHookBase):
     """Saves the run every ``interval`` gradient steps and after the last one (``post_steps``).
 
+    The hook decides when; what is saved is the run's one state dict
+    (:func:`~cbop_torchrl.trainers.run_state.run_state`), which ``state`` returns for a
+    step (bound by :func:`~cbop_torchrl.trainers.offline_training.build_offline_training`
+    once the training exists). The hook holds no state of its own.
+
     Args:
         path: the checkpoint file (written atomically: a reader sees the old
             or the new file, never a partial one, even after SIGKILL).
         interval: gradient steps between saves.
         total_steps: the last step, always saved.
-        payload: returns the non-trainer part of the checkpoint (policy,
-            config) for a given step.
+        payload: returns the algorithm's part of the checkpoint (``policy``, ``actor``,
+            ...) for a given step.
     """
 
     def __init__(self, path: Path, interval: int, total_steps: int, payload: Any) -> None:
@@ -480,9 +491,9 @@ class CheckpointHook(TrainerHookBase):
         self.interval = int(interval)
         self.total_steps = int(total_steps)
         self.payload = payload
+        self.state: Callable[[int], dict[str, Any]] | None = None
         self.trainer: Trainer | None = None
         self.last_saved_step: int | None = None
-        self.data: dict[str, Any] | None = None
 
     def __call__(self) -> None:
         step = self.trainer.collected_frames  # one frame per gradient step
@@ -490,18 +501,7 @@ class CheckpointHook(TrainerHookBase):
             self.save(step)
 
     def save(self, step: int) -> Path:
-        if self.data is None:  # the data this run trains on, recorded when it started
-            self.data = read_data_record(self.path.parent)
-        state = {
-            "format": CHECKPOINT_FORMAT,
-            "step": int(step),
-            "total_steps": self.total_steps,
-            **self.payload(step),
-            "trainer": self.trainer.state_dict(),
-        }
-        if self.data is not None:
-            state["data"] = self.data
-        atomic_torch_save(seal(state), self.path)
+        atomic_torch_save(seal(self.state(int(step))), self.path)
         self.last_saved_step = int(step)
         return self.path
 
@@ -509,12 +509,6 @@ class CheckpointHook(TrainerHookBase):
         if self.last_saved_step is None:
             return "none yet (the run has written no CBOP checkpoint)"
         return f"{self.path} (gradient step {self.last_saved_step})"
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
 
     def register(self, trainer: Trainer, name: str = "checkpoint") -> None:
         self.trainer = trainer

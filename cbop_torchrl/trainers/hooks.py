@@ -22,10 +22,12 @@ for the baselines):
   (``post_optim_log``) logs Q-ensemble statistics, and :class:`ResumeProgressBar` (``setup``) starts
   the progress bar at a resumed step.
 
-Stateful hooks register themselves as Trainer modules as well, so
-``Trainer.state_dict()`` (the checkpoint) holds their state. The metrics and
-checkpoint hooks live with what they write: :class:`~cbop_torchrl.trainers.logging.MetricsHook`
-and :class:`~cbop_torchrl.trainers.checkpoint.CheckpointHook`.
+The hooks carry logging, evaluation and checkpoint timing; what a checkpoint restores is
+the run's one state dict (:mod:`cbop_torchrl.trainers.run_state`), read from the objects
+themselves (the sampler's generator, the average's weights, the evaluation history), not
+``Trainer.state_dict()``. The metrics and checkpoint hooks live with what they write:
+:class:`~cbop_torchrl.trainers.logging.MetricsHook` and
+:class:`~cbop_torchrl.trainers.checkpoint.CheckpointHook`.
 """
 
 from __future__ import annotations
@@ -89,8 +91,8 @@ class GradientSteps:
 class SampleFromBuffer(TrainerHookBase):
     """Draws each step's batch from the dataset replay buffer (``process_optim_batch``).
 
-    The buffer samples with its own ``torch.Generator``, whose state is
-    checkpointed, so a resumed run draws the same batches.
+    The buffer samples with its own ``torch.Generator``, whose state is in the run's
+    checkpoint (``sampler_generator``), so a resumed run draws the same batches.
     """
 
     def __init__(self, buffer: ReplayBuffer, generator: torch.Generator) -> None:
@@ -100,15 +102,8 @@ class SampleFromBuffer(TrainerHookBase):
     def __call__(self, batch: TensorDictBase) -> TensorDictBase:
         return self.buffer.sample()
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.generator.set_state(state_dict["generator"].to(self.generator.get_state().device))
-
     def register(self, trainer: Trainer, name: str = "replay_sampler") -> None:
         trainer.register_op("process_optim_batch", self)
-        trainer.register_module(name, self)
 
 
 class GuardedOptimizationStepper(OptimizationStepper):
@@ -273,6 +268,7 @@ class ActorWeightAverage(TrainerHookBase):
             self.weights.update_(self.current)
 
     def state_dict(self) -> dict[str, Any]:
+        """The averaged weights (the checkpoint's ``actor_average``)."""
         return self.averaged.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -280,7 +276,6 @@ class ActorWeightAverage(TrainerHookBase):
 
     def register(self, trainer: Trainer, name: str = "actor_average") -> None:
         trainer.register_op("post_optim", self)
-        trainer.register_module(name, self)
 
 
 #: ``eval_history`` record key -> logged ``eval/<name>`` (``average_``-prefixed for the average).
@@ -331,13 +326,14 @@ class EvaluationHook(BackgroundMeasurementHook):
         average: ActorWeightAverage | None = None,
         start_obs: torch.Tensor | None = None,
         background: bool = False,
+        seed: int | None = None,
     ) -> None:
         super().__init__(config.eval.interval, total_steps, background)
         self.actor, self.task, self.env, self.logger = actor, task, env, logger
         self.average = average
         self.start_obs = start_obs
         self.max_steps = config.eval.max_steps
-        self.seed = config.seed
+        self.seed = config.seed if seed is None else int(seed)  # a run's decisions.seeds
         self._evaluators: dict[str, PolicyEvaluator] | None = None
 
     def _policies(self) -> dict[str, Any]:
@@ -490,12 +486,6 @@ class QValueStats(TrainerHookBase):
         )
         return None
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
-
     def register(self, trainer: Trainer, name: str = "qvalue_stats") -> None:
         self.trainer = trainer
         trainer.register_op("post_optim_log", self)
@@ -511,12 +501,6 @@ class ResumeProgressBar(TrainerHookBase):
         bar = getattr(self.trainer, "_pbar", None)
         if bar is not None and self.trainer.collected_frames:
             bar.update(self.trainer.collected_frames)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
 
     def register(self, trainer: Trainer, name: str = "resume_progress") -> None:
         trainer.register_op("setup", self)

@@ -295,6 +295,7 @@ class MetricsHook(TrainerHookBase):
         return means
 
     def state_dict(self) -> dict[str, Any]:
+        """The first and last windows (the run checkpoint's ``metrics_windows``)."""
         return {"first_window": dict(self.first_window), "last_window": dict(self.last_window)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -303,7 +304,6 @@ class MetricsHook(TrainerHookBase):
 
     def register(self, trainer: Trainer, name: str = "metrics") -> None:
         trainer.register_op("post_optim_complete_log", self)
-        trainer.register_module(name, self)
 
 
 class ProgressLines:

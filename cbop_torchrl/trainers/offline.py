@@ -18,9 +18,7 @@ from torchrl.trainers import TrainerHookBase
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo
 from cbop_torchrl.data.transitions import warn_about_action_range
-from cbop_torchrl.runtime import seed_everything
 from cbop_torchrl.trainers.cbop_stage import (
-    CBOP_SEED_OFFSET,
     CBOPStage,
     build_cbop_loss,
     cbop_result_fields,
@@ -29,9 +27,15 @@ from cbop_torchrl.trainers.cbop_stage import (
     critic_hidden_sizes,
     fqe_scheme,
     make_optimizer,
-    uses_cuda_graph,
 )
 from cbop_torchrl.trainers.datasize import check_dataset_size, warn_about_terminals
+from cbop_torchrl.trainers.decisions import (
+    CBOP_SEED_OFFSET,
+    RunDecisions,
+    StageSeeds,
+    seed_stage,
+    uses_cuda_graph,
+)
 from cbop_torchrl.trainers.dynamics import load_or_train_dynamics
 from cbop_torchrl.trainers.offline_run import OfflineRun, StageClock, common_results, write_results
 from cbop_torchrl.trainers.offline_training import (
@@ -81,15 +85,15 @@ def run_pipeline(
         fqe_batch=("fqe.batch_size", config.fqe.batch_size),
         dynamics=config.dynamics,
     )
+    # decides device, capture and seeds once (cuda_graph=true off CUDA: refused here)
     run = OfflineRun.open(config, info, run_dir, config.training_dict())
     if (finished := run.finished_results()) is not None:
         return finished
-    uses_cuda_graph(config, run.device)  # cuda_graph=true off CUDA: refused before any stage
     warn_about_terminals(data, info.name, run.task)
     run.start(config.to_dict())
     data = run.specs.to_agent_actions(data.to(run.device))
     warn_about_action_range(data, info.name)
-    seed_everything(config.seed)
+    seed_stage(run.decisions.seeds.run)
     dynamics, dynamics_metrics = dynamics_stage(run, data)
     bc_state, bc_cached = behaviour_cloning_stage(run, data)
     fqe_state, fqe_cached = fitted_q_evaluation_stage(run, data)
@@ -113,7 +117,7 @@ def dynamics_stage(run: OfflineRun, data: TensorDictBase) -> tuple[Any, dict[str
     dynamics, metrics = load_or_train_dynamics(
         data, run.info, run.config.dynamics, progress=run.config.progress,
         log_fn=run.log_dynamics_epoch, termination=run.task.termination,
-        cuda_graph=uses_cuda_graph(run.config, run.device),
+        cuda_graph=run.decisions.cuda_graph,
     )  # fmt: skip
     return dynamics.to(run.device), metrics
 
@@ -122,10 +126,11 @@ def behaviour_cloning_stage(run: OfflineRun, data: TensorDictBase) -> tuple[dict
     """The BC actor's parameters (cached, resumable) and whether they came from the cache."""
     config, info = run.config, run.info
     run.clock.start("bc")
+    seeds = run.decisions.seeds
     return load_or_train_bc(
         data, info.fingerprint, info.obs_dim, info.action_dim, run.hidden_sizes,
-        config.bc, config.seed, config.progress, run.log,
-        cuda_graph=uses_cuda_graph(config, run.device),
+        config.bc, seeds.run, config.progress, run.log,
+        cuda_graph=run.decisions.cuda_graph, stage_seed=seeds.bc,
     )  # fmt: skip
 
 
@@ -133,12 +138,13 @@ def fitted_q_evaluation_stage(run: OfflineRun, data: TensorDictBase) -> tuple[di
     """The Q-ensemble's parameters after FQE of the behaviour policy (cached, resumable)."""
     config, info = run.config, run.info
     run.clock.start("fqe")
+    seeds = run.decisions.seeds
     return load_or_train_fqe(
         data, info.fingerprint, info.obs_dim, info.action_dim, critic_hidden_sizes(config),
         config.agent.num_qvalue_nets, config.agent.gamma, config.fqe,
-        config.seed, config.progress, run.log, q_init=config.agent.q_init,
+        seeds.run, config.progress, run.log, q_init=config.agent.q_init,
         layer_norm=config.agent.critic_layer_norm, prior_scale=config.agent.critic_prior_scale,
-        cuda_graph=uses_cuda_graph(config, run.device),
+        cuda_graph=run.decisions.cuda_graph, stage_seed=seeds.fqe,
     )  # fmt: skip
 
 
@@ -157,7 +163,9 @@ __all__ = [
     "CBOPStage",
     "OfflineRun",
     "OfflineTraining",
+    "RunDecisions",
     "StageClock",
+    "StageSeeds",
     "behaviour_cloning_stage",
     "build_cbop_loss",
     "build_offline_training",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +27,21 @@ from cbop_torchrl.envs import (
 )
 from cbop_torchrl.io import atomic_json_dump
 from cbop_torchrl.registry import Task
-from cbop_torchrl.runtime import resolve_device
 from cbop_torchrl.trainers.checkpoint import (
+    CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
     POLICY_NAME,
     CheckpointError,
     check_resumable,
     load_checkpoint,
     policy_metadata,
+    read_data_record,
     save_policy,
 )
+from cbop_torchrl.trainers.decisions import RunDecisions, decide_run
 from cbop_torchrl.trainers.logging import log_final, log_scalars, make_logger
 from cbop_torchrl.trainers.memory import checkpoint_bytes
+from cbop_torchrl.trainers.run_state import upgrade_run_state
 from cbop_torchrl.trainers.rundir import (
     RunLock,
     check_run_data,
@@ -79,13 +82,16 @@ class StageClock:
 
 @dataclass
 class OfflineRun:
-    """What the stages of one run share: config, data, task, device, logger, clock, resume state.
+    """What the stages of one run share: config, data, task, decisions, logger, clock, resume
+    state.
 
     Used by the CBOP pipeline and by the baselines (:func:`cbop_torchrl.baselines.run_baseline`).
     ``task`` is resolved from ``config.task`` and the dataset, and ``specs`` read from its
     environment; the data's sizes must match them (checked when the run opens). For a
     task whose action box is not ``[-1, 1]``, the stages train on
-    ``specs.to_agent_actions(data)`` and ``info.fingerprint`` says so.
+    ``specs.to_agent_actions(data)`` and ``info.fingerprint`` says so. ``decisions``
+    (:class:`~cbop_torchrl.trainers.decisions.RunDecisions`) holds what the run decided when
+    it opened (device, dtype, capture, seeds); the stages read it.
     """
 
     config: RunConfig
@@ -93,24 +99,36 @@ class OfflineRun:
     task: Task
     specs: EnvSpecs
     run_dir: Path
-    device: torch.device
-    training_config: dict[str, Any]
+    decisions: RunDecisions
     resume_state: dict[str, Any] | None
     start_time: float
     clock: StageClock
     lock: RunLock | None = None
     logger: Logger | None = None
     run_config: dict[str, Any] | None = None
+    _data_record: dict[str, Any] | None = field(default=None, repr=False)
 
     @classmethod
     def open(
-        cls, config: RunConfig, info: DatasetInfo, run_dir: Path, training_config: dict[str, Any]
+        cls,
+        config: RunConfig,
+        info: DatasetInfo,
+        run_dir: Path,
+        training_config: dict[str, Any],
+        *,
+        captures_step: bool = True,
     ) -> OfflineRun:
-        """Resolves the task and checks the data against its environment's specs, then creates
-        ``run_dir``, picks the device and reads the checkpoint to resume, if any.
+        """Resolves the task and checks the data against its environment's specs, decides
+        the run (:func:`~cbop_torchrl.trainers.decisions.decide_run`: device, dtype, capture,
+        seeds), then creates ``run_dir`` and reads the checkpoint to resume, if any (one of
+        the earlier layout translated, :func:`~cbop_torchrl.trainers.run_state.upgrade_run_state`).
+
+        ``captures_step``: whether the program captures its steps as CUDA graphs (the CBOP
+        pipeline; the baselines do not).
 
         Raises:
             TaskError: the task cannot be resolved, or the data's sizes do not fit its env.
+            ConfigError: ``cuda_graph=true`` off CUDA (``captures_step``).
         """
         start_time = time.perf_counter()
         record = data_record(info)
@@ -122,7 +140,7 @@ class OfflineRun:
                 info, fingerprint=info.fingerprint + specs.fingerprint_suffix()
             )
         run_dir = Path(run_dir)
-        device = resolve_device(config.device)
+        decisions = decide_run(config, training_config, captures_step=captures_step)
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         # refuses a folder of user files a run could overwrite, or too little free space
@@ -142,9 +160,19 @@ class OfflineRun:
             lock.release()  # a refused run (in a Python session too) leaves the directory free
             raise
         return cls(
-            config, info, task, specs, run_dir, device, training_config, resume_state,
+            config, info, task, specs, run_dir, decisions, resume_state,
             start_time, StageClock(config.progress), lock,
         )  # fmt: skip
+
+    @property
+    def device(self) -> torch.device:
+        """Where the run trains (``decisions.device``)."""
+        return self.decisions.device
+
+    @property
+    def training_config(self) -> dict[str, Any]:
+        """The settings that change what is trained (``decisions.training_config``)."""
+        return self.decisions.training_config
 
     @property
     def checkpoint_path(self) -> Path:
@@ -208,6 +236,30 @@ class OfflineRun:
             mode=settings.mode, entity=settings.entity, group=settings.group,
             tags=settings.tags, run_config=config_record,
         )  # fmt: skip
+
+    def checkpoint_record(self, step: int, payload: dict[str, Any]) -> dict[str, Any]:
+        """The run's part of its checkpoint at ``step``
+        (:func:`~cbop_torchrl.trainers.run_state.run_state` adds the training's).
+
+        ``payload``: the algorithm's part (``policy``, ``actor``, and for CBOP
+        ``rollout_choice``).
+        """
+        if self._data_record is None:  # the data this run trains on, recorded when it started
+            self._data_record = read_data_record(self.run_dir)
+        decisions = self.decisions
+        record = {
+            "format": CHECKPOINT_FORMAT,
+            "step": int(step),
+            "total_steps": self.config.train.total_steps,
+            "training_config": decisions.training_config,
+            "training_config_hash": decisions.config_hash,
+            "decisions": decisions.record(),
+            **payload,
+            "wall_time_s": self.wall_time(),
+        }
+        if self._data_record is not None:
+            record["data"] = self._data_record
+        return record
 
     def policy_metadata(self, step: int) -> dict[str, Any]:
         """What :func:`~cbop_torchrl.trainers.checkpoint.load_policy` needs at ``step``."""
@@ -343,7 +395,7 @@ def _resume_state(
                 "resume=true to start, or point hydra.run.dir at the run to continue"
             )
         return None
-    state = load_checkpoint(path)
+    state = upgrade_run_state(load_checkpoint(path), path)
     check_resumable(state, training_config, path)
     return state
 

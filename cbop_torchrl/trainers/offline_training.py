@@ -5,7 +5,7 @@ on a :class:`~torchrl.trainers.Trainer` and resumes it from the run's checkpoint
 
 - the "collector" is :class:`~cbop_torchrl.trainers.hooks.GradientSteps`, one
   empty TensorDict per gradient step, and
-  :class:`~cbop_torchrl.trainers.portable.PortableSampleFromBuffer` draws the batch from
+  :class:`~cbop_torchrl.trainers.hooks.SampleFromBuffer` draws the batch from
   the dataset's replay buffer;
 - the optimization stepper (for CBOP
   :class:`~cbop_torchrl.trainers.hooks.GuardedOptimizationStepper`) does the optimizer
@@ -17,9 +17,9 @@ on a :class:`~torchrl.trainers.Trainer` and resumes it from the run's checkpoint
 
 The Trainer's own checkpointing writes either a directory of components or a
 deprecated pickle path; a run needs one file that ``torch.load(...,
-weights_only=True)`` reads, so ``CheckpointHook`` saves
-``Trainer.state_dict()`` (which covers every registered stateful hook)
-atomically itself and resuming calls ``Trainer.load_state_dict``.
+weights_only=True)`` reads, so ``CheckpointHook`` saves the run's one state dict
+(:func:`~cbop_torchrl.trainers.run_state.run_state`) atomically itself and resuming
+restores it (:func:`~cbop_torchrl.trainers.run_state.load_run_state`).
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ from cbop_torchrl.trainers.hooks import (
     EvaluationHook,
     GradientSteps,
     ResumeProgressBar,
+    SampleFromBuffer,
 )
 from cbop_torchrl.trainers.logging import MetricsHook
 from cbop_torchrl.trainers.offline_run import OfflineRun
-from cbop_torchrl.trainers.portable import PortableRNGState, PortableSampleFromBuffer
+from cbop_torchrl.trainers.run_state import RunParts, load_run_state, run_state
 from cbop_torchrl.trainers.slicing import SliceBudgetHook, slice_budget_hook
 from cbop_torchrl.trainers.snapshots import snapshot_hook
 
@@ -102,14 +103,17 @@ def build_offline_training(
     eval_env: EnvBase,
     target_update: SoftUpdate | None,
     extra_hooks: tuple[TrainerHookBase, ...] = (),
+    diagnostics: LearningDiagnostics | None = None,
     take_turns: TrainerHookBase | None = None,
 ) -> OfflineTraining:
     """TorchRL's Trainer with the offline hooks registered, resumed from the run's checkpoint.
 
     Hooks, in registration order: batch sampling, target-network update,
-    metrics, ``extra_hooks``, periodic evaluation, checkpoints, the global RNG
-    state, the progress bar and ``take_turns`` (runs side by side: the hand-over to the
-    next run after each step, :mod:`cbop_torchrl.trainers.side_by_side`).
+    metrics, ``extra_hooks``, ``diagnostics``, periodic evaluation, checkpoints, the
+    progress bar and ``take_turns`` (runs side by side: the hand-over to the next run
+    after each step, :mod:`cbop_torchrl.trainers.side_by_side`). The checkpoint hook saves
+    the run's state dict (:func:`~cbop_torchrl.trainers.run_state.run_state`) of these
+    objects, and a resumed run restores it (:func:`~.run_state.load_run_state`).
     """
     config, total_steps = run.config, run.config.train.total_steps
     trainer = Trainer(
@@ -125,13 +129,15 @@ def build_offline_training(
         auto_log_optim_steps=False,
         log_interval=config.train.log_interval,
     )
-    PortableSampleFromBuffer(buffer, generator).register(trainer)  # resumes across devices
+    SampleFromBuffer(buffer, generator).register(trainer)
     if target_update is not None:
         trainer.register_op("post_optim", TargetNetUpdaterHook(target_update))
     metrics = MetricsHook(run.logger, config.train.log_interval)
     metrics.register(trainer)
     for hook in extra_hooks:
         hook.register(trainer)
+    if diagnostics is not None:
+        diagnostics.register(trainer)
     average = None
     if config.eval.actor_average > 0:  # beyond the paper, opt-in: evaluated, never trained on
         average = ActorWeightAverage(actor, config.eval.actor_average)
@@ -143,6 +149,7 @@ def build_offline_training(
     evaluation = EvaluationHook(
         actor, run.task, eval_env, config, run.logger, total_steps, average=average,
         start_obs=start_obs, background=config.eval.background,
+        seed=run.decisions.seeds.evaluation,
     )  # fmt: skip
     evaluation.register(trainer)
     if config.eval.snapshot_interval > 0:  # before the checkpoint: a resume rewrites, never skips
@@ -151,21 +158,17 @@ def build_offline_training(
     slice_budget = slice_budget_hook(checkpoint, run.lock.release if run.lock else None)
     if slice_budget is not None:  # after the checkpoint hook: it stops right after a save
         slice_budget.register(trainer)
-    trainer.register_module("rng", PortableRNGState())
     ResumeProgressBar(trainer).register(trainer)
     if take_turns is not None:
         take_turns.register(trainer)
     training = OfflineTraining(trainer, actor, metrics, evaluation, checkpoint, eval_env)
     training.slice_budget = slice_budget
+    parts = RunParts(trainer, loss, optimizer, generator, metrics, evaluation, average, diagnostics)
+    checkpoint.state = lambda step: run_state(
+        parts, run.checkpoint_record(step, checkpoint.payload(step))
+    )
     if run.resume_state is not None:
-        state = run.resume_state["trainer"]
-        started_without_average = average is not None and "actor_average" not in state
-        if started_without_average:  # Trainer.load_state_dict wants every module's entry
-            state = {**state, "actor_average": average.state_dict()}
-        trainer.load_state_dict(state)
-        if started_without_average:
-            average.restart()  # at the checkpoint's weights, just loaded
-        training.start_step = int(run.resume_state["step"])
+        training.start_step = load_run_state(parts, run.resume_state)
         checkpoint.last_saved_step = training.start_step
     return training
 

@@ -26,8 +26,6 @@ from typing import Any
 import torch
 from torchrl.checkpoint import GlobalRNGState
 
-from cbop_torchrl.trainers.hooks import SampleFromBuffer
-
 
 class PortableRNGState(GlobalRNGState):
     """``GlobalRNGState`` that skips the CUDA generators' states where CUDA is unavailable."""
@@ -64,10 +62,3 @@ def load_generator_state(generator: torch.Generator, state: torch.Tensor) -> boo
         stacklevel=2,
     )
     return False
-
-
-class PortableSampleFromBuffer(SampleFromBuffer):
-    """:class:`SampleFromBuffer` whose generator state loads on any kind of device."""
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        load_generator_state(self.generator, state_dict["generator"])

@@ -39,14 +39,11 @@ from cbop_torchrl.objectives.pretrain import (
     FittedQEvaluationLoss,
     bootstrap_counts,
 )
-from cbop_torchrl.runtime import seed_everything
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError, read_stage, save_stage
+from cbop_torchrl.trainers.decisions import BC_SEED_OFFSET, FQE_SEED_OFFSET, seed_stage
 from cbop_torchrl.trainers.update import CapturedStep, GradientStep
 
 LogFn = Callable[[dict[str, float], int], None]
-
-BC_SEED_OFFSET = 1
-FQE_SEED_OFFSET = 2
 
 
 def _sampler(data: TensorDictBase, batch_size: int, seed: int) -> tuple[ReplayBuffer, Any]:
@@ -275,6 +272,7 @@ def load_or_train_bc(
     progress: bool = True,
     log_fn: LogFn | None = None,
     cuda_graph: bool = False,
+    stage_seed: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], bool]:
     """The behaviour-cloned actor's state dict, and whether it came from the cache.
 
@@ -283,9 +281,11 @@ def load_or_train_bc(
         fingerprint: the dataset's fingerprint (cache key).
         obs_dim, action_dim, hidden_sizes: the actor's architecture.
         config: steps, batch size, learning rate, checkpoint interval.
-        seed: run seed (the stage uses ``seed + BC_SEED_OFFSET``).
+        seed: run seed (in the cache key).
         cuda_graph: capture each step as a CUDA graph (see :func:`run_supervised_stage`).
+        stage_seed: the stage's seed (``decisions.seeds.bc``; None: ``seed + BC_SEED_OFFSET``).
     """
+    stage_seed = seed + BC_SEED_OFFSET if stage_seed is None else int(stage_seed)
     fields = config.cache_fields() if isinstance(config, BCConfig) else vars(config)
     key = {"data": fingerprint, "config": fields, "hidden": list(hidden_sizes), "seed": seed}
     work_dir = _stage_dir("bc", key)
@@ -294,15 +294,15 @@ def load_or_train_bc(
         record = {"fingerprint": fingerprint}  # the data's fingerprint holds its content key
         if (cached := read_cached_stage(result, "actor", record)) is not None:
             return cached, True
-        seed_everything(seed + BC_SEED_OFFSET)
+        seed_stage(stage_seed)
         actor = make_actor(obs_dim, action_dim, tuple(hidden_sizes), device=data.device)
         loss = BehaviourCloningLoss(actor)
         pairs = data.select("observation", "action")
         if getattr(config, "converge", False):
-            generator = torch.Generator(device=data.device).manual_seed(seed + BC_SEED_OFFSET)
+            generator = torch.Generator(device=data.device).manual_seed(stage_seed)
             fit_bc_to_convergence(loss, pairs, config, generator, work_dir, log_fn)
         else:
-            buffer, generator = _sampler(pairs, config.batch_size, seed + BC_SEED_OFFSET)
+            buffer, generator = _sampler(pairs, config.batch_size, stage_seed)
             run_supervised_stage(
                 "bc", loss, buffer, generator, config, work_dir, progress, log_fn,
                 cuda_graph=cuda_graph,
@@ -519,6 +519,7 @@ def load_or_train_fqe(
     layer_norm: bool = False,
     prior_scale: float = 0.0,
     cuda_graph: bool = False,
+    stage_seed: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], bool]:
     """FQE of the behaviour policy for an M-member Q-ensemble.
 
@@ -534,12 +535,14 @@ def load_or_train_fqe(
     ``cuda_graph`` captures the steps of the latter (:func:`run_supervised_stage`); the
     authors' scheme runs eagerly. ``config.drop_terminal`` leaves the terminal rows out, as
     the authors' dataset of targets does (their ``simple_replay_buffer.py``, lines 271-295).
+    ``seed``: the run's (cache key); ``stage_seed``: the stage's (None: seed + FQE_SEED_OFFSET).
 
     Returns:
         The :class:`FittedQEvaluationLoss` state dict (``qvalue_network_params.*``
         and ``target_qvalue_network_params.*``, stacked ``[M, ...]``, the same
         names ``CBOPLoss`` uses) and whether it came from the cache.
     """
+    stage_seed = seed + FQE_SEED_OFFSET if stage_seed is None else int(stage_seed)
     fields = dict(vars(config))
     if not fields.get("drop_terminal", True):  # added later: named only when on
         fields.pop("drop_terminal")
@@ -562,7 +565,7 @@ def load_or_train_fqe(
         record = {"fingerprint": fingerprint}
         if (cached := read_cached_stage(result, "qvalue", record)) is not None:
             return cached, True
-        seed_everything(seed + FQE_SEED_OFFSET)
+        seed_stage(stage_seed)
         usable = data.get("next_action_mask")
         if getattr(config, "drop_terminal", False):  # the authors' FQE (see FQEConfig)
             usable = usable & ~data.get(("next", "terminated")).reshape(-1)
@@ -582,13 +585,13 @@ def load_or_train_fqe(
         )  # fmt: skip
         if config.converge:
             loss = FittedQEvaluationLoss(qnets, gamma=gamma, eta=config.eta)
-            generator = torch.Generator(device=data.device).manual_seed(seed + FQE_SEED_OFFSET)
+            generator = torch.Generator(device=data.device).manual_seed(stage_seed)
             fit_fqe_rounds_to_convergence(loss, fqe_data, config, generator, work_dir, log_fn)
         else:
             loss = FittedQEvaluationLoss(
                 qnets, gamma=gamma, bootstrap_weights=counts, eta=config.eta
             )
-            buffer, generator = _sampler(fqe_data, config.batch_size, seed + FQE_SEED_OFFSET)
+            buffer, generator = _sampler(fqe_data, config.batch_size, stage_seed)
             run_supervised_stage(
                 "fqe", loss, buffer, generator, config, work_dir, progress, log_fn,
                 fqe_target_update(loss, config), cuda_graph=cuda_graph,

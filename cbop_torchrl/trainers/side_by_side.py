@@ -95,12 +95,6 @@ class TakeTurns(TrainerHookBase):
     def __call__(self) -> None:
         self.turns.pass_on(self.run)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
-
     def register(self, trainer: Trainer, name: str = "take_turns") -> None:
         trainer.register_op("post_steps", self)
 

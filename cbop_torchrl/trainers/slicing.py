@@ -179,12 +179,6 @@ class SliceBudgetHook(TrainerHookBase):
             self.release()
         raise SliceEnded()
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
-
     def register(self, trainer: Trainer, name: str = "slice_budget") -> None:
         self.trainer = trainer
         trainer.register_op("post_steps", self)
