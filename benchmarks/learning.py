@@ -874,13 +874,17 @@ def finish_run(
     """After a run's process ended: its summary, or a note that it failed and resumes."""
     run_dir, summary_path, dataset, name, seed = where
     if returncode != 0:
-        print(
-            f"[bench] FAILED   {dataset} {name} seed {seed} (exit {returncode});"
-            " moving on (re-run to resume it)",
-            flush=True,
-        )
+        print_failed(dataset, name, seed, returncode)
         return
     write_summary(run_dir, summary_path, dataset, name, seed, command, start, args)
+
+
+def print_failed(dataset: str, name: str, seed: int, returncode: int) -> None:
+    print(
+        f"[bench] FAILED   {dataset} {name} seed {seed} (exit {returncode});"
+        " moving on (re-run to resume it)",
+        flush=True,
+    )
 
 
 def run_side_by_side_jobs(jobs: dict, args: argparse.Namespace) -> None:
@@ -895,11 +899,7 @@ def run_side_by_side_jobs(jobs: dict, args: argparse.Namespace) -> None:
         returncode = subprocess.run(command, cwd=ROOT, check=False).returncode
         for seed, run_dir, summary_path in job["runs"]:
             if not (run_dir / "results.json").is_file():
-                print(
-                    f"[bench] FAILED   {dataset} {name} seed {seed} (exit {returncode});"
-                    " moving on (re-run to resume it)",
-                    flush=True,
-                )
+                print_failed(dataset, name, seed, returncode)
                 continue
             write_summary(run_dir, summary_path, dataset, name, seed, command, start, args)
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 from d4rl_files import debug_cbop_command, pipeline_workspace
 from inprocess import Finished, run_program
+from training_states import assert_same_training_state
 
 from cbop_torchrl.io import config_hash
 from cbop_torchrl.trainers.checkpoint import (
@@ -48,19 +49,6 @@ def rows(run_dir: Path, metric: str) -> list[str]:
 
 def results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
-
-
-def assert_same_training_state(run_dir: Path, reference_dir: Path) -> None:
-    expected = torch.load(reference_dir / "checkpoint.pt", weights_only=True)
-    actual = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    assert actual["step"] == expected["step"] == actual["total_steps"]
-    assert expected["loss_module"].keys() == actual["loss_module"].keys()
-    for key, value in expected["loss_module"].items():
-        assert torch.equal(value, actual["loss_module"][key]), key
-    for index, state in expected["optimizer"]["state"].items():
-        for name in ("exp_avg", "exp_avg_sq"):
-            assert torch.equal(state[name], actual["optimizer"]["state"][index][name]), name
-    assert expected["trainer_loop"]["optim_steps"] == actual["trainer_loop"]["optim_steps"]
 
 
 @pytest.fixture(scope="module")

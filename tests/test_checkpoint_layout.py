@@ -17,6 +17,7 @@ from unittest import mock
 import pytest
 import torch
 from inprocess import run_program
+from training_states import assert_same_training_state
 
 from cbop_torchrl.trainers import decisions as decisions_module
 from cbop_torchrl.trainers.checkpoint import CHECKPOINT_NAME, load_checkpoint, seal
@@ -199,15 +200,10 @@ def test_a_checkpoint_of_the_earlier_layout_resumes_to_the_uninterrupted_weights
     run_dir = old_run_dir(workspace["root"] / "old", earlier)
     finished = cbop(run_dir, workspace["cache"])
     assert finished.returncode == 0, finished.stderr[-3000:]
+    assert_same_training_state(run_dir, workspace["root"] / "whole")
     expected = load_checkpoint(workspace["root"] / "whole" / CHECKPOINT_NAME)
     actual = load_checkpoint(run_dir / CHECKPOINT_NAME)
     assert actual["layout"] == RUN_STATE_LAYOUT and actual["step"] == 40
-    assert expected["loss_module"].keys() == actual["loss_module"].keys()
-    for key, value in expected["loss_module"].items():
-        assert torch.equal(value, actual["loss_module"][key]), key
-    for index, state in expected["optimizer"]["state"].items():
-        for name in ("exp_avg", "exp_avg_sq"):
-            assert torch.equal(state[name], actual["optimizer"]["state"][index][name]), name
     assert torch.equal(expected["sampler_generator"], actual["sampler_generator"])
     assert actual["evaluation_history"] == expected["evaluation_history"]
     policy = torch.load(run_dir / "policy.pt", weights_only=True)["actor"]
