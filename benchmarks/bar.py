@@ -55,8 +55,9 @@ from cbop_torchrl.evaluation.summaries import (  # noqa: E402
     BAR_MARGIN_SETS,
     BASELINES,
 )
+from cbop_torchrl.evaluation.protocol import EARLIER_SEEDS  # noqa: E402
 
-SEEDS = 3
+SEEDS = EARLIER_SEEDS
 MARGIN = BAR_MARGIN  # above the best baseline, on MARGIN_SETS of the sets
 MARGIN_SETS = BAR_MARGIN_SETS
 KEEP = BAR_KEEP  # final >= KEEP * best, every seed

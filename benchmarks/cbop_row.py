@@ -15,6 +15,7 @@ from cbop_torchrl.evaluation.headline import (
     SELECTION_NAME,
     SETS,
     current_file,
+    find_row,
     grid_rows,
     grid_variant,
     headline_row,
@@ -47,15 +48,6 @@ def conservatism_check(dataset: str, gaps: list[float | None]) -> Check:
         bool(gaps) and all(gap is not None and gap < 0 for gap in gaps),
         ", ".join("n/a" if gap is None else f"{gap:+.1f}" for gap in gaps) or "no summaries",
     )
-
-
-def find_row(rows: dict, variant: str, measure: str) -> dict | None:
-    """The variant's row on the set's current file."""
-    file = current_file(rows)
-    for row in rows["rows"]:
-        if (row["variant"], row["measure"], row.get("dataset_sha256")) == (variant, measure, file):
-            return row
-    return None
 
 
 __all__ = [

@@ -7,8 +7,9 @@ curves and the paper's figures.
 
 ``paths`` are run directories (holding results.json), sweep directories or
 folders of benchmark summaries, in any mix. Writes into ``out``: results.md/.csv
-(normalized score mean +- std over seeds, final and best), runs.csv,
-curves_<dataset>.png, horizon_<dataset>.png (E[h], paper Fig. 1 right),
+(normalized score mean +- std over seeds, final and best), runs.csv, headline.md,
+curves_<dataset>.png (of a results folder: the 50,000-step protocol's rows; its
+20,000-step rows in curves_20k_<dataset>.png), horizon_<dataset>.png (E[h], paper Fig. 1 right),
 rh_<dataset>_<variant>.png (R_h at one state, Fig. 5), share_<...>.png
 (A/(A+B), Fig. 8), conservatism.md/.csv (Table 2), rliable.md/.json/.png
 (IQM, optimality gap, probability of improvement; needs rliable) and
@@ -36,7 +37,7 @@ from cbop_torchrl.cli import (
 from cbop_torchrl.config import ConfigError
 from cbop_torchrl.data import DatasetError
 from cbop_torchrl.envs import filter_env_warnings
-from cbop_torchrl.evaluation.headline import current_files_in, headlines_in
+from cbop_torchrl.evaluation.headline import current_files_in, headlines_in, long_headlines_in
 from cbop_torchrl.evaluation.report import write_report
 from cbop_torchrl.evaluation.summaries import ReportError, check_report_paths, load_summaries
 from cbop_torchrl.io import (
@@ -117,8 +118,14 @@ def run(cfg: DictConfig) -> None:
         # every file it writes (figures too) checked, and all renamed into place together
         # once all are written: a failure half way (a full disk) changes no file
         with owned_outputs(cfg.out, PROGRAM), deferred_replace():
-            headline = headlines_in(paths)
-            report = write_report(summaries, cfg.out, figure_prefix=prefix, headline=headline)
+            # a results folder: the 50,000-step rows first, the 20,000-step rows below
+            report = write_report(
+                summaries,
+                cfg.out,
+                figure_prefix=prefix,
+                headline=headlines_in(paths),
+                long_headline=long_headlines_in(paths),
+            )
         remove_stale_outputs(cfg.out, PROGRAM, report["files"])
     except (ReportError, ConfigError, DatasetError, CheckpointError) as error:
         refuse(error)

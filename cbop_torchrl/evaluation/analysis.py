@@ -45,7 +45,13 @@ from cbop_torchrl.config import RunConfig, load_config
 from cbop_torchrl.data import load_dataset_with_info
 from cbop_torchrl.envs import resolve_task
 from cbop_torchrl.envs.starts import START_STATES_SEED
-from cbop_torchrl.evaluation.protocol import final_window, seed_se, self_resolution, t_interval
+from cbop_torchrl.evaluation.protocol import (
+    final_scores,
+    final_window,
+    seed_se,
+    self_resolution,
+    t_interval,
+)
 from cbop_torchrl.io import read_regular_text
 from cbop_torchrl.objectives.posterior import gaussian_posterior
 from cbop_torchrl.trainers.cbop_stage import build_cbop_loss
@@ -445,7 +451,7 @@ def row_intervals(
             if not curves:
                 continue
             lasts = [window(curve, window_size) for curve in curves.values()]
-            finals = [window(curve, final_window(variant)) for curve in curves.values()]
+            finals = [final_scores(curve, variant) for curve in curves.values()]
             last_means = [statistics.fmean(values) for values in lasts]
             noises = [n for n in map(consecutive_noise, lasts) if n is not None]
             rows.append(

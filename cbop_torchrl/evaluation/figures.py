@@ -135,15 +135,19 @@ def plot_learning_curves(
     out_dir: Path,
     current_only: bool = True,
     headline: Mapping[str, Mapping[str, str]] | None = None,
+    name: str = "curves_{dataset}.png",
+    title: str = "{dataset}",
 ) -> list[Path]:
     """Normalized score vs gradient step per dataset, mean +- std over seeds.
 
-    ``current_only``: the headline's rows into ``curves_<dataset>.png``, one per algorithm
+    ``current_only``: the headline's rows into ``name`` (``{dataset}`` filled in; the report
+    names a results folder's earlier protocol ``curves_20k_{dataset}.png``), one per algorithm
     (``headline``: dataset -> algorithm -> variant, as
     :func:`~cbop_torchrl.evaluation.report.headline_markdown` takes it; default, and for a
     set or algorithm it does not name, the algorithm's own name); else every variant into
     ``curves_all_<dataset>.png``, in panels of at most :data:`MAX_SERIES` series
-    (:func:`panels`), each panel's x-axis as long as its own runs. Each figure lists the
+    (:func:`panels`), each panel's x-axis as long as its own runs. ``title``: the plot's
+    title (``{dataset}`` filled in), which can name the protocol. Each figure lists the
     variants it plots in its :data:`SERIES_KEY` text chunk (:func:`figure_series`).
     """
     plt = _pyplot()
@@ -186,10 +190,10 @@ def plot_learning_curves(
             ax.set_ylabel("normalized score (0-100)\nmean ± std over seeds", fontsize=LEGEND_POINTS)
             ax.grid(alpha=0.3)
             _legend_outside(ax)
-        axes[0, 0].set_title(dataset, fontsize=10)
-        name = f"curves_{dataset}.png" if current_only else f"curves_all_{dataset}.png"
+        axes[0, 0].set_title(title.format(dataset=dataset), fontsize=10)
+        file = name.format(dataset=dataset) if current_only else f"curves_all_{dataset}.png"
         series = [variant for group in layout for variant in group]
-        written.append(_save_figure(fig, out_dir / name, series))
+        written.append(_save_figure(fig, out_dir / file, series))
     return written
 
 

@@ -1,16 +1,20 @@
 """Which row of a benchmark set is each algorithm's in the headline: one rule for every page.
 
 A set's results live in ``<results>/<set>/``: ``rows.json`` (``python benchmarks/learning.py
---rows``) and one folder of per-seed summaries per variant. The headline (the README's and the
-results page's table, and the figure ``curves_<set>.png`` beside it) shows one row per
-algorithm, :func:`headline_rows`:
+--rows``) and one folder of per-seed summaries per variant. Each protocol's headline (a table
+on the README, the results page and the report, and the report's curves of the same rows)
+shows one row per algorithm, :func:`headline_rows`:
 
 - with :data:`HEADLINE_LABEL` None, CBOP's row is the psi fitted Q evaluation chose offline
   (``psi_selection.json``, ``benchmarks/psi_grid.py --select``), else the psi grid's row at
   the psi the paper's D4RL table gives the set (:func:`headline_row`), and each baseline's row
   is its own name (``bc``, ``td3bc``, ...);
-- with :data:`HEADLINE_LABEL` a benchmark label (``"50k"``), every algorithm's row is
+- with a benchmark label (:data:`LONG_LABEL`, ``"50k"``), every algorithm's row is
   ``<algo>-<label>`` (``cbop-50k``, ``bc-50k``, ...): the rows of that protocol.
+
+The 50,000-step protocol's rows (:func:`long_headlines_in`) come first on every page and in
+the report (``curves_<set>.png``); the 20,000-step rows (:func:`headlines_in`) follow as the
+earlier protocol (``curves_20k_<set>.png``).
 
 The psi grid's rows are the variants ``cbop-psi<value>`` (:data:`GRID`). ``benchmarks/bar.py``,
 ``benchmarks/psi_grid.py``, the report (:func:`~cbop_torchrl.evaluation.report.write_report`)
@@ -24,16 +28,19 @@ import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from cbop_torchrl.evaluation.protocol import LONG_SUFFIX
 from cbop_torchrl.evaluation.summaries import BASELINES
 from cbop_torchrl.io import find_regular_files, read_regular_text
 
 SETS = ("hopper-medium-replay-gen", "walker2d-medium-replay-gen", "halfcheetah-medium-replay-gen")
 """The three D4RL-level generated sets the results are reported on."""
 HEADLINE_LABEL: str | None = None
-"""The benchmark label (``benchmarks/learning.py --label``) whose rows are the headline; None:
-the 20,000-step rows (CBOP's row by :func:`headline_row`, the baselines' by their names). The
-one place to change when another protocol's rows (``"50k"``: ``cbop-50k``, ``bc-50k``, ...)
-become the headline."""
+"""The benchmark label (``benchmarks/learning.py --label``) whose rows :func:`headline_rows`
+gives by default; None: the 20,000-step rows (CBOP's row by :func:`headline_row`, the
+baselines' by their names), which ``benchmarks/bar.py`` and ``benchmarks/psi_grid.py`` judge."""
+LONG_LABEL = LONG_SUFFIX.removeprefix("-")
+"""The 50,000-step protocol's label (``"50k"``): its rows, ``<algo>-50k``, are the headline
+shown first (:func:`long_headlines_in`)."""
 HEADLINE_ALGOS = ("cbop", *BASELINES)
 """The algorithms of the headline, in its order."""
 SELECTION_NAME = "psi_selection.json"
@@ -173,6 +180,26 @@ def headlines_in(paths: Iterable[str | Path]) -> dict[str, dict[str, str]]:
     return {dataset: headline_rows(folder, dataset) for dataset, folder in sets.items()}
 
 
+def long_headlines_in(paths: Iterable[str | Path]) -> dict[str, dict[str, str]]:
+    """``dataset -> algo -> variant`` of the 50,000-step protocol (``cbop-50k``, ``bc-50k``,
+    ...; :data:`LONG_LABEL`) for each set of a benchmark results folder among ``paths``, in
+    :data:`SETS`' order, then any other set by name; empty where ``paths`` hold no results
+    folder (run or sweep directories)."""
+    sets = results_sets(paths)
+    order = [d for d in SETS if d in sets] + sorted(d for d in sets if d not in SETS)
+    return {dataset: headline_rows(sets[dataset], dataset, LONG_LABEL) for dataset in order}
+
+
+def find_row(rows: dict, variant: str, measure: str) -> dict | None:
+    """The variant's row of a ``rows.json`` (:func:`load_rows`) on the set's current file and
+    ``measure`` (``reset`` or ``starts``), or None where it has none."""
+    file = current_file(rows)
+    for row in rows["rows"]:
+        if (row["variant"], row["measure"], row.get("dataset_sha256")) == (variant, measure, file):
+            return row
+    return None
+
+
 def headline_of(
     headline: Mapping[str, Mapping[str, str]] | None, dataset: str
 ) -> Mapping[str, str]:
@@ -186,9 +213,11 @@ __all__ = [
     "GRID",
     "HEADLINE_ALGOS",
     "HEADLINE_LABEL",
+    "LONG_LABEL",
     "SELECTION_NAME",
     "SETS",
     "current_file",
+    "find_row",
     "grid_rows",
     "grid_variant",
     "headline_of",
@@ -196,6 +225,7 @@ __all__ = [
     "headline_rows",
     "current_files_in",
     "headlines_in",
+    "long_headlines_in",
     "load_rows",
     "results_sets",
     "seed_summaries",

@@ -19,6 +19,10 @@ from collections.abc import Sequence
 
 EARLIER_FINAL_WINDOW = 3
 """The earlier protocol's final (20,000 steps, an evaluation every 1,000): the last 3."""
+EARLIER_STEPS = 20_000
+"""CBOP's gradient steps under the earlier protocol."""
+EARLIER_SEEDS = 3
+"""Seeds per row under the earlier protocol (0-2; ``benchmarks/bar.py --protocol 20k``)."""
 LONG_SUFFIX = "-50k"
 """Rows of the 50,000-step protocol are named ``<variant>-50k`` (``--label 50k``)."""
 LONG_FINAL_WINDOW = 4
@@ -37,6 +41,26 @@ def is_long_row(variant: str) -> bool:
 def final_window(variant: str) -> int:
     """How many of a run's last evaluations its final averages, by its row's protocol."""
     return LONG_FINAL_WINDOW if is_long_row(variant) else EARLIER_FINAL_WINDOW
+
+
+def final_scores(curve: Sequence[Sequence[float]], variant: str) -> list[float]:
+    """The evaluations a run's final averages: the last :func:`final_window` of its row's.
+
+    Args:
+        curve: ``[[step, score], ...]`` (a summary's ``curve``), in any order.
+        variant: the run's row (``cbop-50k``: the last 4; ``cbop-psi5``: the last 3).
+
+    Returns:
+        The scores of the last ``final_window(variant)`` evaluations by step, oldest first.
+    """
+    points = sorted(curve, key=lambda point: point[0])[-final_window(variant) :]
+    return [float(score) for _, score in points]
+
+
+def run_final(curve: Sequence[Sequence[float]], variant: str) -> float:
+    """A run's final by its row's protocol: the mean of :func:`final_scores` (``rows.json``'s
+    ``final_per_seed`` holds one per seed). Raises ``StatisticsError`` on an empty curve."""
+    return statistics.fmean(final_scores(curve, variant))
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -149,13 +173,17 @@ def t_interval(values: Sequence[float]) -> list[float] | None:
 
 __all__ = [
     "EARLIER_FINAL_WINDOW",
+    "EARLIER_SEEDS",
+    "EARLIER_STEPS",
     "LONG_FINAL_WINDOW",
     "LONG_SEEDS",
     "LONG_STEPS",
     "LONG_SUFFIX",
+    "final_scores",
     "final_window",
     "is_long_row",
     "resolution",
+    "run_final",
     "seed_se",
     "self_resolution",
     "t_interval",

@@ -7,7 +7,9 @@ into these files:
 output                          from
 ==============================  =============================================
 ``results.md`` / ``.csv``       final and best normalized score per run
+``headline.md``                 the headline table(s) (:func:`headline_markdown`)
 ``curves_<dataset>.png``        ``curve`` of the headline's rows (:func:`headline_rows`)
+``curves_20k_<dataset>.png``    a results folder's earlier protocol's rows (idem)
 ``curves_all_<dataset>.png``    ``curve`` of every variant (earlier ones too)
 ``horizon_<dataset>.png``       ``train_curves["cbop/expected_horizon"]``
 ``targets_<dataset>.png``       ``train_curves``: target mean, critic loss
@@ -17,7 +19,12 @@ output                          from
 ``rliable.md`` / ``.png``       final scores; only when ``rliable`` imports
 ==============================  =============================================
 
-The figures are drawn by :mod:`cbop_torchrl.evaluation.figures`.
+The figures are drawn by :mod:`cbop_torchrl.evaluation.figures`. For a benchmark results
+folder (``long_headline``) the headline is the 50,000-step protocol's rows, its table
+(:func:`~cbop_torchrl.evaluation.headline_tables.long_headline_markdown`) and
+``curves_<dataset>.png``, with the earlier protocol's (20,000 steps) below them and in
+``curves_20k_<dataset>.png``; for run and sweep directories, the table of the runs' own
+algorithms and ``curves_<dataset>.png``.
 """
 
 from __future__ import annotations
@@ -38,9 +45,14 @@ from cbop_torchrl.evaluation.figures import (
     plot_share_histograms,
     plot_target_diagnostics,
 )
-from cbop_torchrl.evaluation.headline import HEADLINE_ALGOS, headline_of
+from cbop_torchrl.evaluation.headline_tables import (
+    headline_markdown,
+    headline_page,
+    long_finals,
+    long_headline_markdown,
+)
+from cbop_torchrl.evaluation.protocol import EARLIER_STEPS, LONG_STEPS
 from cbop_torchrl.evaluation.summaries import (
-    ALGO_NAMES,
     BAR_KEEP,
     BAR_MARGIN,
     BAR_MARGIN_SETS,
@@ -156,96 +168,6 @@ def dataset_markdown(summaries: Sequence[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     return "\n".join(header + lines) + "\n"
-
-
-def headline_markdown(
-    summaries: Sequence[dict[str, Any]],
-    headline: Mapping[str, Mapping[str, str]] | None = None,
-) -> str:
-    """Algorithm x dataset: each headline row's final score, the behaviour policy's.
-
-    A cell is the mean over seeds of the runs' final scores (each the mean of its last
-    :data:`FINAL_EVALUATIONS` evaluations; the highest of a column in bold), then in words the
-    lowest and highest seed's and the number of seeds; the last rows are the data's
-    behaviour policy and its size.
-
-    Args:
-        summaries: from :func:`~cbop_torchrl.evaluation.summaries.load_summaries`.
-        headline: dataset -> algorithm -> the variant that is the algorithm's row there
-            (:func:`~cbop_torchrl.evaluation.headline.headline_rows`: e.g. CBOP's psi chosen
-            offline, ``cbop-psi5``); each CBOP cell then names its psi. Default, and for an
-            algorithm or set it does not name: the algorithm's own name (``cbop``, ``bc``).
-
-    Deterministic: the same summaries give the same text (the docs are checked against it).
-    """
-    groups = group_runs(summaries)
-    datasets = sorted({d for d, _ in groups})
-
-    def runs_of(dataset: str, algo: str) -> list[dict[str, Any]] | None:
-        return groups.get((dataset, headline_of(headline, dataset)[algo]))
-
-    variants = [a for a in HEADLINE_ALGOS if any(runs_of(d, a) for d in datasets)]
-    if not datasets or not variants:
-        return ""
-    lines = [
-        "| algorithm | " + " | ".join(datasets) + " |",
-        "|---|" + "---|" * len(datasets),
-    ]
-    best = {
-        d: max(
-            statistics.fmean(float(r["final_normalized_score"]) for r in runs_of(d, v))
-            for v in variants
-            if runs_of(d, v)
-        )
-        for d in datasets
-        if any(runs_of(d, v) for v in variants)
-    }
-    for variant in variants:
-        cells, steps = [], set()
-        for dataset in datasets:
-            runs = runs_of(dataset, variant)
-            if not runs:
-                cells.append("not run")
-                continue
-            scores = [float(r["final_normalized_score"]) for r in runs]
-            steps |= {int(r["gradient_steps"]) for r in runs}
-            mean = statistics.fmean(scores)
-            cell = f"**{mean:.1f}**" if mean == best[dataset] else f"{mean:.1f}"
-            notes = []
-            if variant == "cbop" and headline is not None:
-                notes.append(_psi_note(runs))
-            if len(scores) > 1:
-                notes.append(f"seeds {min(scores):.1f} to {max(scores):.1f}; {len(scores)} seeds")
-            else:
-                notes.append("1 seed")
-            cells.append(f"{cell} ({'; '.join(notes)})")
-        budget = "/".join(f"{s:,}" for s in sorted(steps))
-        name = f"{ALGO_NAMES.get(variant, variant)} ({budget} steps)"
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    shown = {(d, headline_of(headline, d)[a]) for d in datasets for a in variants}
-    behaviour, sizes = [], []
-    for dataset in datasets:
-        found = [
-            s.get("dataset_provenance") or {}
-            for s in summaries
-            if s["dataset"] == dataset and (dataset, s["variant"]) in shown
-        ]
-        p = next((p for p in found if p), {})
-        score = p.get("policy_normalized_score")
-        behaviour.append("" if score is None else f"{float(score):.1f}")
-        n, episodes = p.get("transitions"), p.get("episodes")
-        sizes.append(
-            "" if n is None else f"{int(n):,} transitions, {int(episodes or 0):,} episodes"
-        )
-    lines.append("| *behaviour policy (medium)* | " + " | ".join(behaviour) + " |")
-    lines.append("| *data* | " + " | ".join(sizes) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _psi_note(runs: Sequence[dict[str, Any]]) -> str:
-    """``psi 5`` (or ``psi 2/5`` where the runs differ): the psi CBOP's runs trained with."""
-    psis = {(r.get("diagnostics") or {}).get("settings", {}).get("psi") for r in runs}
-    return "psi " + "/".join(f"{p:g}" for p in sorted(psis - {None}))
 
 
 def _fmt(value: Any) -> str:
@@ -484,11 +406,17 @@ def rliable_markdown(aggregates: dict[str, dict[str, list[float]]]) -> str:
 
 
 # ----------------------------------------------------------------------------- report
+LONG_FIGURE_TITLE = f"{{dataset}}: the {LONG_STEPS:,}-step protocol"
+EARLIER_FIGURE_TITLE = f"{{dataset}}: the earlier protocol ({EARLIER_STEPS:,} CBOP steps)"
+"""A results folder's curve figures' titles, each naming its protocol."""
+
+
 def write_report(
     summaries: Sequence[dict[str, Any]],
     out_dir: str | Path,
     figure_prefix: str = "",
     headline: Mapping[str, Mapping[str, str]] | None = None,
+    long_headline: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Writes every table and figure into ``out_dir``; returns ``{"files": [...], ...}``.
 
@@ -498,6 +426,11 @@ def write_report(
         headline: dataset -> algorithm -> its row, for ``headline.md`` and
             ``curves_<dataset>.png`` alike (:func:`headline_markdown`; for a benchmark
             results folder :func:`~cbop_torchrl.evaluation.headline.headlines_in`).
+        long_headline: a benchmark results folder's 50,000-step rows, dataset -> algorithm
+            -> its row (:func:`~cbop_torchrl.evaluation.headline.long_headlines_in`); given
+            (not empty), they are ``headline.md``'s first table and ``curves_<dataset>.png``,
+            and ``headline``'s rows the earlier protocol's table below and
+            ``curves_20k_<dataset>.png``.
         figure_prefix: path prefix of the figures in ``README_results.md`` (the
             report directory as seen from the file that shows them); a prefix naming
             ``out_dir`` itself is dropped, so the file's links work where it sits.
@@ -524,7 +457,19 @@ def write_report(
         for s in variant_runs
     ]
     files.append(_write_csv(out_dir / "runs.csv", runs))
-    figures = plot_learning_curves(summaries, out_dir, headline=headline)
+    if long_headline:
+        figures = plot_learning_curves(
+            summaries, out_dir, headline=long_headline, title=LONG_FIGURE_TITLE
+        )
+        figures += plot_learning_curves(
+            summaries,
+            out_dir,
+            headline=headline,
+            name="curves_20k_{dataset}.png",
+            title=EARLIER_FIGURE_TITLE,
+        )
+    else:
+        figures = plot_learning_curves(summaries, out_dir, headline=headline)
     figures += plot_learning_curves(summaries, out_dir, current_only=False)
     figures += plot_expected_horizon(summaries, out_dir)
     figures += plot_target_diagnostics(summaries, out_dir)
@@ -532,16 +477,19 @@ def write_report(
     figures += plot_share_histograms(summaries, out_dir)
     conservatism = conservatism_rows(summaries)
     headline_table = headline_markdown(summaries, headline)
+    if long_headline:
+        long_table = long_headline_markdown(long_finals(summaries, long_headline))
+        headline_table = headline_page(long_table, headline_table)
+        intro = []
+    else:
+        intro = [
+            f"Final normalized score (mean over seeds of each run's last {FINAL_EVALUATIONS} "
+            "evaluations; in parentheses the lowest and highest seed's and the number of "
+            "seeds):\n"
+        ]
     _write_text(out_dir / "headline.md", headline_table)
     files.append(out_dir / "headline.md")
-    sections = [
-        "## Results\n",
-        f"Final normalized score (mean over seeds of each run's last {FINAL_EVALUATIONS} "
-        "evaluations; in parentheses the lowest and highest seed's and the number of seeds):\n",
-        headline_table,
-        "\nEvery variant:\n",
-        table,
-    ]
+    sections = ["## Results\n", *intro, headline_table, "\nEvery variant:\n", table]
     goals = goal_check(rows, summaries)
     if goals:
         sections += [

@@ -578,36 +578,13 @@ def reproduce_markdown(rows_of: dict[str, dict[str, str]], found: list[dict]) ->
 def long_headline_markdown(results: Path = RESULTS) -> str:
     """The 50,000-step protocol's headline: each ``<algo>-50k`` row's final (``rows.json``,
     the reset measure on the set's current file) with its seeds' range and count against the
-    protocol's seeds; "not run yet" where a row has no run."""
-    from cbop_torchrl.baselines import preset_training
-    from cbop_torchrl.evaluation.headline import HEADLINE_ALGOS, SETS, load_rows
-    from cbop_torchrl.evaluation.protocol import LONG_SEEDS, LONG_STEPS, LONG_SUFFIX
-    from cbop_torchrl.evaluation.summaries import ALGO_NAMES
+    protocol's seeds; "not run" where a row has no run. The report's own table
+    (:func:`cbop_torchrl.evaluation.headline_tables.long_headline_markdown`, its finals from
+    the summaries), from ``rows.json``'s per-seed finals."""
+    from cbop_torchrl.evaluation.headline_tables import long_headline_markdown as table
+    from cbop_torchrl.evaluation.headline_tables import rows_finals
 
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from benchmarks.cbop_row import find_row
-
-    preset = preset_training("cpu")  # the baselines' budget: CBOP's BC and FQE steps too
-    pretraining = preset["bc.steps"] + preset["fqe.steps"]
-    lines = ["| algorithm | " + " | ".join(SETS) + " |", "|---|" + "---|" * len(SETS)]
-    for algo in HEADLINE_ALGOS:
-        cells = []
-        for dataset in SETS:
-            rows = load_rows(results, dataset)
-            row = find_row(rows, algo + LONG_SUFFIX, "reset") if rows else None
-            if row is None:
-                cells.append("not run yet")
-                continue
-            finals = row["final_per_seed"]
-            seeds = f"{len(finals)} of {LONG_SEEDS} seeds"
-            spread = f"seeds {min(finals):.1f} to {max(finals):.1f}; " if len(finals) > 1 else ""
-            cells.append(f"{row['final']:.1f} ({spread}{seeds})")
-        steps = LONG_STEPS if algo == "cbop" else LONG_STEPS + pretraining
-        lines.append(
-            f"| {ALGO_NAMES.get(algo, algo)} ({steps:,} steps) | " + " | ".join(cells) + " |"
-        )
-    return "\n".join(lines) + "\n"
+    return table(rows_finals(results))
 
 
 def blocks(found: list[dict] | None = None) -> dict[str, str]:
