@@ -55,3 +55,19 @@ def test_long_rows_average_their_last_four_evaluations() -> None:
     assert rows["cbop-50k"]["final"] == pytest.approx((17 + 18 + 19 + 20) / 4)
     assert rows["cbop-50k"]["final_window"] == 4
     assert rows["cbop"]["final"] == pytest.approx((18 + 19 + 20) / 3)
+
+
+def test_a_runs_final_is_the_rows_per_seed_final() -> None:
+    """``run_final`` (the report's headline cells) is what ``rows.json`` holds per seed."""
+    from cbop_torchrl.evaluation.protocol import final_scores, run_final
+
+    curve = [[2500 * i, float(i * i % 7)] for i in range(21)][::-1]  # out of step order
+    assert final_scores(curve, "cbop-50k") == [float(i * i % 7) for i in range(17, 21)]
+    assert final_scores(curve, "bc") == [float(i * i % 7) for i in range(18, 21)]
+    summaries = [
+        {"dataset": "d", "variant": v, "seed": 0, "curve": curve} for v in ("bc-50k", "bc")
+    ]
+    rows = {row["variant"]: row for row in row_intervals(summaries, reps=10)}
+    for variant in ("bc-50k", "bc"):
+        assert rows[variant]["final_per_seed"] == [run_final(curve, variant)]
+    assert run_final(curve, "bc-50k") != run_final(curve, "bc")

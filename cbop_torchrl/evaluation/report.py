@@ -489,7 +489,13 @@ def write_report(
         ]
     _write_text(out_dir / "headline.md", headline_table)
     files.append(out_dir / "headline.md")
-    sections = ["## Results\n", *intro, headline_table, "\nEvery variant:\n", table]
+    every = "\nEvery variant:\n"
+    if long_headline:  # results.md's finals are the last 3 whatever the row: said so
+        every = (
+            f"\nEvery variant (each run's final here the mean of its last {FINAL_EVALUATIONS} "
+            "evaluations, whatever its protocol):\n"
+        )
+    sections = ["## Results\n", *intro, headline_table, every, table]
     goals = goal_check(rows, summaries)
     if goals:
         sections += [
