@@ -411,6 +411,54 @@ EARLIER_FIGURE_TITLE = f"{{dataset}}: the earlier protocol ({EARLIER_STEPS:,} CB
 """A results folder's curve figures' titles, each naming its protocol."""
 
 
+def _headline_curves(
+    summaries: Sequence[dict[str, Any]],
+    out_dir: Path,
+    headline: Mapping[str, Mapping[str, str]] | None,
+    long_headline: Mapping[str, Mapping[str, str]] | None,
+) -> list[Path]:
+    """The headline's curves (:func:`write_report`): a results folder's 50,000-step rows in
+    ``curves_<dataset>.png`` and its earlier protocol's in ``curves_20k_<dataset>.png``;
+    otherwise ``headline``'s rows in ``curves_<dataset>.png``."""
+    if not long_headline:
+        return plot_learning_curves(summaries, out_dir, headline=headline)
+    figures = plot_learning_curves(
+        summaries, out_dir, headline=long_headline, title=LONG_FIGURE_TITLE
+    )
+    return figures + plot_learning_curves(
+        summaries,
+        out_dir,
+        headline=headline,
+        name="curves_20k_{dataset}.png",
+        title=EARLIER_FIGURE_TITLE,
+    )
+
+
+def _results_section(
+    summaries: Sequence[dict[str, Any]],
+    table: str,
+    headline: Mapping[str, Mapping[str, str]] | None,
+    long_headline: Mapping[str, Mapping[str, str]] | None,
+) -> tuple[str, list[str]]:
+    """``headline.md``'s text and the opening of ``README_results.md``'s "Results" section
+    (:func:`write_report`), down to ``table`` (every variant's)."""
+    headline_table = headline_markdown(summaries, headline)
+    if not long_headline:
+        intro = (
+            f"Final normalized score (mean over seeds of each run's last {FINAL_EVALUATIONS} "
+            "evaluations; in parentheses the lowest and highest seed's and the number of "
+            "seeds):\n"
+        )
+        return headline_table, ["## Results\n", intro, headline_table, "\nEvery variant:\n", table]
+    long_table = long_headline_markdown(long_finals(summaries, long_headline))
+    page = headline_page(long_table, headline_table)
+    every = (  # results.md's finals are the last 3 whatever the row's protocol: said so
+        f"\nEvery variant (each run's final here the mean of its last {FINAL_EVALUATIONS} "
+        "evaluations, whatever its protocol):\n"
+    )
+    return page, ["## Results\n", page, every, table]
+
+
 def write_report(
     summaries: Sequence[dict[str, Any]],
     out_dir: str | Path,
@@ -457,45 +505,16 @@ def write_report(
         for s in variant_runs
     ]
     files.append(_write_csv(out_dir / "runs.csv", runs))
-    if long_headline:
-        figures = plot_learning_curves(
-            summaries, out_dir, headline=long_headline, title=LONG_FIGURE_TITLE
-        )
-        figures += plot_learning_curves(
-            summaries,
-            out_dir,
-            headline=headline,
-            name="curves_20k_{dataset}.png",
-            title=EARLIER_FIGURE_TITLE,
-        )
-    else:
-        figures = plot_learning_curves(summaries, out_dir, headline=headline)
+    figures = _headline_curves(summaries, out_dir, headline, long_headline)
     figures += plot_learning_curves(summaries, out_dir, current_only=False)
     figures += plot_expected_horizon(summaries, out_dir)
     figures += plot_target_diagnostics(summaries, out_dir)
     figures += plot_rh_histograms(summaries, out_dir)
     figures += plot_share_histograms(summaries, out_dir)
     conservatism = conservatism_rows(summaries)
-    headline_table = headline_markdown(summaries, headline)
-    if long_headline:
-        long_table = long_headline_markdown(long_finals(summaries, long_headline))
-        headline_table = headline_page(long_table, headline_table)
-        intro = []
-    else:
-        intro = [
-            f"Final normalized score (mean over seeds of each run's last {FINAL_EVALUATIONS} "
-            "evaluations; in parentheses the lowest and highest seed's and the number of "
-            "seeds):\n"
-        ]
+    headline_table, sections = _results_section(summaries, table, headline, long_headline)
     _write_text(out_dir / "headline.md", headline_table)
     files.append(out_dir / "headline.md")
-    every = "\nEvery variant:\n"
-    if long_headline:  # results.md's finals are the last 3 whatever the row: said so
-        every = (
-            f"\nEvery variant (each run's final here the mean of its last {FINAL_EVALUATIONS} "
-            "evaluations, whatever its protocol):\n"
-        )
-    sections = ["## Results\n", *intro, headline_table, every, table]
     goals = goal_check(rows, summaries)
     if goals:
         sections += [
