@@ -13,9 +13,13 @@ and ``python docs/_tools/results_tables.py --write`` rewrites every block of REA
 docs pages from the summaries there are; ``--check`` (and tests/test_docs_results_tables.py)
 fails when one differs. Blocks:
 
-- ``headline``: each current algorithm's final score per dataset, with the lowest and highest
-  seed's and the number of seeds, the data's behaviour policy and size
-  (:func:`~cbop_torchrl.evaluation.report.headline_markdown`).
+- ``headline-50k``: the 50,000-step protocol's rows (``<algo>-50k``), each row's final by its
+  protocol (the last 4 evaluations) from ``rows.json``, with the lowest and highest seed's and
+  the seeds run of 5 (:func:`long_headline_markdown`); the report's ``headline.md`` opens with
+  the same table, made from the summaries.
+- ``headline``: the earlier protocol's (20,000 CBOP steps): each algorithm's final score per
+  dataset, with the lowest and highest seed's and the number of seeds, the data's behaviour
+  policy and size (:func:`~cbop_torchrl.evaluation.report.headline_markdown`).
 - ``datasets``: the sets the results were measured on, from the generator's provenance that
   each summary stores (transitions, episodes, behaviour policy, file).
 - ``rows``: every row (algorithm or configuration) of every set on its current file, on both
@@ -124,8 +128,8 @@ def bar_markdown() -> str:
 
 def headline() -> dict[str, dict[str, str]]:
     """Each set's headline rows, ``dataset -> algorithm -> variant``
-    (:func:`cbop_torchrl.evaluation.headline.headline_rows`): the rows the report's
-    ``curves_<set>.png`` plots too."""
+    (:func:`cbop_torchrl.evaluation.headline.headline_rows`) under the earlier protocol: the
+    rows the report's ``curves_20k_<set>.png`` plots too."""
     from cbop_torchrl.evaluation.headline import headlines_in
 
     return headlines_in([RESULTS])
