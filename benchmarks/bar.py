@@ -49,13 +49,13 @@ from benchmarks.cbop_row import (  # noqa: E402
     load_rows,
     seed_summaries,
 )
+from cbop_torchrl.evaluation.protocol import EARLIER_SEEDS  # noqa: E402
 from cbop_torchrl.evaluation.summaries import (  # noqa: E402
     BAR_KEEP,
     BAR_MARGIN,
     BAR_MARGIN_SETS,
     BASELINES,
 )
-from cbop_torchrl.evaluation.protocol import EARLIER_SEEDS  # noqa: E402
 
 SEEDS = EARLIER_SEEDS
 MARGIN = BAR_MARGIN  # above the best baseline, on MARGIN_SETS of the sets
