@@ -211,6 +211,17 @@ def test_score_rows_mean_std_and_order() -> None:
     assert "40.0 ± 10.0" in markdown_table(rows)
 
 
+def test_score_rows_take_each_rows_protocol_final() -> None:
+    """A 50,000-step row's final is its last 4 evaluations, an earlier row's its last 3,
+    whatever final the summary stored."""
+    curve = [[step, score] for step, score in zip(range(1, 6), (0.0, 8.0, 4.0, 4.0, 4.0))]
+    long, earlier = _summary("cbop-50k", 0, 4.0), _summary("cbop", 0, 99.0)
+    long["curve"] = earlier["curve"] = curve
+    rows = {row["variant"]: row for row in score_rows([long, earlier])}
+    assert rows["cbop-50k"]["final_mean"] == pytest.approx(5.0)  # (8 + 4 + 4 + 4) / 4
+    assert rows["cbop"]["final_mean"] == pytest.approx(4.0)
+
+
 def test_dataset_table_tells_a_copy_from_other_data() -> None:
     def run(sha256: str, data_key: str) -> dict:
         provenance = {"sha256": sha256, "data_key": data_key, "transitions": 10}

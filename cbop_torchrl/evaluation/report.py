@@ -51,7 +51,13 @@ from cbop_torchrl.evaluation.headline_tables import (
     long_finals,
     long_headline_markdown,
 )
-from cbop_torchrl.evaluation.protocol import EARLIER_STEPS, LONG_STEPS
+from cbop_torchrl.evaluation.protocol import (
+    EARLIER_FINAL_WINDOW,
+    EARLIER_STEPS,
+    LONG_FINAL_WINDOW,
+    LONG_STEPS,
+    run_final,
+)
 from cbop_torchrl.evaluation.summaries import (
     BAR_KEEP,
     BAR_MARGIN,
@@ -66,11 +72,21 @@ from cbop_torchrl.io import atomic_write
 
 
 # ----------------------------------------------------------------------------- tables
+def protocol_final(summary: dict[str, Any]) -> float:
+    """A run's final by its row's protocol (:func:`~cbop_torchrl.evaluation.protocol.run_final`:
+    the last 4 evaluations of a ``-50k`` row, else 3), its summary's stored final without a
+    curve."""
+    if summary.get("curve"):
+        return run_final(summary["curve"], summary["variant"])
+    return float(summary["final_normalized_score"])
+
+
 def score_rows(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (dataset, variant): seeds, final and best score mean/std over seeds."""
+    """One row per (dataset, variant): seeds, the final by the row's protocol
+    (:func:`protocol_final`) and the best score, mean/std over seeds."""
     rows = []
     for (dataset, variant), runs in group_runs(summaries).items():
-        final = mean_std([r["final_normalized_score"] for r in runs])
+        final = mean_std([protocol_final(r) for r in runs])
         best = mean_std([r["best_normalized_score"] for r in runs])
         horizon = [
             r["diagnostics"].get("expected_horizon_end")
@@ -340,7 +356,7 @@ def rliable_aggregates(
     datasets = sorted({s["dataset"] for s in summaries})
     by_variant: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for s in sorted(summaries, key=lambda s: s["seed"]):
-        by_variant[s["variant"]][s["dataset"]].append(float(s["final_normalized_score"]))
+        by_variant[s["variant"]][s["dataset"]].append(protocol_final(s))
     matrices = {}
     for variant, per_dataset in by_variant.items():
         runs = min(len(per_dataset.get(d, [])) for d in datasets)
@@ -452,9 +468,9 @@ def _results_section(
         return headline_table, ["## Results\n", intro, headline_table, "\nEvery variant:\n", table]
     long_table = long_headline_markdown(long_finals(summaries, long_headline))
     page = headline_page(long_table, headline_table)
-    every = (  # results.md's finals are the last 3 whatever the row's protocol: said so
-        f"\nEvery variant (each run's final here the mean of its last {FINAL_EVALUATIONS} "
-        "evaluations, whatever its protocol):\n"
+    every = (
+        f"\nEvery variant (each run's final the mean of its last {LONG_FINAL_WINDOW} "
+        f"evaluations for a 50,000-step row, else its last {EARLIER_FINAL_WINDOW}):\n"
     )
     return page, ["## Results\n", page, every, table]
 
