@@ -51,9 +51,9 @@ from cbop_torchrl.modules.actor_critic import action_spec, make_actor
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator
 from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.registry import get_family
+from cbop_torchrl.trainers.cbop_stage import GuardedOptimizationStepper
 from cbop_torchrl.trainers.checkpoint import load_checkpoint
 from cbop_torchrl.trainers.dynamics import DynamicsConfig, train_dynamics
-from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper
 from cbop_torchrl.trainers.update import CapturedStep, GradientStep
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,9 @@ from cbop_torchrl.envs.evaluate import deterministic_policy
 from cbop_torchrl.envs.starts import restore_states
 from cbop_torchrl.modules.actor_critic import make_actor
 from cbop_torchrl.registry import Task, get_family
+from cbop_torchrl.trainers.cbop_stage import GuardedOptimizationStepper
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
-from cbop_torchrl.trainers.hooks import ActorWeightAverage, GuardedOptimizationStepper
+from cbop_torchrl.trainers.hooks import ActorWeightAverage
 
 
 def _rollout_evaluation(

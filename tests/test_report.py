@@ -214,7 +214,7 @@ def test_score_rows_mean_std_and_order() -> None:
 def test_score_rows_take_each_rows_protocol_final() -> None:
     """A 50,000-step row's final is its last 4 evaluations, an earlier row's its last 3,
     whatever final the summary stored."""
-    curve = [[step, score] for step, score in zip(range(1, 6), (0.0, 8.0, 4.0, 4.0, 4.0))]
+    curve = [[step, score] for step, score in enumerate((0.0, 8.0, 4.0, 4.0, 4.0), start=1)]
     long, earlier = _summary("cbop-50k", 0, 4.0), _summary("cbop", 0, 99.0)
     long["curve"] = earlier["curve"] = curve
     rows = {row["variant"]: row for row in score_rows([long, earlier])}

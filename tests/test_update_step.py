@@ -31,8 +31,8 @@ from cbop_torchrl.objectives import CBOPLoss
 from cbop_torchrl.objectives.cbop_update import cbop_update, make_optimizer
 from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
 from cbop_torchrl.objectives.estimator import sac_alpha
+from cbop_torchrl.trainers.cbop_stage import GuardedOptimizationStepper
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
-from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper
 from cbop_torchrl.trainers.update import GradientStep
 
 OBS, ACT, M, H, K = 5, 2, 3, 2, 3

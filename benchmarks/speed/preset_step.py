@@ -24,7 +24,7 @@ from benchmarks.speed.sizes import Size, cpu_preset_size, env_sizes
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.loss import CBOPLoss
-from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper
+from cbop_torchrl.trainers.cbop_stage import GuardedOptimizationStepper
 from cbop_torchrl.trainers.logging import MetricsHook, flatten_metrics
 
 #: The implementation the speed goals are measured against, loaded from git for the "before"

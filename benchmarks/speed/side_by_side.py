@@ -38,7 +38,7 @@ from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import make_actor
 from cbop_torchrl.objectives.cbop_update import cbop_update, make_optimizer
 from cbop_torchrl.objectives.loss import CBOPLoss
-from cbop_torchrl.trainers.hooks import GuardedOptimizationStepper
+from cbop_torchrl.trainers.cbop_stage import GuardedOptimizationStepper
 from cbop_torchrl.trainers.side_by_side import TakeTurns, train_in_turn
 
 CPU_COUNTS = (1, 2, 4)

@@ -13,9 +13,6 @@ for the baselines):
 - :class:`SampleFromBuffer` (``process_optim_batch``, where TorchRL's own
   ``ReplayBufferTrainer`` samples) replaces that empty batch with one drawn
   from the dataset's replay buffer;
-- :class:`GuardedOptimizationStepper` is the Trainer's optimization stepper:
-  one optimizer step on the summed ``loss_*`` keys, refused when a loss,
-  target or gradient is not finite;
 - :class:`EvaluationHook` (``post_steps``) evaluates the policy every
   ``eval.interval`` steps (with ``eval.actor_average``, also the weight average
   :class:`ActorWeightAverage` keeps at ``post_optim``), :class:`QValueStats`
@@ -34,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -46,7 +42,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase
 from torchrl.record.loggers import Logger
-from torchrl.trainers import OptimizationStepper, Trainer, TrainerHookBase
+from torchrl.trainers import Trainer, TrainerHookBase
 
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.envs import PolicyEvaluator, run_evaluator
@@ -56,9 +52,7 @@ from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.objectives.pretrain import ensemble_q
 from cbop_torchrl.registry import Task
 from cbop_torchrl.trainers.background import BackgroundMeasurementHook
-from cbop_torchrl.trainers.checkpoint import CheckpointHook, NonFiniteLossError
 from cbop_torchrl.trainers.logging import log_scalars
-from cbop_torchrl.trainers.update import CapturedStep, GradientStep
 
 
 class GradientSteps:
@@ -104,143 +98,6 @@ class SampleFromBuffer(TrainerHookBase):
 
     def register(self, trainer: Trainer, name: str = "replay_sampler") -> None:
         trainer.register_op("process_optim_batch", self)
-
-
-class GuardedOptimizationStepper(OptimizationStepper):
-    """One optimizer step on ``loss_actor + loss_qvalue + loss_alpha``, refusing non-finite values.
-
-    The step is a :class:`~cbop_torchrl.trainers.update.GradientStep` (losses,
-    backward, gradient norm, optimizer step and, given ``target_update``, the
-    target-network update). Every loss, CBOP target statistic and the gradient
-    norm are checked on the device; the host reads the result every
-    ``check_interval`` steps. A non-finite value raises
-    :class:`NonFiniteLossError` naming the first bad step and the last good
-    checkpoint. With ``check_interval=1`` (the default) the check comes before
-    ``optimizer.step()`` and no parameter changes; with a longer interval (a
-    captured step) a fused optimizer skips the bad steps on the device, so the
-    parameters and every checkpoint stay finite, and the run stops at the next check.
-
-    Args:
-        checkpoint: the run's checkpoint hook (``describe_last()`` names the last good one).
-        target_update: a TorchRL target updater stepped inside the step (None: a
-            ``post_optim`` hook does it).
-        update: the whole step as a function ``update(batch, guard) -> losses`` (the CBOP
-            stage's :func:`~cbop_torchrl.objectives.cbop_update.cbop_update`, bound to its
-            loss, optimizer and target updater: give it instead of ``target_update``);
-            None: the Trainer's loss, optimizer and ``target_update`` in a
-            :class:`~cbop_torchrl.trainers.update.GradientStep`.
-        cuda_graph: capture the step as a CUDA graph after ``warmup_steps`` eager
-            steps (:class:`~cbop_torchrl.trainers.update.CapturedStep`; the loss must
-            be on a CUDA device and the optimizer fused and capturable).
-        check_interval: gradient steps between reads of the finiteness record.
-        warmup_steps: eager steps before the capture.
-        strict_capture: a failed capture raises; otherwise (``cuda_graph=null``) it warns
-            and the run goes on with the eager step.
-    """
-
-    def __init__(
-        self,
-        checkpoint: CheckpointHook,
-        target_update: Any | None = None,
-        *,
-        update: Callable[[TensorDictBase, Any], TensorDictBase] | None = None,
-        cuda_graph: bool = False,
-        check_interval: int = 1,
-        warmup_steps: int = 3,
-        strict_capture: bool = True,
-    ) -> None:
-        if check_interval < 1:
-            raise ValueError(f"check_interval must be >= 1; got {check_interval}")
-        self.checkpoint = checkpoint
-        self.target_update = target_update
-        self.update_function = update
-        self.cuda_graph = cuda_graph
-        self.check_interval = check_interval
-        self.warmup_steps = warmup_steps
-        self.strict_capture = strict_capture
-        self.update: GradientStep | None = None
-        self._bound_trainer: Trainer | None = None
-        self.captured: CapturedStep | None = None
-        self._first_frame = 0
-        self._calls = 0
-
-    def _build(self, trainer: Trainer) -> None:
-        self.update = GradientStep(
-            trainer.compute_loss, trainer.optimizer, self.target_update, self.update_function
-        )
-        if (self.cuda_graph or self.check_interval > 1) and not self.update.skips_on_device:
-            optimizer = trainer.optimizer
-            raise ValueError(
-                "a captured step or a check_interval > 1 needs an optimizer that skips a "
-                "non-finite step on the device (fused Adam/AdamW/SGD: fused=True); got "
-                f"{type(optimizer).__name__} with fused={optimizer.defaults.get('fused')}"
-            )
-        if self.cuda_graph:
-            self.captured = CapturedStep(self.update, warmup_steps=self.warmup_steps)
-        self._first_frame = trainer.collected_frames
-        self._calls = 0
-        self._bound_trainer = trainer
-
-    def step(self, trainer: Trainer, sub_batch: TensorDictBase) -> TensorDictBase:
-        if self._bound_trainer is not trainer:  # bound to one trainer's loss and optimizer
-            self._build(trainer)
-        self._calls += 1
-        check_now = self._calls % self.check_interval == 0
-        if self.captured is not None:
-            losses = self._captured_step(sub_batch)
-        elif check_now and self.update_function is not None:
-            # The check runs before the optimizer step: a bad step changes nothing.
-            return self.update(sub_batch, after_guard=lambda: self.raise_if_not_finite(trainer))
-        elif check_now:  # check before the optimizer step: a bad step changes nothing
-            self.update.zero_grad()
-            losses = self.update.forward_backward(sub_batch)
-            self.raise_if_not_finite(trainer)
-            self.update.apply()
-            return losses
-        else:
-            losses = self.update(sub_batch)
-        if check_now:
-            self.raise_if_not_finite(trainer)
-        return losses
-
-    def _captured_step(self, sub_batch: TensorDictBase) -> TensorDictBase:
-        if self.captured.captured or self.captured.warmed < self.captured.warmup_steps:
-            return self.captured(sub_batch)
-        try:  # this call captures; nothing has run on the device yet if it fails
-            return self.captured(sub_batch)
-        except Exception as error:
-            if self.strict_capture:
-                raise
-            warnings.warn(
-                f"the CBOP step could not be captured as a CUDA graph ({type(error).__name__}: "
-                f"{error}); the run goes on with the eager step. Set cuda_graph=false to skip "
-                "the attempt.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            self.captured = None
-            return self.update(sub_batch)
-
-    def raise_if_not_finite(self, trainer: Trainer) -> None:
-        """Reads the finiteness record (one host synchronisation); raises on a bad step."""
-        bad_steps, first_bad, names = self.update.health.read()
-        if not bad_steps:
-            return
-        self.update.zero_grad()
-        step = self._first_frame + first_bad
-        skipped = (
-            ""
-            if self.captured is None and self.check_interval == 1
-            else f" ({bad_steps} non-finite step(s) up to step {trainer.collected_frames}, "
-            "none of them applied)"
-        )
-        raise NonFiniteLossError(
-            f"non-finite {', '.join(sorted(names))} at gradient step {step} of the CBOP "
-            f"stage{skipped}; the step was not applied and the run stopped. Last good "
-            f"checkpoint: {self.checkpoint.describe_last()}. Lower the learning rates "
-            "(agent.*_lr) or check the dataset/dynamics model, then resume (the same "
-            "command continues from that checkpoint)."
-        )
 
 
 class ActorWeightAverage(TrainerHookBase):
@@ -509,7 +366,6 @@ class ResumeProgressBar(TrainerHookBase):
 __all__ = [
     "EvaluationHook",
     "GradientSteps",
-    "GuardedOptimizationStepper",
     "QValueStats",
     "ResumeProgressBar",
     "SampleFromBuffer",

@@ -8,7 +8,7 @@ on a :class:`~torchrl.trainers.Trainer` and resumes it from the run's checkpoint
   :class:`~cbop_torchrl.trainers.hooks.SampleFromBuffer` draws the batch from
   the dataset's replay buffer;
 - the optimization stepper (for CBOP
-  :class:`~cbop_torchrl.trainers.hooks.GuardedOptimizationStepper`) does the optimizer
+  :class:`~cbop_torchrl.trainers.cbop_stage.GuardedOptimizationStepper`) does the optimizer
   step and refuses non-finite losses, targets and gradients;
 - ``TargetNetUpdaterHook(SoftUpdate)`` updates the target networks;
 - :class:`~cbop_torchrl.trainers.logging.MetricsHook`,
