@@ -55,8 +55,10 @@ PAGES = (
     ROOT / "docs" / "getting-started.md",
     ROOT / "docs" / "cbop.md",
     ROOT / "docs" / "earlier.md",
+    ROOT / "docs" / "speed.md",
 )
 FIRST_RUN = ROOT / "benchmarks" / "first_run.json"
+SIDE_BY_SIDE_CPU = ROOT / "benchmarks" / "bench_side_by_side_cpu.json"
 """The README's first command, timed once from a fresh clone: its time, CPU and output."""
 STATUS_BULLETS = 4
 STATUS_WORDS = 30
@@ -423,6 +425,36 @@ def _minutes(seconds: float) -> str:
     return f"{minutes} min {rest} s" if minutes else f"{rest} s"
 
 
+def side_by_side_markdown(path: Path = SIDE_BY_SIDE_CPU) -> str:
+    """The CPU record of runs side by side against two one-thread processes, as a table."""
+    if not path.is_file():
+        name = SIDE_BY_SIDE_CPU.relative_to(ROOT)
+        return f"Not measured on a CPU yet: `{name}` is made by the command above.\n"
+    record = json.loads(path.read_text())
+    machine = record["machine"]
+    lines = [
+        "| runs | how | step (all runs one step) | run-steps/s | x one run |",
+        "|---|---|---|---|---|",
+    ]
+    for size in record["sizes"].values():
+        for row in size["side_by_side"]:
+            lines.append(
+                f"| {row['runs']} | in turn, one process | {1000 * row['step_s']:.0f} ms | "
+                f"{row['run_steps_per_s']:.1f} | {row['run_steps_per_s_ratio']:.2f} |"
+            )
+        if (other := size.get("two_processes")) is not None:
+            lines.append(
+                f"| {other['processes']} | one process each | - | {other['run_steps_per_s']:.1f} | "
+                f"{other['run_steps_per_s_ratio']:.2f} |"
+            )
+    lines += [
+        "",
+        f"Measured by `{record['command']}` on a {machine['nproc']}-core {machine['cpu_model']} "
+        f"({record['steps']} timed steps per run, one torch thread per run).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def first_run_markdown(record: dict) -> str:
     """One sentence: the first command's measured time, on which CPU, and its score."""
     return (
@@ -610,6 +642,7 @@ def blocks(found: list[dict] | None = None) -> dict[str, str]:
         "first-run-output": first_run_output_markdown(record),
         "hyperparameters": hyperparameters_markdown(),
         "reproduce": reproduce_markdown(rows, found),
+        "side-by-side-cpu": side_by_side_markdown(),
     }
 
 
