@@ -27,11 +27,8 @@ from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qval
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
 from cbop_torchrl.objectives.cbop_update import cbop_update
 from cbop_torchrl.objectives.loss import CBOPLoss
-from cbop_torchrl.trainers.hooks import (
-    GradientSteps,
-    GuardedOptimizationStepper,
-    SampleFromBuffer,
-)
+from cbop_torchrl.trainers.cbop_stage import GuardedOptimizationStepper
+from cbop_torchrl.trainers.hooks import GradientSteps, SampleFromBuffer
 from cbop_torchrl.trainers.logging import MetricsHook
 
 OBS, ACT = 5, 2
