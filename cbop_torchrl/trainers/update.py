@@ -180,19 +180,10 @@ class GradientStep:
         if self.target_update is not None:
             target_step(self.target_update)
 
-    def __call__(
-        self, batch: TensorDictBase, after_guard: Callable[[], None] | None = None
-    ) -> TensorDictBase:
-        """The step; ``after_guard()`` (given ``update``) runs before the optimizer step."""
+    def __call__(self, batch: TensorDictBase) -> TensorDictBase:
+        """The step (given ``update``: ``update(batch, self.guard)``)."""
         if self.update is not None:
-            if after_guard is None:
-                return self.update(batch, self.guard)
-
-            def guard(losses: TensorDictBase, grad_norm: Tensor) -> None:
-                self.guard(losses, grad_norm)
-                after_guard()
-
-            return self.update(batch, guard)
+            return self.update(batch, self.guard)
         self.zero_grad()
         losses = self.forward_backward(batch)
         self.apply()
