@@ -256,6 +256,18 @@ def test_the_cbop_page_names_each_hyperparameters_key_and_both_presets(
     )
 
 
+def test_the_hyperparameters_table_does_not_follow_the_psi_dicts_order(
+    generated: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test that deletes and restores a GENERATED_PSI entry moves it to the dict's end; the
+    table keeps the benchmark's set order."""
+    from cbop_torchrl.config.paper import GENERATED_PSI
+
+    reordered = dict(reversed(list(GENERATED_PSI.items())))
+    monkeypatch.setattr("cbop_torchrl.config.paper.GENERATED_PSI", reordered)
+    assert results_tables.hyperparameters_markdown() == generated["hyperparameters"]
+
+
 def test_the_50k_headline_gives_each_long_row_its_final_and_seeds(tmp_path: Path) -> None:
     from cbop_torchrl.evaluation.headline import SETS
 
