@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cbop_torchrl.accel import CBOPLoss, CBOPValueEstimator
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
 from cbop_torchrl.modules.ensemble import EnsembleMLP
-from cbop_torchrl.objectives.estimator import CBOPValueEstimator
-from cbop_torchrl.objectives.loss import CBOPLoss
 
 OBS, ACT = 11, 3  # hopper layout, so the real termination function applies
 
@@ -147,7 +146,7 @@ def test_autocast_uses_cached_bf16_weights_and_matches_a_bf16_computation():
 
 
 def test_fused_q_ensemble_traces_as_one_graph_for_torch_compile():
-    from cbop_torchrl.modules.fused_mlp import fused_mlp_ensemble, stack_mlp_weights
+    from cbop_torchrl.accel.fused_mlp import fused_mlp_ensemble, stack_mlp_weights
 
     actor, qvalues, dynamics, _ = hopper_models()
     est = CBOPValueEstimator(actor_network=actor, qvalue_network=qvalues, dynamics=dynamics)

@@ -19,14 +19,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torchrl.objectives import SoftUpdate
 
 from benchmarks.speed.host_syncs import HostSyncCounter
+from cbop_torchrl.accel import CapturedStep, CBOPLoss
 from cbop_torchrl.config import ConfigError, RunConfig
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
-from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.trainers.cbop_stage import GuardedOptimizationStepper
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError
 from cbop_torchrl.trainers.offline import uses_cuda_graph
-from cbop_torchrl.trainers.update import CapturedStep, GradientStep
+from cbop_torchrl.trainers.update import GradientStep
 
 OBS, ACT, BATCH = 5, 2, 16
 

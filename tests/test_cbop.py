@@ -13,10 +13,9 @@ from torch import nn
 from torchrl.modules import MLP, ValueOperator
 from torchrl.objectives import SACLoss
 
+from cbop_torchrl.accel import CBOPLoss, CBOPValueEstimator
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives import (
-    CBOPLoss,
-    CBOPValueEstimator,
     fixed_weight_moments,
     fixed_weights,
     gaussian_posterior,

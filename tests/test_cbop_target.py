@@ -17,8 +17,9 @@ import torch
 from benchmarks.speed.models import build_models
 from benchmarks.speed.preset_step import load_before_modules
 from benchmarks.speed.sizes import cpu_preset_size
+from cbop_torchrl.accel import CBOPValueEstimator
 from cbop_torchrl.objectives import cbop_target
-from cbop_torchrl.objectives.estimator import CBOPSettings, CBOPValueEstimator
+from cbop_torchrl.objectives.estimator import CBOPSettings
 
 #: The last commit before the CBOP target moved out of the estimator.
 TARGET_BASE_COMMIT = "0ee16ee"
@@ -30,8 +31,10 @@ def base_estimator():
     modules = load_before_modules(
         TARGET_BASE_COMMIT,
         (
-            # the commit's own rollout_dtype: its estimator imports names since removed
+            # the commit's own rollout_dtype and fused_mlp: its estimator imports names since
+            # removed or moved
             ("objectives.rollout_dtype", "cbop_torchrl/objectives/rollout_dtype.py"),
+            ("modules.fused_mlp", "cbop_torchrl/modules/fused_mlp.py"),
             ("objectives.estimator", "cbop_torchrl/objectives/estimator.py"),
         ),
     )

@@ -15,9 +15,9 @@ from tensordict import TensorDict
 from torchrl.objectives import SoftUpdate
 
 from benchmarks.speed.size_timings import compiled_ops, dispatched_ops
+from cbop_torchrl.accel import CBOPLoss
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
-from cbop_torchrl.objectives import CBOPLoss
 from cbop_torchrl.trainers.update import GradientStep
 
 OBS, ACT, M, H, K = 5, 2, 3, 2, 3

@@ -12,6 +12,14 @@ from torch import nn
 from torch.nn import functional as F
 from torchrl.modules import MLP
 
+from cbop_torchrl.accel import CBOPLoss
+from cbop_torchrl.accel.fused_mlp import (
+    LayerNormSpec,
+    fused_mlp_ensemble,
+    plain_mlp_plan,
+    stack_mlp_weights,
+    stacked_mlp_forward,
+)
 from cbop_torchrl.config import FQEConfig
 from cbop_torchrl.modules.actor_critic import (
     action_spec,
@@ -20,14 +28,6 @@ from cbop_torchrl.modules.actor_critic import (
     make_qvalue_ensemble,
 )
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
-from cbop_torchrl.modules.fused_mlp import (
-    LayerNormSpec,
-    fused_mlp_ensemble,
-    plain_mlp_plan,
-    stack_mlp_weights,
-    stacked_mlp_forward,
-)
-from cbop_torchrl.objectives import CBOPLoss
 from cbop_torchrl.trainers import pretrain
 
 OBS, ACT, M = 5, 2, 4

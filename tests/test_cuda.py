@@ -44,17 +44,16 @@ from torch.utils._pytree import tree_map
 
 from benchmarks.speed.models import build_models
 from benchmarks.speed.sizes import Size
+from cbop_torchrl.accel import CapturedStep, CBOPLoss, CBOPValueEstimator
 from cbop_torchrl.baselines import ALGOS
 from cbop_torchrl.envs import make_eval_env
 from cbop_torchrl.envs.evaluate import evaluate_policy
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor
-from cbop_torchrl.objectives.estimator import CBOPValueEstimator
-from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.registry import get_family
 from cbop_torchrl.trainers.cbop_stage import GuardedOptimizationStepper
 from cbop_torchrl.trainers.checkpoint import load_checkpoint
 from cbop_torchrl.trainers.dynamics import DynamicsConfig, train_dynamics
-from cbop_torchrl.trainers.update import CapturedStep, GradientStep
+from cbop_torchrl.trainers.update import GradientStep
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [

@@ -22,11 +22,11 @@ from torchrl.objectives import SoftUpdate
 from torchrl.trainers import TargetNetUpdaterHook, Trainer
 
 from benchmarks.speed.host_syncs import HostSyncCounter
+from cbop_torchrl.accel import CBOPLoss
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
 from cbop_torchrl.objectives.cbop_update import cbop_update
-from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.trainers.cbop_stage import GuardedOptimizationStepper
 from cbop_torchrl.trainers.hooks import GradientSteps, SampleFromBuffer
 from cbop_torchrl.trainers.logging import MetricsHook

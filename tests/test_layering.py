@@ -20,6 +20,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cbop_torchrl.envs",),
     ("cbop_torchrl.modules",),
     ("cbop_torchrl.objectives",),
+    # The fast paths wrap the objectives (the eager forms never import them).
+    ("cbop_torchrl.accel",),
     # Behaviour-data generation trains a SAC agent, so it sits above modules and
     # objectives even though it writes files the data loaders read.
     (

@@ -21,6 +21,8 @@ from torch import nn
 from torchrl.modules import MLP
 from torchrl.objectives import SoftUpdate
 
+from cbop_torchrl.accel import CBOPLoss
+from cbop_torchrl.accel.fused_mlp import plain_mlp_plan
 from cbop_torchrl.config import ConfigError, FQEConfig, PretrainConfig
 from cbop_torchrl.modules.actor_critic import (
     RandomizedPriorQ,
@@ -30,8 +32,6 @@ from cbop_torchrl.modules.actor_critic import (
     make_qvalue,
     make_qvalue_ensemble,
 )
-from cbop_torchrl.modules.fused_mlp import plain_mlp_plan
-from cbop_torchrl.objectives import CBOPLoss
 from cbop_torchrl.objectives.pretrain import ROW_KEY, FittedQEvaluationLoss, bootstrap_counts
 from cbop_torchrl.trainers.offline import make_optimizer
 from cbop_torchrl.trainers.pretrain import _sampler, fqe_target_update, run_supervised_stage

@@ -6,10 +6,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from cbop_torchrl.accel import CBOPValueEstimator
+from cbop_torchrl.accel.rollout_dtype import native_bf16_matmul
 from cbop_torchrl.modules.actor_critic import make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
-from cbop_torchrl.objectives import CBOPValueEstimator
-from cbop_torchrl.objectives.rollout_dtype import native_bf16_matmul
 
 OBS, ACT = 6, 2
 

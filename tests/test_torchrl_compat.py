@@ -12,9 +12,10 @@ from tensordict import TensorDict
 from torchrl.objectives import SACLoss
 
 from cbop_torchrl._torchrl_compat import vmap_over_params
+from cbop_torchrl.accel import CBOPLoss, CBOPValueEstimator
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
-from cbop_torchrl.objectives import CBOPLoss, CBOPValueEstimator, SACLossWithCBOPTarget
+from cbop_torchrl.objectives import SACLossWithCBOPTarget
 
 OBS, ACT, M, H = 5, 2, 3, 2
 

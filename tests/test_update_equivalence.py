@@ -20,9 +20,10 @@ from tensordict import TensorDict
 from torch import nn
 from torchrl.modules import ValueOperator
 
+from cbop_torchrl.accel import CBOPLoss, CBOPValueEstimator
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
-from cbop_torchrl.objectives import CBOPLoss, CBOPValueEstimator, SACLossWithCBOPTarget
+from cbop_torchrl.objectives import SACLossWithCBOPTarget
 from cbop_torchrl.objectives.pretrain import ACTION_EPS
 
 OBS, ACT, M, H, K = 5, 2, 3, 2, 3

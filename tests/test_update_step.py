@@ -25,9 +25,9 @@ from torchrl.modules.distributions.utils import rsample_and_log_prob
 from torchrl.objectives import SACLoss, SoftUpdate
 from torchrl.objectives.utils import distance_loss
 
+from cbop_torchrl.accel import CBOPLoss
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.modules.dynamics import DynamicsModel, GaussianEnsemble
-from cbop_torchrl.objectives import CBOPLoss
 from cbop_torchrl.objectives.cbop_update import cbop_update, make_optimizer
 from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
 from cbop_torchrl.objectives.estimator import sac_alpha

@@ -13,9 +13,9 @@ from benchmarks.speed.measure import relative_error, seeded_target, time_interle
 from benchmarks.speed.models import build_models, preset_dataset
 from benchmarks.speed.preset_step import after_step, preset_loss
 from benchmarks.speed.sizes import cpu_preset_size
+from cbop_torchrl.accel import CBOPLoss
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import make_actor
-from cbop_torchrl.objectives.loss import CBOPLoss
 
 
 def _cpu_seconds_with_children() -> float:

@@ -21,9 +21,9 @@ from benchmarks.speed.host_syncs import HostSyncCounter
 from benchmarks.speed.measure import time_interleaved
 from benchmarks.speed.models import build_models, preset_dataset
 from benchmarks.speed.sizes import Size, cpu_preset_size, env_sizes
+from cbop_torchrl.accel import CBOPLoss
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
-from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.trainers.cbop_stage import GuardedOptimizationStepper
 from cbop_torchrl.trainers.logging import MetricsHook, flatten_metrics
 

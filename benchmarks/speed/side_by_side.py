@@ -34,10 +34,10 @@ from benchmarks.speed.measure import sync
 from benchmarks.speed.models import build_models, preset_dataset
 from benchmarks.speed.preset_step import preset_loss
 from benchmarks.speed.sizes import PAPER, PAPER_HOPPER, TINY, Size, cpu_preset_size
+from cbop_torchrl.accel import CBOPLoss
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import make_actor
 from cbop_torchrl.objectives.cbop_update import cbop_update, make_optimizer
-from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.trainers.cbop_stage import GuardedOptimizationStepper
 from cbop_torchrl.trainers.side_by_side import TakeTurns, train_in_turn
 

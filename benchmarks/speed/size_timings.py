@@ -26,10 +26,9 @@ from benchmarks.speed.measure import relative_error, time_interleaved
 from benchmarks.speed.models import build_models
 from benchmarks.speed.reference import ReferenceTarget
 from benchmarks.speed.sizes import Size, env_sizes, flop_counts
+from cbop_torchrl.accel import CapturedStep, CBOPLoss, CBOPValueEstimator
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
-from cbop_torchrl.objectives.estimator import CBOPValueEstimator
-from cbop_torchrl.objectives.loss import CBOPLoss
-from cbop_torchrl.trainers.update import CapturedStep, GradientStep
+from cbop_torchrl.trainers.update import GradientStep
 
 
 def gradient_step(loss_module, optimizer) -> Callable[[TensorDict], None]:

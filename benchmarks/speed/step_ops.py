@@ -37,10 +37,10 @@ from benchmarks.speed.measure import time_interleaved
 from benchmarks.speed.models import build_models, preset_dataset
 from benchmarks.speed.size_timings import compiled_ops, dispatched_ops
 from benchmarks.speed.sizes import PAPER, PAPER_HOPPER, Size, cpu_preset_size, env_sizes
+from cbop_torchrl.accel.plans import DEFAULT_CUDA_Q_CHUNK_ROWS, DEFAULT_Q_CHUNK_ROWS
+from cbop_torchrl.accel.rollout_dtype import native_bf16_matmul
 from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.modules.actor_critic import action_spec
-from cbop_torchrl.objectives.fast_paths import DEFAULT_CUDA_Q_CHUNK_ROWS, DEFAULT_Q_CHUNK_ROWS
-from cbop_torchrl.objectives.rollout_dtype import native_bf16_matmul
 
 #: The last commit before the step's operations were first cut (1,800 operations per
 #: paper-size step at M = 20).
@@ -50,7 +50,9 @@ OPS_BASE_COMMIT = "f05e2ab"
 #: Q-ensemble's blocks, detached parameters and the target update without per-tensor work.
 OPS_CUT_COMMIT = "122e977"
 #: The modules of the step, in import order, loaded from a commit (each later one imports
-#: the earlier ones of the same commit; a module the commit lacks is this checkout's).
+#: the earlier ones of the same commit; a module the commit lacks is this checkout's). The
+#: paths are the commits': this checkout has the fast paths in cbop_torchrl/accel
+#: (:func:`current_modules`).
 STEP_MODULES = (
     # a commit's estimator imports names of its own rollout_dtype that have since gone
     ("objectives.rollout_dtype", "cbop_torchrl/objectives/rollout_dtype.py"),
@@ -66,16 +68,16 @@ STEP_MODULES = (
 
 
 def current_modules() -> dict[str, types.ModuleType]:
-    """This checkout's step modules, keyed as :data:`STEP_MODULES`."""
-    from cbop_torchrl.modules import dynamics, fused_mlp
-    from cbop_torchrl.objectives import (
-        cbop_settings,
-        cbop_target,
-        estimator,
-        fast_paths,
-        loss,
-        rollout_dtype,
-    )
+    """This checkout's step modules, keyed as :data:`STEP_MODULES`.
+
+    The step is the one ``cbop-train`` runs: the accelerated loss and estimator
+    (:mod:`cbop_torchrl.accel`) under the keys of the commits' ``objectives.loss`` and
+    ``objectives.estimator``, whose classes had the fast paths built in.
+    """
+    from cbop_torchrl.accel import estimator, fused_mlp, loss, rollout_dtype
+    from cbop_torchrl.accel import plans as fast_paths
+    from cbop_torchrl.modules import dynamics
+    from cbop_torchrl.objectives import cbop_settings, cbop_target
     from cbop_torchrl.trainers import update
 
     return {

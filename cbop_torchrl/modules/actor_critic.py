@@ -314,7 +314,7 @@ def make_qvalue(
     ``prior_generator`` (one seed, see :func:`_q_mlp`; the global generator
     after ``f`` if None) and is held in buffers: never trained, never changed by
     target updates. Such a network is not a plain MLP, so the fused ensemble path
-    (:func:`~cbop_torchrl.modules.fused_mlp.plain_mlp_plan`) leaves it to ``vmap``.
+    (:func:`~cbop_torchrl.accel.fused_mlp.plain_mlp_plan`) leaves it to ``vmap``.
     """
     if not 0 <= prior_scale < float("inf"):
         raise ValueError(f"prior_scale must be a finite number >= 0; got {prior_scale}.")
@@ -348,7 +348,7 @@ def make_qvalue_ensemble(
     LayerNorm -> ReLU`` hidden layers in every member, see :func:`make_qvalue`.
     The bounded features tame the members' extrapolation off the data, and so
     change their disagreement there. The fused ensemble path
-    (:mod:`cbop_torchrl.modules.fused_mlp`) runs these networks too.
+    (:mod:`cbop_torchrl.accel.fused_mlp`) runs these networks too.
 
     ``prior_scale``: beyond the paper (0, the default: the paper's critics):
     every member gets its own fixed random prior network, ``Q_m = f_m + prior_scale

@@ -17,11 +17,12 @@ K dynamics particles, H rollout steps and A action dimensions:
    loss a detached log-prob, so one optimizer on the sum equals three);
 6. the Polyak update ``theta' <- theta' + tau (theta - theta')`` of the target Q-ensemble.
 
-The networks' fast forms (stacked ``baddbmm`` Q-ensembles, the plain actor, the bf16
-rollout plans, compile) are behind ``loss``'s helpers (``_q_and_action_gradients``,
-``_member_q``, ``_actor_dist``) and the estimator. Nothing here reads a value on the host,
-so a CUDA graph can capture :func:`cbop_update` whole
-(:class:`~cbop_torchrl.trainers.update.CapturedStep`).
+The networks run through ``loss``'s helpers (``_q_and_action_gradients``, ``_member_q``,
+``_actor_dist``) and its estimator: as modules in the eager loss, in their fast forms
+(stacked ``baddbmm`` Q-ensembles, the plain actor, bf16 rollouts, compile) once
+:func:`cbop_torchrl.accel.accelerate` has turned them on; this page is the same for both.
+Nothing here reads a value on the host, so a CUDA graph can capture :func:`cbop_update`
+whole (:class:`~cbop_torchrl.accel.CapturedStep`).
 
 Two terms BEYOND THE PAPER are off by default (docs/learning.md): ``bc_weight`` adds
 ``bc_weight * E[-log pi(a|s)]`` to the actor, ``critic_penalty`` adds

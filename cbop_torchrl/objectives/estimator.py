@@ -4,12 +4,15 @@ The maths (model rollouts, h-step returns, the posterior, the LCB, the soft Bell
 target) are pure tensor functions in :mod:`cbop_torchrl.objectives.cbop_target`. This
 module wires them to networks: :class:`CBOPValueEstimator` samples ``a' ~ pi(.|s')``
 (shared by the particles, so horizon 0 is exactly the model-free SAC bootstrap), hands the
-rollout the dynamics model (particle k with elite k, TS-infinity), the actor's sampler and
-the target Q-ensemble (one call over the stacked ``[M, ...]`` parameters:
-:mod:`cbop_torchrl.objectives.fast_paths`), and returns
-``y = r + gamma (1 - terminated) (mu - psi sigma - alpha log pi(a'|s'))``.
-Its settings are a :class:`CBOPSettings`; bf16 rollouts and their automatic choice are
-in :mod:`cbop_torchrl.objectives.rollout_dtype`.
+rollout the dynamics model (particle k with elite k, TS-infinity), the actor's distribution
+and the target Q-ensemble (``torch.vmap`` over the stacked ``[M, ...]`` parameters), and
+returns ``y = r + gamma (1 - terminated) (mu - psi sigma - alpha log pi(a'|s'))``, all in
+float32. Its settings are a :class:`CBOPSettings`.
+
+This is the eager form, the paper's operations one module call at a time. The fast forms
+of the same target (fused Q-ensembles, a plain actor's matmuls, bf16 rollouts and their
+automatic choice, torch.compile) are in :mod:`cbop_torchrl.accel`:
+``accel.accelerate(estimator)`` turns them on.
 
 The estimator owns no parameters: it reads the actor, the target Q parameters
 and alpha from a loss (:meth:`CBOPValueEstimator.from_sac_loss`) or from the
@@ -22,9 +25,7 @@ the dynamics model to the loss's device yourself.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
-import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,9 +36,6 @@ from torchrl.modules.distributions.utils import rsample_and_log_prob
 from torchrl.objectives.value import ValueEstimatorBase
 
 from cbop_torchrl._torchrl_compat import vmap_over_params
-from cbop_torchrl.modules.actor_critic import BoxTanhNormal
-from cbop_torchrl.modules.dynamics import DynamicsModel
-from cbop_torchrl.modules.fused_mlp import fused_mlp_ensemble, plain_mlp_plan
 from cbop_torchrl.objectives.cbop_settings import (
     FIXED_WEIGHTINGS,
     MODES,
@@ -53,21 +51,7 @@ from cbop_torchrl.objectives.cbop_target import (
 from cbop_torchrl.objectives.cbop_target import (
     rollout_returns as model_returns,
 )
-from cbop_torchrl.objectives.fast_paths import (
-    DEFAULT_Q_CHUNK_ROWS,
-    ActorLayers,
-    actor_layers,
-    default_q_chunk_rows,
-    fused_q_values,
-    plain_actor_dist_params,
-    plain_actor_plan,
-)
 from cbop_torchrl.objectives.posterior import fixed_weights
-from cbop_torchrl.objectives.rollout_dtype import (
-    BF16_TOLERANCE,
-    measure_bf16_error,
-    select_rollout_dtype,
-)
 
 
 def sac_alpha(loss: Any) -> torch.Tensor:
@@ -149,11 +133,9 @@ class CBOPValueEstimator(ValueEstimatorBase):
             settings.mode, settings.termination, settings.sampling,
         )  # fmt: skip
         self.quantile, self.num_particles = settings.quantile, settings.num_particles
-        self.rollout_dtype, self.var_floor = settings.rollout_dtype, settings.var_floor
-        self.unbiased_variance = settings.unbiased_variance
+        self.var_floor, self.unbiased_variance = settings.var_floor, settings.unbiased_variance
         self.obs_key, self.action_key = settings.obs_key, settings.action_key
         self.q_value_key = settings.q_value_key
-        self.q_chunk_rows, self.compile = settings.q_chunk_rows, settings.compile
         self._fixed_weights = None
         if self.mode == "fixed":
             lmbda = None if settings.fixed_weighting == "uniform" else settings.lmbda
@@ -170,24 +152,6 @@ class CBOPValueEstimator(ValueEstimatorBase):
         self._vmap_q = vmap_over_params(
             qvalue_network, (None, 0), self.vmap_randomness, loop=settings.deactivate_vmap
         )
-        fast = settings.fused_q and not settings.deactivate_vmap
-        keys = (self.obs_key, self.action_key, self.q_value_key)
-        self._mlp_plan = plain_mlp_plan(qvalue_network, *keys) if fast else None
-        self._actor_plan = (
-            plain_actor_plan(actor_network, self.obs_key) if settings.fused_q else None
-        )
-        # A DynamicsModel (whose forward is its own) steps on tensors: no TensorDict per step.
-        self._tensor_dynamics = (
-            isinstance(dynamics, DynamicsModel) and type(dynamics).forward is DynamicsModel.forward
-        )
-        self._compiled_q: Callable[..., torch.Tensor] | None = None
-        self._compiled_target: Callable[..., Any] | None = None
-        self._eager_only = False  # set while measure_bf16_error runs (no compile per dtype)
-        #: Whether the step computing the target is captured as one CUDA graph (the CBOP
-        #: stage's ``cuda_graph``). With ``compile`` on CUDA that capture records the whole
-        #: target compiled by inductor without CUDA graphs of its own (graphs cannot nest);
-        #: otherwise ``compile`` runs the Q-ensemble through ``mode="reduce-overhead"``.
-        self.whole_step_graph = False
         self._seed_stream = None if settings.seed is None else random.Random(int(settings.seed))
         #: Detached diagnostics of the last call (a TensorDict with batch ``[]``).
         self.last_diagnostics: TensorDictBase | None = None
@@ -304,17 +268,6 @@ class CBOPValueEstimator(ValueEstimatorBase):
         self.last_diagnostics = diagnostics
         return target
 
-    # ------------------------------------------------------- rollout precision
-    def measure_bf16_error(self, tensordict: TensorDictBase, seed: int = 0) -> float:
-        """The bf16 target error here: :func:`.rollout_dtype.measure_bf16_error`."""
-        return measure_bf16_error(self, tensordict, seed)
-
-    def select_rollout_dtype(
-        self, tensordict: TensorDictBase, tolerance: float = BF16_TOLERANCE
-    ) -> dict[str, Any]:
-        """Chooses ``rollout_dtype`` here: :func:`.rollout_dtype.select_rollout_dtype`."""
-        return select_rollout_dtype(self, tensordict, tolerance)
-
     # ------------------------------------------------------- networks and RNG
     def _rng_context(self, device: torch.device):
         if self._seed_stream is None:
@@ -326,103 +279,32 @@ class CBOPValueEstimator(ValueEstimatorBase):
         torch.manual_seed(seed)
         return stack
 
-    def _autocast(self, device: torch.device):
-        if self.rollout_dtype == torch.float32:
-            return contextlib.nullcontext()
-        # Inside a CUDA graph capture autocast must not cache its weight casts (PyTorch's
-        # CUDA-graph notes): the cached copies would outlive the capture's allocations.
-        # Compiled code keeps no autocast cache: the capture query stays out of dynamo's trace.
-        capturing = (
-            device.type == "cuda"
-            and not torch.compiler.is_compiling()
-            and torch.cuda.is_current_stream_capturing()
-        )
-        return torch.autocast(
-            device_type=device.type, dtype=self.rollout_dtype, cache_enabled=not capturing
-        )
-
-    def _actor_layers(self) -> ActorLayers | None:
-        """A plain actor's layers for this rollout (:func:`actor_layers`); None for another."""
-        if self._actor_plan is None:
-            return None
-        params = self._actor_params()
-        if params is None:
-            params = TensorDict.from_module(self.actor_network)
-        return actor_layers(params, self._actor_plan, self.rollout_dtype)
-
     def _sample_action(
-        self, obs: torch.Tensor, with_log_prob: bool, layers: ActorLayers | None = None
+        self, obs: torch.Tensor, with_log_prob: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``a ~ pi(.|obs)`` ``[*b, A]`` (and ``log pi`` ``[*b]``); dist maths in fp32.
+        """``a ~ pi(.|obs)`` ``[*b, A]`` (and ``log pi`` ``[*b]``) from the actor's distribution.
 
-        With ``layers`` (:meth:`_actor_layers`, a plain actor) the actor's operations run
-        on them directly; otherwise the actor runs as it is: callers load the actor
-        parameters first (:meth:`_actor_loaded`, once per rollout rather than once per step).
+        The actor runs with the parameters :meth:`_actor_loaded` put in (once per rollout).
         """
-        actor = self.actor_network
-        if layers is not None:
-            loc, scale = plain_actor_dist_params(
-                obs, layers, self.rollout_dtype, cast=with_log_prob
-            )
-            if not with_log_prob:
-                # BoxTanhNormal's draw on [-1, 1]: tanh(loc + eps * scale), eps ~ N(0, 1), in
-                # float32 (the fp32 eps takes a bf16 loc and scale to fp32 exactly).
-                eps = torch.randn(loc.shape, dtype=torch.float32, device=loc.device)
-                action = torch.tanh(loc + eps * scale)
-                if obs.dim() == 2:
-                    return action, None
-                return action.view(*obs.shape[:-1], action.shape[-1]), None
-            if obs.dim() != 2:
-                loc, scale = (x.view(*obs.shape[:-1], x.shape[-1]) for x in (loc, scale))
-            # A plain actor's distribution (plain_actor_plan): BoxTanhNormal on [-1, 1].
-            return rsample_and_log_prob(BoxTanhNormal(loc, scale))
         td = TensorDict({self.obs_key: obs}, batch_size=obs.shape[:-1])
-        with self._autocast(obs.device):
-            dist_params = actor.get_dist_params(td)
-        if self.rollout_dtype != torch.float32:
-            dist_params = dist_params.apply(lambda x: x.float() if x.is_floating_point() else x)
-        dist = actor.build_dist_from_params(dist_params)
+        dist = self.actor_network.get_dist(td)
         if with_log_prob:
-            action, log_prob = rsample_and_log_prob(dist)
-            return action, log_prob
+            return rsample_and_log_prob(dist)
         return dist.sample(), None
 
     def _q_values(
         self, obs: torch.Tensor, action: torch.Tensor, params: TensorDictBase
     ) -> torch.Tensor:
-        """All members on all rows in one batched call: ``[R, O], [R, A] -> [M, R]`` (fp32)."""
-        if self._mlp_plan is not None:
-            compiled = None
-            if self.compile and obs.device.type == "cuda" and not self.whole_step_graph:
-                if self._compiled_q is None:
-                    self._compiled_q = torch.compile(fused_mlp_ensemble, mode="reduce-overhead")
-                compiled = self._compiled_q
-            rows = self.q_chunk_rows
-            if rows == "auto":
-                rows = default_q_chunk_rows(obs.device)
-            return fused_q_values(
-                obs, action, params, self._mlp_plan, self.rollout_dtype, rows, compiled
-            )
+        """Every member on every row: ``[R, O], [R, A] -> [M, R]`` (``vmap`` over ``params``)."""
         td = TensorDict({self.obs_key: obs, self.action_key: action}, batch_size=obs.shape[:1])
-        with self._autocast(obs.device):
-            out = self._vmap_q(td, params)
-        return out.get(self.q_value_key).squeeze(-1).float()
+        return self._vmap_q(td, params).get(self.q_value_key).squeeze(-1)
 
     def _model_step(
         self, obs: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One dynamics step of ``[K, R]`` particles: next observation, reward, terminated.
-
-        A :class:`DynamicsModel` runs on the tensors (:meth:`DynamicsModel.rollout_step`);
-        any other dynamics module through a TensorDict.
-        """
-        with self._autocast(obs.device):
-            if self._tensor_dynamics:
-                return self.dynamics.rollout_step(obs, action)
-            step_td = TensorDict(
-                {self.obs_key: obs, self.action_key: action}, batch_size=obs.shape[:2]
-            )
-            step_td = self.dynamics(step_td)
+        """One dynamics step of ``[K, R]`` particles: next observation, reward, terminated."""
+        step_td = TensorDict({self.obs_key: obs, self.action_key: action}, batch_size=obs.shape[:2])
+        step_td = self.dynamics(step_td)
         return (
             step_td.get(("next", self.obs_key)),
             step_td.get(("next", self.tensor_keys.reward)),
@@ -451,24 +333,19 @@ class CBOPValueEstimator(ValueEstimatorBase):
             ``returns`` ``(N, H+1, K, M)``, ``valid`` bool ``(N, H+1)`` (horizons
             before any particle's termination) and ``log pi(a'|s')`` ``[N]``.
         """
-        # Loading a loss's (locked) parameters into the actor costs about a millisecond on
-        # a CPU: once for the rollout's H + 1 actor passes.
-        if self._actor_plan is not None:  # the plain actor reads its parameters directly
-            return self._rollout_returns(next_obs, target_params)
-        with self._actor_loaded():
+        with self._actor_loaded():  # once for the rollout's H + 1 actor passes
             return self._rollout_returns(next_obs, target_params)
 
     def _rollout_returns(
         self, next_obs: torch.Tensor, target_params: TensorDictBase | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q_params = self._qvalue_params(target_params)
-        layers = self._actor_layers()
-        first_action, log_prob = self._sample_action(next_obs, with_log_prob=True, layers=layers)
+        first_action, log_prob = self._sample_action(next_obs, with_log_prob=True)
         returns, valid = model_returns(
             next_obs,
             first_action,
             step=self._model_step,
-            sample=lambda obs: self._sample_action(obs, with_log_prob=False, layers=layers)[0],
+            sample=lambda obs: self._sample_action(obs, with_log_prob=False)[0],
             q_values=lambda obs, action: self._q_values(obs, action, q_params),
             horizon=self.horizon,
             particles=self.num_particles,
@@ -509,26 +386,9 @@ class CBOPValueEstimator(ValueEstimatorBase):
         return target.reshape(*batch_shape, 1), diagnostics
 
     def _target_function(self, device: torch.device) -> Callable[..., Any]:
-        """:meth:`_target_tensors`, compiled with inductor with ``compile`` on a CPU or in a
-        whole-step CUDA graph (:attr:`whole_step_graph`)."""
-        whole = device.type == "cpu" or (device.type == "cuda" and self.whole_step_graph)
-        if not self.compile or not whole or self._eager_only:
-            return self._target_tensors
-        if self._compiled_target is None and device.type == "cpu":
-            compilers = (os.environ.get("CXX"), "g++", "c++", "clang++")
-            if not any(shutil.which(name) for name in compilers if name):
-                raise RuntimeError(
-                    "compile=true on a CPU compiles the CBOP target with torch.compile "
-                    "(inductor), which needs a C++ compiler; none was found (CXX, g++, c++, "
-                    "clang++). Install one (e.g. apt-get install g++) or run with compile=false."
-                )
-        if self._compiled_target is None:
-            # Mode "default": no CUDA graphs of inductor's own, so the step's capture holds
-            # the kernels. Random draws stay eager ones (fallback_random): the eager numbers.
-            self._compiled_target = torch.compile(
-                self._target_tensors, dynamic=False, options={"fallback_random": True}
-            )
-        return self._compiled_target
+        """The function computing the target's tensors on ``device``: :meth:`_target_tensors`
+        (:mod:`cbop_torchrl.accel` hands out a compiled one)."""
+        return self._target_tensors
 
     def _target_tensors(
         self,
@@ -539,8 +399,8 @@ class CBOPValueEstimator(ValueEstimatorBase):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``y`` ``[N]`` and the diagnostics from ``s'`` ``[N, O]``, ``r``, ``terminated`` ``[N]``.
 
-        The target's tensor part, without TensorDict inputs or outputs: what a
-        ``torch.compile`` of the target would wrap (``scripts/bench.py --compile-cpu``).
+        The target's tensor part, without TensorDict inputs or outputs: what
+        :mod:`cbop_torchrl.accel`'s ``torch.compile`` of the target wraps.
         """
         returns, valid, log_prob = self.rollout_returns(next_obs, target_params)
         weights = self._fixed_weights
@@ -557,11 +417,9 @@ class CBOPValueEstimator(ValueEstimatorBase):
 __all__ = [
     "CBOPSettings",
     "CBOPValueEstimator",
-    "DEFAULT_Q_CHUNK_ROWS",
     "FIXED_WEIGHTINGS",
     "MODES",
     "SAMPLINGS",
     "TERMINATIONS",
-    "plain_actor_plan",
     "sac_alpha",
 ]

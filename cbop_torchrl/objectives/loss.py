@@ -22,13 +22,13 @@ The losses themselves are on one page, :func:`~cbop_torchrl.objectives.cbop_upda
   log-sum-exp), so Q is no longer flat in the action off the data.
 
 This class holds the networks' parameters (SACLoss's layout, so checkpoints keep their
-keys) and the fast forms the page calls: the critic's MSE and EDAC's action gradients
-come from ONE Q-ensemble forward on ``(s, a)`` (SACLoss and a separate EDAC pass would
-run it twice), the BC term reuses the actor loss's policy distribution, and when the
-Q-networks are plain MLPs (:func:`make_qvalue_ensemble`) every Q-ensemble pass is one
-``baddbmm`` per layer on the stacked ``[M, ...]`` parameters
-(:func:`~cbop_torchrl.modules.fused_mlp.stacked_mlp_forward`) instead of ``torch.vmap``
-over a TensorDict module (``fused_q=False``: SACLoss's ``vmap`` route).
+keys) and the forms the page calls: the critic's MSE and EDAC's action gradients come from
+ONE Q-ensemble forward on ``(s, a)`` (SACLoss and a separate EDAC pass would run it
+twice), and the BC term reuses the actor loss's policy distribution. Its Q-ensemble runs
+through ``torch.vmap`` over the stacked ``[M, ...]`` parameters and its actor as its module:
+the eager form. :mod:`cbop_torchrl.accel` has the fast forms (one ``baddbmm`` per layer
+for plain MLP Q-networks, a plain actor as its matmuls, cached detached parameters, the
+estimator's fast paths): ``accel.accelerate(loss)``.
 
 Output keys (``reduction="mean"``; ``"sum"`` sums instead, ``"none"`` is refused): ``loss_actor``,
 ``loss_qvalue`` (MSE sum + ``eta * L_ES``), ``loss_alpha``, ``alpha``, ``entropy`` (as
@@ -41,7 +41,7 @@ diagnostics: ``weights`` ``(H+1,)``, ``expected_horizon``, ``posterior_std``,
 Only ``loss_*`` keys are losses: summing them gives the full objective.
 
 The loss reads its batch and never writes into it, so a batch can be the static input
-of a captured step (:class:`~cbop_torchrl.trainers.update.CapturedStep`).
+of a captured step (:class:`~cbop_torchrl.accel.CapturedStep`).
 """
 
 from __future__ import annotations
@@ -58,24 +58,10 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.objectives import SACLoss
 
 from cbop_torchrl._torchrl_compat import SACTargetFromEstimator, vmap_over_params
-from cbop_torchrl.modules.actor_critic import BoxTanhNormal
-from cbop_torchrl.modules.fused_mlp import plain_mlp_plan, stacked_mlp_forward, stacked_mlp_views
 from cbop_torchrl.objectives.cbop_update import cbop_losses
 from cbop_torchrl.objectives.diversity import gradient_diversity_penalty
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator
-from cbop_torchrl.objectives.fast_paths import (
-    actor_layers,
-    plain_actor_dist_params,
-    plain_actor_plan,
-)
 from cbop_torchrl.objectives.pretrain import data_action_log_prob
-
-
-def _rows(x: Tensor, dims: int) -> Tensor:
-    """``x`` ``[*lead, *batch, C]`` as ``[*lead, R, C]`` (``dims`` dimensions), or as it is."""
-    if x.dim() == dims:
-        return x
-    return x.reshape(*x.shape[: dims - 2], -1, x.shape[-1])
 
 
 class CBOPLoss(SACTargetFromEstimator, SACLoss):
@@ -89,20 +75,14 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         dynamics: the dynamics model (see :class:`CBOPValueEstimator`).
         action_spec: the action spec (sets the target entropy ``-|A|``).
         num_qvalue_nets: M (default: ``len(qvalue_network)``).
-        gamma, horizon, psi, mode, termination, rollout_dtype, seed: estimator
-            settings, see :class:`CBOPValueEstimator`.
-        compile: compile the target (``CBOPValueEstimator(compile=True)``): its
-            Q-ensemble with CUDA graphs on CUDA, its whole tensor part with
-            inductor on CPU.
+        gamma, horizon, psi, mode, termination, seed: estimator settings, see
+            :class:`CBOPValueEstimator`.
         eta: weight of the EDAC diversity term (paper: 1; 0 disables it).
         bc_weight: BEYOND THE PAPER: weight of the actor's negative log-likelihood
             of the dataset's actions, in units of Q per nat (0, the paper: none).
         critic_penalty: BEYOND THE PAPER: weight of each member's gap
             ``Q_m(s, a_pi) - Q_m(s, a_data)`` in the critic's loss (0, the paper: none).
         loss_function: SACLoss's critic distance (default ``"l2"``).
-        fused_q: evaluate the Q-ensemble of plain-MLP Q-networks with stacked
-            ``baddbmm`` (loss and estimator); ``False`` uses ``torch.vmap``
-            (any Q-network uses it). Results agree to float rounding.
         estimator_kwargs: further :class:`CBOPValueEstimator` arguments
             (``fixed_weighting``, ``lmbda``, ``quantile``, ``num_particles``, ...).
         **sac_kwargs: further ``SACLoss`` arguments (``alpha_init``, ...).
@@ -121,14 +101,11 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         psi: float = 1.0,
         mode: str = "lcb",
         termination: str = "zero_precision",
-        rollout_dtype: torch.dtype | str = torch.float32,
         seed: int | None = None,
-        compile: bool = False,
         eta: float = 1.0,
         bc_weight: float = 0.0,
         critic_penalty: float = 0.0,
         loss_function: str = "l2",
-        fused_q: bool = True,
         estimator_kwargs: dict[str, Any] | None = None,
         **sac_kwargs: Any,
     ) -> None:
@@ -166,22 +143,6 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         self.eta = float(eta)
         self.bc_weight = float(bc_weight)
         self.critic_penalty = float(critic_penalty)
-        self._q_plan = None
-        if fused_q and not self.deactivate_vmap:
-            self._q_plan = plain_mlp_plan(
-                self.qvalue_network,
-                self.qvalue_network.in_keys[0],
-                self.tensor_keys.action,
-                self.tensor_keys.state_action_value,
-                inplace=False,
-            )
-        # A plain actor (make_actor) runs as its operations on its parameters: no module
-        # swap or TensorDict per call, ReLUs that autograd saves no output of.
-        self._actor_plan = (
-            plain_actor_plan(self.actor_network, self.actor_network.in_keys[0]) if fused_q else None
-        )
-        estimator_kwargs = dict(estimator_kwargs or {})
-        estimator_kwargs.setdefault("fused_q", fused_q)
         estimator = CBOPValueEstimator.from_sac_loss(
             self,
             dynamics,
@@ -190,10 +151,8 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             psi=psi,
             mode=mode,
             termination=termination,
-            rollout_dtype=rollout_dtype,
             seed=seed,
-            compile=compile,
-            **estimator_kwargs,
+            **(estimator_kwargs or {}),
         )
         self.make_value_estimator(estimator)
         # SACLoss builds its target entropy at the first loss call, a host-to-device copy
@@ -203,23 +162,13 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
     def _member_q(
         self, tensordict: TensorDictBase, action: Tensor, params: TensorDictBase, detach: bool
     ) -> Tensor:
-        """``Q_m(s, action)`` ``[M, *batch]``; ``action`` ``[*batch, A]`` or ``[M, *batch, A]``."""
-        obs_key = self.qvalue_network.in_keys[0]
+        """``Q_m(s, action)`` ``[M, *batch]``; ``action`` ``[*batch, A]`` or ``[M, *batch, A]``.
+
+        ``vmap`` over the members' parameters (``params.detach()`` with ``detach``: the
+        gradients reach the action only).
+        """
         batch_shape = tensordict.batch_size
         per_member = action.dim() == len(batch_shape) + 2
-        if self._q_plan is not None:
-            # Rows [R, .]: a reshape is an operation even to the same shape, so only if needed.
-            obs = _rows(tensordict.get(obs_key), 2)
-            if per_member:
-                obs = obs.expand(action.shape[0], *obs.shape)
-                inputs = torch.cat([obs, _rows(action, 3)], dim=-1)
-            else:
-                inputs = torch.cat([obs, _rows(action, 2)], dim=-1)
-            views = self._detached_views(params) if detach else None
-            q = stacked_mlp_forward(inputs, params, self._q_plan, views=views)
-            if q.shape[1:] == batch_shape:
-                return q
-            return q.reshape(q.shape[0], *batch_shape)
         td = tensordict.select(*self.qvalue_network.in_keys, strict=False)
         if per_member:
             td = td.expand(action.shape[0], *batch_shape).clone(False)
@@ -230,29 +179,8 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
             self.vmap_randomness,
             loop=self.deactivate_vmap,
         )
-        params = self._detached(params) if detach else params
+        params = params.detach() if detach else params
         return member_q(td, params).get(self.tensor_keys.state_action_value).squeeze(-1)
-
-    def _detached(self, params: TensorDictBase) -> TensorDictBase:
-        """``params.detach()``, made once while the parameters keep their storage.
-
-        A detached tensor shares its parameter's storage and version counter, so it follows
-        every in-place update (optimizer step, ``load_state_dict``) and autograd's checks
-        still see them; new storage (``.to(device)``) makes a new one. One ``detach`` per
-        parameter tensor per step fewer.
-        """
-        key = (id(params), *(leaf.data_ptr() for leaf in params.values(True, True)))
-        cached = self.__dict__.get("_detached_cache")
-        if cached is None or cached[0] != key:
-            detached = params.detach()
-            views = None if self._q_plan is None else stacked_mlp_views(detached, self._q_plan)
-            cached = self.__dict__["_detached_cache"] = (key, detached, views)
-        return cached[1]
-
-    def _detached_views(self, params: TensorDictBase) -> list:
-        """:func:`stacked_mlp_views` of :meth:`_detached`'s parameters, kept with them."""
-        self._detached(params)
-        return self.__dict__["_detached_cache"][2]
 
     def _q_and_action_gradients(
         self, tensordict: TensorDictBase, with_gradients: bool
@@ -285,24 +213,12 @@ class CBOPLoss(SACTargetFromEstimator, SACLoss):
         return gradient_diversity_penalty(grad)  # grad: [M, *batch, A]
 
     def _actor_dist(self, tensordict: TensorDictBase) -> Any:
-        """The current actor's distribution at the batch's observations.
-
-        A plain actor (:func:`~cbop_torchrl.objectives.fast_paths.plain_actor_plan`) runs as
-        its operations on :attr:`actor_network_params` (``F.linear``'s ``addmm`` per layer,
-        :func:`~cbop_torchrl.modules.fused_mlp.differentiable_relu`, the head's clamp and
-        exp: the module's numbers and gradients); any other actor as its module.
-        """
-        if self._actor_plan is None:
-            with self.actor_network_params.to_module(self.actor_network):
-                # On a selection: the actor writes its loc/scale into what it is given.
-                obs = tensordict.select(*self.actor_network.in_keys, strict=False)
-                return self.actor_network.get_dist(obs)
-        obs = tensordict.get(self.actor_network.in_keys[0])
-        layers = actor_layers(self.actor_network_params, self._actor_plan, torch.float32)
-        loc, scale = plain_actor_dist_params(obs, layers, torch.float32)
-        if obs.dim() != 2:
-            loc, scale = (x.view(*obs.shape[:-1], x.shape[-1]) for x in (loc, scale))
-        return BoxTanhNormal(loc, scale)
+        """The current actor's distribution at the batch's observations (its module run on
+        :attr:`actor_network_params`)."""
+        with self.actor_network_params.to_module(self.actor_network):
+            # On a selection: the actor writes its loc/scale into what it is given.
+            obs = tensordict.select(*self.actor_network.in_keys, strict=False)
+            return self.actor_network.get_dist(obs)
 
     def _policy_action(self, tensordict: TensorDictBase) -> Tensor:
         """``a ~ pi(.|s)`` ``[*batch, A]`` from the current actor, without gradient."""

@@ -14,13 +14,13 @@ from tensordict import TensorDictBase
 from torchrl.objectives import SoftUpdate
 from torchrl.trainers import OptimizationStepper, Trainer, TrainerHookBase
 
+from cbop_torchrl.accel import CapturedStep, CBOPLoss  # the loss with its fast paths
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo, make_replay_buffer
 from cbop_torchrl.envs import make_eval_env
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.cbop_update import cbop_update
 from cbop_torchrl.objectives.cbop_update import make_optimizer as cbop_optimizer
-from cbop_torchrl.objectives.loss import CBOPLoss
 from cbop_torchrl.trainers.checkpoint import CheckpointHook, NonFiniteLossError
 from cbop_torchrl.trainers.decisions import CBOP_SEED_OFFSET, seed_stage, uses_cuda_graph
 from cbop_torchrl.trainers.diagnostics import LearningDiagnostics
@@ -32,7 +32,7 @@ from cbop_torchrl.trainers.offline_training import (
     build_offline_training,
     restore_final_records,
 )
-from cbop_torchrl.trainers.update import CapturedStep, GradientStep
+from cbop_torchrl.trainers.update import GradientStep
 
 
 def critic_hidden_sizes(config: RunConfig) -> list[int]:
@@ -258,7 +258,7 @@ class GuardedOptimizationStepper(OptimizationStepper):
             None: the Trainer's loss, optimizer and ``target_update`` in a
             :class:`~cbop_torchrl.trainers.update.GradientStep`.
         cuda_graph: capture the step as a CUDA graph after ``warmup_steps`` eager
-            steps (:class:`~cbop_torchrl.trainers.update.CapturedStep`; the loss must
+            steps (:class:`~cbop_torchrl.accel.CapturedStep`; the loss must
             be on a CUDA device and the optimizer fused and capturable).
         check_interval: gradient steps between reads of the finiteness record.
         warmup_steps: eager steps before the capture.

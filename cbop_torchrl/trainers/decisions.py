@@ -80,7 +80,7 @@ def uses_cuda_graph(config: RunConfig, device: torch.device) -> bool:
     """Whether the CBOP step is captured as a CUDA graph (``cuda_graph``: null = on CUDA).
 
     With ``compile=true`` the captured step holds the CBOP target compiled by inductor
-    (:attr:`~cbop_torchrl.objectives.estimator.CBOPValueEstimator.whole_step_graph`).
+    (:attr:`~cbop_torchrl.accel.estimator.EstimatorFastPaths.whole_step_graph`).
     Called once per run, by :func:`decide_run`.
 
     Raises:

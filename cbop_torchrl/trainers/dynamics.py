@@ -35,6 +35,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tqdm.auto import tqdm
 
+from cbop_torchrl.accel import CapturedStep
 from cbop_torchrl.config import DynamicsConfig
 from cbop_torchrl.io import (
     atomic_json_dump,
@@ -50,7 +51,6 @@ from cbop_torchrl.modules.dynamics import (
     dynamics_state,
 )
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError, read_stage, save_stage
-from cbop_torchrl.trainers.update import CapturedStep
 
 EVAL_CHUNK = 2048  # holdout rows per evaluation call (bounds activation memory)
 
@@ -175,7 +175,7 @@ def minibatch_step(
     """One Adam step of every member on its rows ``batch["index"]`` ``[E, b]``; returns its NLL.
 
     A function of the batch of indices alone (the data are captured by reference), so a
-    :class:`~cbop_torchrl.trainers.update.CapturedStep` can record it as a CUDA graph.
+    :class:`~cbop_torchrl.accel.CapturedStep` can record it as a CUDA graph.
     """
 
     def step(batch: TensorDictBase) -> TensorDictBase:

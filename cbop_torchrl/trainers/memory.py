@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from cbop_torchrl.objectives.fast_paths import DEFAULT_Q_CHUNK_ROWS
+from cbop_torchrl.accel.plans import DEFAULT_Q_CHUNK_ROWS
 
 FLOAT_BYTES = 4
 BYTES_PER_EVAL_ENV = 2 * 2**20

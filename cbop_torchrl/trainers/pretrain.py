@@ -28,6 +28,7 @@ from torchrl.data import ReplayBuffer
 from torchrl.objectives import HardUpdate, LossModule, SoftUpdate
 from tqdm.auto import tqdm
 
+from cbop_torchrl.accel import CapturedStep
 from cbop_torchrl.config import FQEConfig, PretrainConfig
 from cbop_torchrl.config.sections import BCConfig
 from cbop_torchrl.data import make_replay_buffer
@@ -41,7 +42,7 @@ from cbop_torchrl.objectives.pretrain import (
 )
 from cbop_torchrl.trainers.checkpoint import NonFiniteLossError, read_stage, save_stage
 from cbop_torchrl.trainers.decisions import BC_SEED_OFFSET, FQE_SEED_OFFSET, seed_stage
-from cbop_torchrl.trainers.update import CapturedStep, GradientStep
+from cbop_torchrl.trainers.update import GradientStep
 
 LogFn = Callable[[dict[str, float], int], None]
 

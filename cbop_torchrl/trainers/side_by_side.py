@@ -14,7 +14,7 @@ turn, and runs that share a seed share its cached models (the stage caches of
 :mod:`cbop_torchrl.trainers.dynamics` and :mod:`cbop_torchrl.trainers.pretrain`).
 
 On CUDA each run's thread issues its work on its own stream, and its captured step
-(:class:`~cbop_torchrl.trainers.update.CapturedStep`) is replayed there: a replay only
+(:class:`~cbop_torchrl.accel.CapturedStep`) is replayed there: a replay only
 queues work, so while one run's graph executes the next run's is queued, and the device
 runs them concurrently.
 

@@ -3,8 +3,9 @@
 The rollout (:mod:`cbop_torchrl.objectives.cbop_target`) calls the target Q-ensemble once
 on every row and the actor once per step. When the networks are the plain MLPs that
 :func:`~cbop_torchrl.modules.actor_critic.make_qvalue` and
-:func:`~cbop_torchrl.modules.actor_critic.make_actor` build, the estimator runs the same
-operations without modules or TensorDicts:
+:func:`~cbop_torchrl.modules.actor_critic.make_actor` build, the accelerated estimator
+(:mod:`cbop_torchrl.accel.estimator`, ``fused_q``) runs the same operations without
+modules or TensorDicts:
 
 - the Q-ensemble: one ``baddbmm`` + in-place activation per layer over the stacked
   ``[M, ...]`` weights (:func:`fused_q_values`), in blocks of ``chunk_rows`` rows, or in
@@ -23,17 +24,17 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
+from cbop_torchrl.accel.fused_mlp import (
+    MLPPlan,
+    differentiable_relu,
+    fused_mlp_ensemble,
+    stack_mlp_weights,
+)
 from cbop_torchrl.modules.actor_critic import (
     LOG_STD_MAX,
     LOG_STD_MIN,
     BoxTanhNormal,
     ClampedLogStdHead,
-)
-from cbop_torchrl.modules.fused_mlp import (
-    MLPPlan,
-    differentiable_relu,
-    fused_mlp_ensemble,
-    stack_mlp_weights,
 )
 
 #: Rows per block of the fused Q-ensemble (``q_chunk_rows``): at M = 20 and width 256 a

@@ -1,6 +1,6 @@
 """The precision of CBOP's model rollouts: float32 or bfloat16, and when ``auto`` picks bf16.
 
-:class:`~cbop_torchrl.objectives.estimator.CBOPValueEstimator` runs the rollout's
+The accelerated :class:`~cbop_torchrl.accel.CBOPValueEstimator` runs the rollout's
 actor, dynamics and Q matmuls in ``rollout_dtype`` (the posterior stays in
 float32). With ``estimator.rollout_dtype=auto`` it decides, once per run
 (:func:`select_rollout_dtype`), by the hardware whether the device multiplies bf16

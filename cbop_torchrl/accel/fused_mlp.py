@@ -10,11 +10,11 @@ once (:func:`plain_mlp_plan`) and run every member at once with one
 ``layer_norm`` over all members followed by each member's affine: the same
 maths as ``vmap`` over the members' modules, fewer passes over the activations.
 
-- :func:`stack_mlp_weights` + :func:`fused_mlp_ensemble`: for the CBOP
-  estimator's rollouts (no gradient): weights cast (bf16) and transposed once
-  per call, activations in place, rows in bounded blocks.
-- :func:`stacked_mlp_forward`: differentiable (the CBOP loss's critic, EDAC
-  and actor passes).
+- :func:`stack_mlp_weights` + :func:`fused_mlp_ensemble`: for the accelerated CBOP
+  estimator's rollouts (:mod:`cbop_torchrl.accel.estimator`, no gradient): weights cast
+  (bf16) and transposed once per call, activations in place, rows in bounded blocks.
+- :func:`stacked_mlp_forward`: differentiable (the accelerated CBOP loss's critic, EDAC
+  and actor passes, :mod:`cbop_torchrl.accel.loss`).
 
 Shapes: M members, R rows, ``in`` the input width (observation + action).
 """
@@ -343,7 +343,7 @@ def stacked_mlp_views(params: TensorDictBase, plan: MLPPlan, detach: bool = Fals
     ``(spec, weight [M, 1, W] | None, bias [M, 1, W] | None)``, activations as they are;
     with ``detach`` the parameters detached. Views of detached parameters follow their
     in-place updates, so a caller may keep them between steps
-    (:meth:`~cbop_torchrl.objectives.loss.CBOPLoss._member_q` does).
+    (:meth:`~cbop_torchrl.accel.loss.LossFastPaths._member_q` does).
     """
     views: list = []
     for kind, item in plan:
