@@ -19,7 +19,7 @@ from cbop_torchrl.objectives.posterior import VAR_FLOOR
 
 @dataclass(frozen=True)
 class CBOPSettings:
-    """What a :class:`CBOPValueEstimator` computes and how: every constructor keyword.
+    """What a :class:`CBOPValueEstimator` computes: every constructor keyword.
 
     Args:
         gamma: discount.
