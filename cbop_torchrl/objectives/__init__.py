@@ -5,6 +5,9 @@ CBOP's public objects, imported from here:
 - :func:`gaussian_posterior` and the ablation reductions (``posterior.py``),
 - :class:`CBOPValueEstimator`, the model-based target (``estimator.py``),
 - :class:`CBOPLoss`, the EDAC-style SAC loss on that target (``loss.py``).
+
+These are the eager forms (the networks as modules, float32); :mod:`cbop_torchrl.accel`
+turns the fast paths on (``accel.accelerate(loss)``).
 """
 
 from cbop_torchrl.objectives.estimator import CBOPValueEstimator
