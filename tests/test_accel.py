@@ -187,3 +187,27 @@ def test_a_subclass_of_the_eager_loss_keeps_its_own_methods() -> None:
     loss.edac_penalty(random_transitions((4,), OBS, ACT))
     assert Traced.calls == 1
     assert type(accel.accelerate(_loss(Traced))) is type(loss)  # the class is made once
+
+
+@pytest.mark.parametrize("rollout_dtype", ["float32", "bfloat16"])
+def test_the_cbop_stage_builds_the_accelerated_loss_from_its_settings(rollout_dtype: str) -> None:
+    """``cbop-train``'s loss has the fast paths its settings select (``estimator.rollout_dtype``,
+    ``compile``)."""
+    from test_config import composed, known_dataset
+
+    from cbop_torchrl.config import load_config
+    from cbop_torchrl.trainers import cbop_stage
+
+    overrides = ["env=demo", "preset=debug", f"estimator.rollout_dtype={rollout_dtype}"]
+    config, _ = load_config(composed(*overrides, "compile=true"), known_dataset)
+    info = type("Info", (), {"obs_dim": OBS, "action_dim": ACT})()
+    _, _, dynamics = _networks()
+    loss, actor = cbop_stage.build_cbop_loss(config, info, dynamics, torch.device("cpu"))
+    estimator = loss.value_estimator
+    assert type(loss) is accel.CBOPLoss and type(estimator) is accel.CBOPValueEstimator
+    assert loss.actor_network is actor and loss._q_plan is not None
+    assert (
+        estimator.rollout_dtype
+        == {"float32": torch.float32, "bfloat16": torch.bfloat16}[rollout_dtype]
+    )
+    assert estimator.compile and estimator.q_chunk_rows == "auto"
