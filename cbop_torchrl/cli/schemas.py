@@ -237,7 +237,10 @@ def unknown_keys(cfg: Mapping[str, Any], schema: type, prefix: str = "") -> list
 def register_schemas() -> None:
     """Stores every entry script's schema in Hydra's ``ConfigStore`` (idempotent)."""
     store = ConfigStore.instance()
+    stored = store.repo.get("schema", {})
     for name, schema in SCHEMAS.items():
+        if f"{name}.yaml" in stored:  # a schema is a constant; building it costs ~20 ms
+            continue
         node = OmegaConf.structured(schema)
         if name == "collect":  # SACConfig is a frozen dataclass; its fields stay typed
             OmegaConf.set_readonly(node.sac, False)
