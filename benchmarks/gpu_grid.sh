@@ -64,9 +64,8 @@ read -r -a extra <<<"$OVERRIDES"
 common+=("${extra[@]}")
 list() { local IFS=,; echo "[$*]"; }
 side_by_side() {  # scripts/cbop.py takes runs.seeds / runs.psi (the runs' own config section)
-    [ "${SIDE_BY_SIDE:-auto}" != 0 ] && $PYTHON -c "import dataclasses, sys
-from cbop_torchrl.config import RunConfig
-sys.exit('runs' not in {f.name for f in dataclasses.fields(RunConfig)})" 2>/dev/null
+    [ "${SIDE_BY_SIDE:-auto}" != 0 ] && $PYTHON -c "import importlib.util, sys
+sys.exit(importlib.util.find_spec('cbop_torchrl.config.runs') is None)" 2>/dev/null
 }
 runs=$(( ${#psis[@]} * ${#seeds[@]} ))
 failed=0
