@@ -37,6 +37,22 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(LoggingIsolation(), LOGGING_ISOLATION)
 
 
+#: The files that take longest (``pytest --durations``), run first: under ``--dist loadfile``
+#: each worker takes the next file when it finishes one, so a long file collected last keeps
+#: one worker busy while the other has nothing left. Only the order changes.
+LONGEST_FIRST = (
+    "test_install.py", "test_run_state.py", "test_gpu_grid.py", "test_collect.py",
+    "test_reliability_rules.py", "test_bundle.py", "test_gpu_session.py", "test_slicing.py",
+    "test_report.py", "test_refusals_outputs_and_caches.py", "test_config.py",
+    "test_headline.py", "test_refusals_across_programs.py", "test_refusals_cbop_train.py",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+
+
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Points ``CBOP_TORCHRL_CACHE`` at a fresh directory so tests never touch ``~/.cache``."""
