@@ -94,13 +94,15 @@ def test_the_report_of_a_results_folder_draws_its_headline(tmp_path: Path) -> No
 
     results = _results(tmp_path)
     out = tmp_path / "report"
-    assert main([f"paths={results}", f"out={out}", "analysis=false"]) == 0
+    assert main([f"paths={results}", f"out={out}", "analysis=false", "rliable_reps=100"]) == 0
     # the 50,000-step protocol's rows first, the earlier protocol's beside them
     assert figure_series(out / f"curves_{DATASET}.png") == ["cbop-50k", "bc-50k"]
     assert figure_series(out / f"curves_20k_{DATASET}.png") == ["cbop-psi5", "bc"]
     assert "(psi 5; 1 seed)" in (out / "headline.md").read_text()
     found = json.loads((results / DATASET / "bc" / "seed0.json").read_text())
-    write_report([found], tmp_path / "one")  # a run's own report: no headline rows needed
+    write_report(
+        [found], tmp_path / "one", rliable_reps=100
+    )  # a run's own report: no headline rows needed
     assert figure_series(tmp_path / "one" / f"curves_{DATASET}.png") == ["bc"]
     assert not list((tmp_path / "one").glob("curves_20k_*"))
     assert LONG_TITLE not in (tmp_path / "one" / "headline.md").read_text()
@@ -126,7 +128,7 @@ def test_the_report_of_a_results_folder_heads_with_the_50k_rows_by_their_last_fo
         path = results / DATASET / "cbop-50k" / f"seed{seed}.json"
         path.write_text(json.dumps(_long_run(seed, scores)))
     out = tmp_path / "report"
-    assert main([f"paths={results}", f"out={out}", "analysis=false"]) == 0
+    assert main([f"paths={results}", f"out={out}", "analysis=false", "rliable_reps=100"]) == 0
     text = (out / "headline.md").read_text()
     lines = text.splitlines()
     assert lines[0] == LONG_TITLE and "last 4 evaluations" in LONG_TITLE
@@ -151,7 +153,9 @@ def test_the_report_of_a_results_folder_heads_with_the_50k_rows_by_their_last_fo
     for variant, seed in (("bc", 0), ("cbop-50k", 1), ("cbop-50k", 2)):
         found = results / DATASET / variant / f"seed{seed}.json"
         (run / f"{variant}-{seed}.json").write_text(found.read_text())
-    assert main([f"paths={run}", f"out={tmp_path / 'own'}", "analysis=false"]) == 0
+    assert (
+        main([f"paths={run}", f"out={tmp_path / 'own'}", "analysis=false", "rliable_reps=100"]) == 0
+    )
     own = (tmp_path / "own" / "headline.md").read_text()
     assert own.splitlines()[2] == "| BC (10 steps) | **20.0** (1 seed) |"
     assert LONG_TITLE not in own and EARLIER_TITLE not in own and "of 5 seeds" not in own

@@ -243,7 +243,9 @@ def test_a_program_whose_write_is_refused_says_so_in_one_paragraph(
     from cbop_torchrl.apps import report
 
     monkeypatch.setenv("CBOP_TORCHRL_CACHE", str(tmp_path / "cache"))
-    code = report.main([f"paths={tmp_path / 'runs'}", f"out={out}", "analysis=false"])
+    code = report.main(
+        [f"paths={tmp_path / 'runs'}", f"out={out}", "analysis=false", "rliable_reps=100"]
+    )
     stderr = capsys.readouterr().err
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1, stderr
@@ -432,8 +434,8 @@ def selected(trained_run: dict) -> dict:
     calls.update({
         "evaluate": Call("evaluate.py", [f"checkpoint={run / 'policy.pt'}", "episodes=1",
                          "max_steps=5", f"output={out / 'eval.json'}"], cwd, env),
-        "report": Call("report.py", [f"paths={run}", f"out={out / 'report'}", "analysis=false"],
-                       cwd, env),
+        "report": Call("report.py", [f"paths={run}", f"out={out / 'report'}", "analysis=false",
+                                     "rliable_reps=100"], cwd, env),
         "select json": Call("select_psi.py", [f"sweep_dir={run}", "steps=4", "progress=false",
                             f"json={out / 'sel.json'}"], cwd, env),
         "train-dynamics": Call("train_dynamics.py", [f"env={trained_run['dataset']}",

@@ -36,6 +36,17 @@ def cases(root: Path) -> dict[str, Case]:
             ["no finished runs"],
         ),  # fmt: skip
         "paths=/": Case("report.py", ["paths=/", f"out={root / 'report_root'}"], ["paths=/"]),
+        "rliable_reps=0": Case(
+            "report.py",
+            [f"paths={i.sweep}", f"out={root / 'report_reps'}", "rliable_reps=0"],
+            ["rliable_reps=0", "at least 1", "rliable_reps=2000"],
+            absent=[root / "report_reps"],
+        ),  # fmt: skip
+        "rliable_reps=abc": Case(
+            "report.py",
+            [f"paths={i.sweep}", f"out={root / 'report_reps_abc'}", "rliable_reps=abc"],
+            ["rliable_reps", "abc"],
+        ),  # fmt: skip
         "paths=/dev": Case(
             "report.py", ["paths=/dev", f"out={root / 'report_dev'}"], ["paths=/dev"]
         ),

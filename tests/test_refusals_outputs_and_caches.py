@@ -301,7 +301,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> TrainedCases:
                 Call("select_psi.py", [override_word("sweep_dir", str(root)), "steps=20",
                      "progress=false", override_word("json", str(policy))], root, env),
                 Call("report.py", [override_word("paths", str(base)),
-                     override_word("out", str(report_out)), "analysis=false"], root, env),
+                     override_word("out", str(report_out)), "analysis=false",
+                     "rliable_reps=100"], root, env),
             ],
             timeout_s=TIMEOUT_S + 60,
         )  # fmt: skip

@@ -72,7 +72,7 @@ def debug_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def report(debug_runs: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "report.py"), *args],
+        [sys.executable, str(ROOT / "scripts" / "report.py"), *args, "rliable_reps=100"],
         cwd=debug_runs["root"], env=debug_runs["env"], capture_output=True, text=True,
     )  # fmt: skip
 
@@ -184,7 +184,9 @@ def test_report_sweeps_and_refuses_a_later_jobs_bad_value_and_the_old_syntax(
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(_summary(variant, seed, final)))
 
-    assert module.main(["-m", "paths=summaries", "out=a,b", "analysis=false"]) == 0
+    assert (
+        module.main(["-m", "paths=summaries", "out=a,b", "analysis=false", "rliable_reps=100"]) == 0
+    )
     for out in ("a", "b"):
         table = (tmp_path / out / "results.md").read_text()
         assert "| d | cbop | 1 (0) | 10 | 50.0 ± 0.0 |" in table
@@ -192,7 +194,7 @@ def test_report_sweeps_and_refuses_a_later_jobs_bad_value_and_the_old_syntax(
     capsys.readouterr()
 
     # hydra.sweeper.max_batch_size=1: Hydra composes job 2 after job 1 has run
-    argv = ["-m", "paths=summaries", "out=c", "analysis=false,abc"]
+    argv = ["-m", "paths=summaries", "out=c", "analysis=false,abc", "rliable_reps=100"]
     assert module.main([*argv, "hydra.sweeper.max_batch_size=1"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: analysis=abc: analysis must be true or false"), error
@@ -440,7 +442,7 @@ def test_the_report_readme_links_its_figures_where_it_sits(tmp_path: Path) -> No
     summaries = [_summary("cbop", s, 30.0 + s) for s in range(2)]
     summaries += [_summary("bc", s, 20.0 + s) for s in range(2)]
     out = tmp_path / "report"
-    write_report(summaries, out, figure_prefix=str(out) + "/")
+    write_report(summaries, out, figure_prefix=str(out) + "/", rliable_reps=100)
     readme = (out / "README_results.md").read_text()
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme)
     assert "curves_d.png" in images and "curves_all_d.png" in images

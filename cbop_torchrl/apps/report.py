@@ -93,6 +93,12 @@ def validate(cfg: DictConfig) -> None:
     of existing folders or files, an ``out=`` that cannot be written or holds a file no
     report wrote."""
     check_report_dependencies()
+    if not isinstance(cfg.rliable_reps, int) or cfg.rliable_reps < 1:
+        refuse(
+            f"rliable_reps={cfg.rliable_reps}: the number of bootstrap resamples behind "
+            "rliable's intervals must be a whole number of at least 1; the default, "
+            "rliable_reps=2000, is what the committed report uses"
+        )
     paths = report_paths(cfg.paths)
     check_output_writable("out", cfg.out)
     try:  # before any work: the report replaces only files a report wrote
@@ -125,6 +131,7 @@ def run(cfg: DictConfig) -> None:
                 figure_prefix=prefix,
                 headline=headlines_in(paths),
                 long_headline=long_headlines_in(paths),
+                rliable_reps=cfg.rliable_reps,
             )
         remove_stale_outputs(cfg.out, PROGRAM, report["files"])
     except (ReportError, ConfigError, DatasetError, CheckpointError) as error:

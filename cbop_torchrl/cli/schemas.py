@@ -160,6 +160,7 @@ class ReportConfig:
     out: str = "report"
     analysis: bool = True  # false: no checkpoint is loaded (no R_h, A/(A+B), conservatism)
     figure_prefix: str | None = None  # null: out relative to the working directory
+    rliable_reps: int = 2000  # bootstrap resamples behind rliable's 95% intervals
 
 
 @dataclass

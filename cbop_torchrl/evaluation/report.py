@@ -481,6 +481,7 @@ def write_report(
     figure_prefix: str = "",
     headline: Mapping[str, Mapping[str, str]] | None = None,
     long_headline: Mapping[str, Mapping[str, str]] | None = None,
+    rliable_reps: int = 2000,
 ) -> dict[str, Any]:
     """Writes every table and figure into ``out_dir``; returns ``{"files": [...], ...}``.
 
@@ -498,6 +499,8 @@ def write_report(
         figure_prefix: path prefix of the figures in ``README_results.md`` (the
             report directory as seen from the file that shows them); a prefix naming
             ``out_dir`` itself is dropped, so the file's links work where it sits.
+        rliable_reps: bootstrap resamples behind the rliable intervals
+            (:func:`rliable_aggregates`).
     """
     out_dir = Path(out_dir)
     if figure_prefix and Path(figure_prefix).resolve() == out_dir.resolve():
@@ -546,7 +549,7 @@ def write_report(
         files += [out_dir / "conservatism.md"]
         files.append(_write_csv(out_dir / "conservatism.csv", conservatism))
         sections += ["\n### Conservatism (paper Table 2)\n", conservatism_markdown(conservatism)]
-    aggregates = rliable_aggregates(summaries)
+    aggregates = rliable_aggregates(summaries, reps=rliable_reps)
     if aggregates:
         _write_text(out_dir / "rliable.md", rliable_markdown(aggregates))
         files.append(out_dir / "rliable.md")
