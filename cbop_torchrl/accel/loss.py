@@ -29,7 +29,6 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import Tensor
 
-from cbop_torchrl._torchrl_compat import vmap_over_params
 from cbop_torchrl.accel.classes import fast_class
 from cbop_torchrl.accel.estimator import accelerate_estimator
 from cbop_torchrl.accel.fused_mlp import plain_mlp_plan, stacked_mlp_forward, stacked_mlp_views
@@ -87,18 +86,10 @@ class LossFastPaths:
             if q.shape[1:] == batch_shape:
                 return q
             return q.reshape(q.shape[0], *batch_shape)
-        td = tensordict.select(*self.qvalue_network.in_keys, strict=False)
-        if per_member:
-            td = td.expand(action.shape[0], *batch_shape).clone(False)
-        td.set(self.tensor_keys.action, action)
-        member_q = vmap_over_params(
-            self.qvalue_network,
-            (0 if per_member else None, 0),
-            self.vmap_randomness,
-            loop=self.deactivate_vmap,
+        # the eager vmap, on the cached detached parameters (the same values as params.detach())
+        return super()._member_q(
+            tensordict, action, self._detached(params) if detach else params, detach=False
         )
-        params = self._detached(params) if detach else params
-        return member_q(td, params).get(self.tensor_keys.state_action_value).squeeze(-1)
 
     def _detached(self, params: TensorDictBase) -> TensorDictBase:
         """``params.detach()``, made once while the parameters keep their storage.
