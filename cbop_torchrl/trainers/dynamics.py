@@ -50,36 +50,15 @@ from cbop_torchrl.modules.dynamics import (
     dynamics_from_state,
     dynamics_state,
 )
-from cbop_torchrl.trainers.checkpoint import NonFiniteLossError, read_stage, save_stage
-
-EVAL_CHUNK = 2048  # holdout rows per evaluation call (bounds activation memory)
-
-
-@dataclass
-class _Split:
-    """Raw ``obs [N, O]``, ``action [N, A]``, ``target [N, O + 1]`` rows of one split."""
-
-    obs: torch.Tensor
-    action: torch.Tensor
-    target: torch.Tensor
-
-
-def dynamics_rows(dataset_td: TensorDictBase) -> _Split:
-    """The rows usable for model training: ``dynamics_mask`` True, targets ``[s' - s, r]``."""
-    keys = ["observation", "action", ("next", "observation"), ("next", "reward"), "dynamics_mask"]
-    missing = [key for key in keys if key not in dataset_td.keys(include_nested=True)]
-    if missing:
-        raise KeyError(
-            f"the dataset TensorDict lacks {missing}; build it with "
-            "cbop_torchrl.data.load_dataset, which provides observation, action, "
-            "('next', 'observation'), ('next', 'reward') and dynamics_mask"
-        )
-    mask = dataset_td.get("dynamics_mask").reshape(-1)
-    obs = dataset_td.get("observation")[mask].float()
-    action = dataset_td.get("action")[mask].float()
-    next_obs = dataset_td.get(("next", "observation"))[mask].float()
-    reward = dataset_td.get(("next", "reward"))[mask].float().reshape(-1, 1)
-    return _Split(obs, action, torch.cat([next_obs - obs, reward], dim=-1))
+from cbop_torchrl.trainers.checkpoint import read_stage, save_stage
+from cbop_torchrl.trainers.dynamics_quality import (
+    EVAL_CHUNK,
+    _Split,
+    check_trained_dynamics,
+    dynamics_rows,
+    holdout_metrics,
+    non_finite_parts,
+)
 
 
 def split_holdout(
@@ -137,34 +116,6 @@ def holdout_losses(
     return sq_err / count, nll / count
 
 
-@torch.no_grad()
-def holdout_metrics(model: DynamicsModel, holdout: _Split) -> dict[str, Any]:
-    """Fit quality of the elites on raw-unit holdout rows.
-
-    ``holdout_r2_mean``: mean over elites and output dims of ``1 - MSE/Var``;
-    ``holdout_r2_per_dim``: the same averaged over elites only (delta obs
-    dims, then reward); ``coverage_2sigma``: share of (elite, row, dim)
-    targets within the member's predicted mean +- 2 std.
-    """
-    device = holdout.target.device
-    inside = torch.zeros((), device=device)
-    sq_err = torch.zeros(model.num_elites, holdout.target.shape[1], device=device)
-    chunks = (split.split(EVAL_CHUNK) for split in (holdout.obs, holdout.action, holdout.target))
-    for obs, action, target in zip(*chunks, strict=True):
-        mean, std = model.ensemble.predict(obs, action, model.elite_indices, per_member=False)
-        err = target - mean
-        sq_err += err.pow(2).sum(1)
-        inside += (err.abs() <= 2 * std).sum()
-    n = holdout.target.shape[0]
-    variance = holdout.target.var(0, unbiased=False).clamp_min(1e-12)
-    r2 = 1 - sq_err / n / variance  # [K, O + 1]
-    return {
-        "holdout_r2_mean": r2.mean().item(),
-        "holdout_r2_per_dim": r2.mean(0).tolist(),
-        "coverage_2sigma": (inside / (n * model.num_elites * variance.numel())).item(),
-    }
-
-
 def minibatch_step(
     ensemble: GaussianEnsemble,
     optimizer: torch.optim.Optimizer,
@@ -172,7 +123,8 @@ def minibatch_step(
     train_y: torch.Tensor,
     config: DynamicsConfig,
 ) -> Callable[[TensorDictBase], TensorDictBase]:
-    """One Adam step of every member on its rows ``batch["index"]`` ``[E, b]``; returns its NLL.
+    """One Adam step of every member on its rows ``batch["index"]`` ``[E, b]``; returns its NLL
+    (``nll``, summed over members, and ``member_nll [E]``).
 
     A function of the batch of indices alone (the data are captured by reference), so a
     :class:`~cbop_torchrl.accel.CapturedStep` can record it as a CUDA graph.
@@ -183,12 +135,13 @@ def minibatch_step(
         x, y = train_x[batch_idx], train_y[batch_idx]  # [E, b, O + A], [E, b, O + 1]
         mean, logvar = ensemble(x, per_member=True)
         # Gaussian NLL (up to constants), mean over rows and dims, summed over members.
-        nll = ((mean - y).pow(2) * torch.exp(-logvar) + logvar).mean(dim=(1, 2)).sum()
+        member_nll = ((mean - y).pow(2) * torch.exp(-logvar) + logvar).mean(dim=(1, 2))
+        nll = member_nll.sum()
         loss = nll + config.logvar_bound_coef * ensemble.logvar_bound_penalty()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        return TensorDict({"nll": nll.detach()}, batch_size=[])
+        return TensorDict({"nll": nll.detach(), "member_nll": member_nll.detach()}, [])
 
     return step
 
@@ -210,6 +163,28 @@ def make_minibatch_step(
     return step, CapturedStep(step) if cuda_graph else None
 
 
+def epoch_indices(
+    bootstrap: torch.Tensor, shuffle_gen: torch.Generator, config: DynamicsConfig
+) -> torch.Tensor:
+    """The ``[E, N]`` rows one epoch visits, member ``e`` its row in minibatch order.
+
+    Args:
+        bootstrap: ``[E, N]`` row indices; row ``e`` is member ``e``'s resample (with
+            ``config.bootstrap_per_epoch`` only its shape is used: each epoch draws its own).
+        shuffle_gen: the training's generator; one draw of ``[E, N]`` per epoch.
+    """
+    num_members, num_train = bootstrap.shape
+    if config.bootstrap_per_epoch:
+        # The authors' code (rlkit/trainers/mbrl/mbrl.py:186): a new resample per member and
+        # epoch, used in the order drawn.
+        return torch.randint(
+            num_train, (num_members, num_train), generator=shuffle_gen, device=bootstrap.device
+        )
+    # Per-member reshuffle of that member's bootstrap indices.
+    keys = torch.rand(num_members, num_train, generator=shuffle_gen, device=bootstrap.device)
+    return bootstrap.gather(1, keys.argsort(dim=1))
+
+
 def train_epoch(
     step: Callable[[TensorDictBase], TensorDictBase],
     bootstrap: torch.Tensor,
@@ -226,17 +201,8 @@ def train_epoch(
         captured: ``step`` captured as a CUDA graph, used for the full-size minibatches
             (a smaller last one runs ``step`` eagerly).
     """
-    num_members, num_train = bootstrap.shape
-    if config.bootstrap_per_epoch:
-        # The authors' code (rlkit/trainers/mbrl/mbrl.py:186): a new resample per member and
-        # epoch, used in the order drawn.
-        epoch_idx = torch.randint(
-            num_train, (num_members, num_train), generator=shuffle_gen, device=bootstrap.device
-        )
-    else:
-        # Per-member reshuffle of that member's bootstrap indices.
-        keys = torch.rand(num_members, num_train, generator=shuffle_gen, device=bootstrap.device)
-        epoch_idx = bootstrap.gather(1, keys.argsort(dim=1))
+    num_members = bootstrap.shape[0]
+    epoch_idx = epoch_indices(bootstrap, shuffle_gen, config)
     nll_sum = torch.zeros((), device=bootstrap.device)
     batches = epoch_idx.split(config.batch_size, dim=1)
     for batch_idx in batches:  # [E, b]
@@ -264,6 +230,88 @@ def _update_snapshots(
         best_params[name] = torch.where(mask, param, best_params[name])
 
 
+@dataclass
+class DynamicsFit:
+    """One ensemble's training as :func:`train_dynamics` sets it up from ``config.seed``.
+
+    Attributes:
+        config: the settings (``config.seed`` draws everything below).
+        ensemble: the initialised ensemble, its normalizer set from the training split.
+        holdout: the raw-unit holdout rows (``[H, ...]``, for :func:`holdout_metrics`).
+        train_x, train_y: the standardized training split ``[N, O + A]``, ``[N, O + 1]``.
+        hold_x, hold_y: the standardized holdout ``[H, O + A]``, ``[H, O + 1]``.
+        bootstrap: ``[E, N]`` each member's resample of the training split.
+        shuffle_gen: the generator of each epoch's order (:func:`epoch_indices`).
+    """
+
+    config: DynamicsConfig
+    ensemble: GaussianEnsemble
+    holdout: _Split
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    hold_x: torch.Tensor
+    hold_y: torch.Tensor
+    bootstrap: torch.Tensor
+    shuffle_gen: torch.Generator
+
+    @property
+    def num_train(self) -> int:
+        return self.train_x.shape[0]
+
+
+def prepare_fit(rows: _Split, config: DynamicsConfig) -> DynamicsFit:
+    """The split, initialisation, normalizer, bootstrap and shuffle generator of
+    ``config.seed``, on the device of ``rows`` (:func:`dynamics_rows`).
+
+    Split, bootstrap and initialisation come from CPU generators, so a seed gives the same
+    ensemble on every device; the process's random streams are left as they were.
+    """
+    device = rows.obs.device
+    num_rows, obs_dim = rows.obs.shape
+    cpu_gen = torch.Generator().manual_seed(config.seed)
+    hold_idx, train_idx = (idx.to(device) for idx in split_holdout(num_rows, config, cpu_gen))
+    holdout = _Split(rows.obs[hold_idx], rows.action[hold_idx], rows.target[hold_idx])
+    train = _Split(rows.obs[train_idx], rows.action[train_idx], rows.target[train_idx])
+    num_train = train_idx.numel()
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        ensemble = _build_ensemble(config, obs_dim, rows.action.shape[1])
+    ensemble = ensemble.to(device)
+    ensemble.set_normalizer(torch.cat([train.obs, train.action], -1), train.target)
+    bootstrap = torch.randint(num_train, (config.num_members, num_train), generator=cpu_gen)
+    return DynamicsFit(
+        config, ensemble, holdout,
+        ensemble.normalize_inputs(train.obs, train.action),
+        ensemble.normalize_targets(train.target),
+        ensemble.normalize_inputs(holdout.obs, holdout.action),
+        ensemble.normalize_targets(holdout.target),
+        bootstrap.to(device), torch.Generator(device=device).manual_seed(config.seed + 1),
+    )  # fmt: skip
+
+
+def finish_fit(
+    fit: DynamicsFit, termination: str, epochs: int, start_time: float
+) -> tuple[DynamicsModel, dict[str, Any]]:
+    """The trained ``fit`` (each member at its best snapshot) as a model of its
+    ``num_elites`` lowest-holdout-MSE members, and the metrics :func:`train_dynamics` returns."""
+    mse, nll = holdout_losses(fit.ensemble, fit.hold_x, fit.hold_y)
+    elites = mse.argsort()[: fit.config.num_elites]
+    model = DynamicsModel(fit.ensemble, termination, elites.cpu().tolist())
+    metrics = holdout_metrics(model, fit.holdout)
+    metrics.update(
+        elites=elites.tolist(),
+        holdout_mse_per_member=mse.tolist(),
+        holdout_nll_per_member=nll.tolist(),
+        holdout_mse_elites=mse[elites].mean().item(),
+        epochs=epochs,
+        num_train=fit.num_train,
+        num_holdout=fit.hold_x.shape[0],
+        wall_time_s=time.perf_counter() - start_time,
+    )
+    return model, metrics
+
+
 def train_dynamics(
     dataset_td: TensorDictBase,
     termination: str,
@@ -276,6 +324,8 @@ def train_dynamics(
 
     Runs on the device of the dataset's tensors; with ``cuda_graph`` (a CUDA device) each
     full-size minibatch step is one replay of a CUDA graph (the same arithmetic).
+    :mod:`cbop_torchrl.trainers.joint_dynamics` trains several seeds' ensembles as this
+    does, in one.
 
     Args:
         dataset_td: dataset TensorDict ``[N]`` (see ``cbop_torchrl.data.load_dataset``).
@@ -295,172 +345,91 @@ def train_dynamics(
     """
     config = config or DynamicsConfig()
     start_time = time.perf_counter()
-    rows = dynamics_rows(dataset_td)
-    device = rows.obs.device
-    num_rows, obs_dim = rows.obs.shape
-    action_dim = rows.action.shape[1]
-
-    # Split, bootstrap and initialisation come from CPU generators, so a seed
-    # gives the same ensemble on every device.
-    cpu_gen = torch.Generator().manual_seed(config.seed)
-    hold_idx, train_idx = (idx.to(device) for idx in split_holdout(num_rows, config, cpu_gen))
-    holdout = _Split(rows.obs[hold_idx], rows.action[hold_idx], rows.target[hold_idx])
-    train = _Split(rows.obs[train_idx], rows.action[train_idx], rows.target[train_idx])
-    num_train = train_idx.numel()
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        ensemble = _build_ensemble(config, obs_dim, action_dim)
-    ensemble = ensemble.to(device)
-    ensemble.set_normalizer(torch.cat([train.obs, train.action], -1), train.target)
-    train_x = ensemble.normalize_inputs(train.obs, train.action)
-    train_y = ensemble.normalize_targets(train.target)
-    hold_x = ensemble.normalize_inputs(holdout.obs, holdout.action)
-    hold_y = ensemble.normalize_targets(holdout.target)
-
-    num_members = config.num_members
-    bootstrap = torch.randint(num_train, (num_members, num_train), generator=cpu_gen).to(device)
-    shuffle_gen = torch.Generator(device=device).manual_seed(config.seed + 1)
-    step, captured = make_minibatch_step(ensemble, train_x, train_y, config, cuda_graph)
-    epoch = _fit_with_early_stopping(
-        ensemble, (step, captured), bootstrap, shuffle_gen, (hold_x, hold_y), config,
-        progress, log_fn,
-    )  # fmt: skip
-
-    mse, nll = holdout_losses(ensemble, hold_x, hold_y)
-    elites = mse.argsort()[: config.num_elites]
-    model = DynamicsModel(ensemble, termination, elites.cpu().tolist())
-    metrics = holdout_metrics(model, holdout)
-    metrics.update(
-        elites=elites.tolist(),
-        holdout_mse_per_member=mse.tolist(),
-        holdout_nll_per_member=nll.tolist(),
-        holdout_mse_elites=mse[elites].mean().item(),
-        epochs=epoch,
-        num_train=num_train,
-        num_holdout=hold_idx.numel(),
-        wall_time_s=time.perf_counter() - start_time,
-    )
-    return model, metrics
+    fit = prepare_fit(dynamics_rows(dataset_td), config)
+    steps = make_minibatch_step(fit.ensemble, fit.train_x, fit.train_y, config, cuda_graph)
+    epoch = _fit_with_early_stopping(fit, steps, progress, log_fn)
+    return finish_fit(fit, termination, epoch, start_time)
 
 
-def _fit_with_early_stopping(
-    ensemble: GaussianEnsemble,
-    steps: tuple[Callable[[TensorDictBase], TensorDictBase], CapturedStep | None],
-    bootstrap: torch.Tensor,
-    shuffle_gen: torch.Generator,
-    holdout: tuple[torch.Tensor, torch.Tensor],
-    config: DynamicsConfig,
-    progress: bool,
-    log_fn: Callable[[dict[str, Any]], None] | None,
-) -> int:
-    """Epochs of :func:`train_epoch` until ``config.patience`` epochs pass with no member
-    improving its holdout MSE (or ``config.max_epochs``); then every member takes its best
-    snapshot. Returns the number of epochs.
+class EarlyStopping:
+    """Each member's best holdout MSE and snapshot, and the patience rule over them.
 
-    Args:
-        steps: :func:`make_minibatch_step`'s step and its captured CUDA graph (or None).
-        holdout: the standardized holdout inputs and targets.
+    After each epoch :meth:`after_epoch` is given every member's holdout MSE: a member that
+    improved by more than ``config.improvement_threshold`` (relative) takes a new snapshot;
+    :attr:`done` once ``config.patience`` epochs pass with no member improving (or at
+    ``config.max_epochs``); :meth:`restore` then gives every member its best snapshot.
     """
-    step, captured = steps
-    hold_x, hold_y = holdout
-    best_params = {n: p.detach().clone() for n, p in ensemble.named_parameters()}
-    best_mse = torch.full((config.num_members,), math.inf, device=bootstrap.device)
 
-    epoch, epochs_since_improvement = 0, 0
-    bar = tqdm(total=config.max_epochs, desc="dynamics", unit="epoch", disable=not progress)
-    while True:
-        epoch += 1
-        ensemble.train()
-        train_nll = train_epoch(step, bootstrap, shuffle_gen, config, captured)
-        ensemble.eval()
-        mse, nll = holdout_losses(ensemble, hold_x, hold_y)
-        improved = (best_mse - mse) / best_mse > config.improvement_threshold
-        improved |= torch.isinf(best_mse)
-        _update_snapshots(best_params, ensemble, improved)
-        best_mse = torch.where(improved, mse, best_mse)
-        epochs_since_improvement = 0 if bool(improved.any()) else epochs_since_improvement + 1
+    def __init__(self, ensemble: GaussianEnsemble, config: DynamicsConfig) -> None:
+        self.config = config
+        self.best_params = {n: p.detach().clone() for n, p in ensemble.named_parameters()}
+        self.best_mse = torch.full(
+            (config.num_members,), math.inf, device=ensemble.input_mean.device
+        )
+        self.epoch, self.epochs_since_improvement, self.done = 0, 0, False
 
-        record = {
-            "epoch": epoch,
+    def after_epoch(
+        self,
+        ensemble: GaussianEnsemble,
+        mse: torch.Tensor,
+        nll: torch.Tensor,
+        train_nll: torch.Tensor,
+    ) -> dict[str, Any]:
+        """Takes the epoch's holdout ``mse [E]`` and ``nll [E]`` and the mean training NLL;
+        returns the epoch's record (see :func:`train_dynamics`'s ``log_fn``)."""
+        config = self.config
+        self.epoch += 1
+        improved = (self.best_mse - mse) / self.best_mse > config.improvement_threshold
+        improved |= torch.isinf(self.best_mse)
+        _update_snapshots(self.best_params, ensemble, improved)
+        self.best_mse = torch.where(improved, mse, self.best_mse)
+        since = 0 if bool(improved.any()) else self.epochs_since_improvement + 1
+        self.epochs_since_improvement = since
+        capped = config.max_epochs is not None and self.epoch >= config.max_epochs
+        self.done = since >= config.patience or capped
+        return {
+            "epoch": self.epoch,
             "train_loss": train_nll.item(),
             "holdout_mse": mse.mean().item(),
             "holdout_nll": nll.mean().item(),
-            "holdout_mse_best": best_mse.mean().item(),
-            "epochs_since_improvement": epochs_since_improvement,
+            "holdout_mse_best": self.best_mse.mean().item(),
+            "epochs_since_improvement": since,
         }
+
+    def restore(self, ensemble: GaussianEnsemble) -> None:
+        """Every member takes its best snapshot."""
+        ensemble.load_state_dict(self.best_params, strict=False)
+
+
+def _fit_with_early_stopping(
+    fit: DynamicsFit,
+    steps: tuple[Callable[[TensorDictBase], TensorDictBase], CapturedStep | None],
+    progress: bool,
+    log_fn: Callable[[dict[str, Any]], None] | None,
+) -> int:
+    """Epochs of :func:`train_epoch` under :class:`EarlyStopping`; then every member takes
+    its best snapshot. Returns the number of epochs.
+
+    Args:
+        steps: :func:`make_minibatch_step`'s step and its captured CUDA graph (or None).
+    """
+    step, captured = steps
+    ensemble, config = fit.ensemble, fit.config
+    stopping = EarlyStopping(ensemble, config)
+    bar = tqdm(total=config.max_epochs, desc="dynamics", unit="epoch", disable=not progress)
+    while not stopping.done:
+        ensemble.train()
+        train_nll = train_epoch(step, fit.bootstrap, fit.shuffle_gen, config, captured)
+        ensemble.eval()
+        mse, nll = holdout_losses(ensemble, fit.hold_x, fit.hold_y)
+        record = stopping.after_epoch(ensemble, mse, nll, train_nll)
         if log_fn is not None:
             log_fn(record)
         bar.update(1)
         bar.set_postfix(mse=f"{record['holdout_mse']:.4f}", nll=f"{record['holdout_nll']:.3f}")
-        if epochs_since_improvement >= config.patience:
-            break
-        if config.max_epochs is not None and epoch >= config.max_epochs:
-            break
     bar.close()
-    ensemble.load_state_dict(best_params, strict=False)  # each member's best snapshot
-    return epoch
-
-
-def non_finite_parts(model: DynamicsModel, metrics: dict[str, Any] | None = None) -> list[str]:
-    """What of a trained model is NaN/inf: its elites' parameters, its normalizer, its
-    holdout metrics (``holdout_r2_mean``, ``holdout_mse_elites``); empty when all is finite."""
-    ensemble = model.ensemble
-    elites = torch.as_tensor(model.elite_indices, device=next(ensemble.parameters()).device)
-    bad = [
-        f"parameter {name}"
-        for name, param in ensemble.named_parameters()
-        if not bool(torch.isfinite(_elite_part(param.detach(), elites)).all())
-    ]
-    bad += [
-        f"buffer {name}"
-        for name, buffer in ensemble.named_buffers()
-        if buffer.is_floating_point() and not bool(torch.isfinite(buffer).all())
-    ]
-    for key in ("holdout_r2_mean", "holdout_mse_elites"):
-        value = (metrics or {}).get(key)
-        if value is not None and not math.isfinite(float(value)):
-            bad.append(f"{key}={value}")
-    return bad
-
-
-def _elite_part(param: torch.Tensor, elites: torch.Tensor) -> torch.Tensor:
-    """The elites' slices of a ``[E, ...]`` parameter; a shared ``[1, ...]`` one whole."""
-    return param if param.shape[0] == 1 else param.index_select(0, elites)
-
-
-def check_trained_dynamics(
-    model: DynamicsModel,
-    metrics: dict[str, Any],
-    config: DynamicsConfig,
-    dataset_td: TensorDictBase,
-) -> None:
-    """Raises :class:`NonFiniteLossError` when the trained model is not finite (before caching).
-
-    A diverged model must never be cached: every later run with the same data
-    and settings would read it and fail far from the cause.
-    """
-    bad = non_finite_parts(model, metrics)
-    if not bad:
-        return
-    shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
-    rows = dynamics_rows(dataset_td)
-    scale = max(float(rows.obs.abs().max()), float(rows.target.abs().max()))
-    raise NonFiniteLossError(
-        f"the dynamics model diverged: after {metrics.get('epochs', '?')} epochs these are "
-        f"not finite (NaN or inf): {shown}; it was neither cached nor saved. The usual "
-        f"causes are a learning rate too large for the data (dynamics.lr={config.lr:g}; "
-        f"the default is {DynamicsConfig().lr:g}) or data of a very large scale (the "
-        f"largest observation or target magnitude is {scale:.3g}). Run again with a "
-        f"smaller learning rate, e.g. dynamics.lr={smaller_lr(config.lr, DynamicsConfig().lr):g}"
-        ", or rescale the data."
-    )
-
-
-def smaller_lr(current: float, default: float) -> float:
-    """A learning rate to suggest after a divergence: the default when the current one is
-    larger, else a tenth of the current one (never the value that just diverged)."""
-    return default if current > default else current / 10
+    stopping.restore(ensemble)
+    return stopping.epoch
 
 
 def dynamics_cache_key(info: Any, config: DynamicsConfig) -> str:
