@@ -189,7 +189,10 @@ def train_side_by_side(
     own directory ``job_dir/<name>`` (``psi<P>-seed<S>``, :func:`~cbop_torchrl.config.runs.
     expand_runs`), with its own checkpoint, resume and ``results.json``; the runs take
     turns per gradient step in one process (:mod:`cbop_torchrl.trainers.side_by_side`).
-    Every run's config is checked before any work.
+    Every run's config is checked before any work. With ``runs.pretrain_together`` (the
+    default) the missing pretraining stages of every distinct seed train together first
+    and are cached where each run looks for them
+    (:mod:`cbop_torchrl.trainers.pretrain_together`).
 
     Args:
         cfg: a config from :func:`compose_config` with a ``runs`` section (``runs.seeds``,
@@ -233,6 +236,11 @@ def train_side_by_side(
         print(run_banner(first, info.name, job_dir / names[0], filled), flush=True)
         print(f"[cbop] {len(names)} runs side by side in {_shown_path(job_dir)}: "
               f"{', '.join(names)}", flush=True)  # fmt: skip
+
+    if runs.pretrain_together:  # the seeds' missing dynamics, BC and FQE, trained together
+        from cbop_torchrl.trainers.pretrain_together import pretrain_together
+
+        pretrain_together(configs, info, data, [job_dir / name for name in names])
 
     def trainer(config: Any, run_dir: Path) -> Any:
         return lambda take_turns: run_pipeline(config, info, data, run_dir, take_turns)

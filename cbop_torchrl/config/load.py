@@ -117,13 +117,19 @@ def _build(values: dict[str, Any]) -> tuple[RunConfig, list[str]]:
     return config, problems
 
 
+RUN_AXES = ("seeds", "psi", "set")
+"""The ``runs`` keys that list runs (:class:`~cbop_torchrl.config.runs.RunsConfig`); its other
+keys say how the runs train and are ignored by a program that trains one run."""
+
+
 def _runs_problems(runs: Mapping[str, Any] | None) -> list[str]:
     """A ``runs`` section (several runs side by side) given to a program that trains one run.
 
     ``cbop-train`` expands it first (:func:`cbop_torchrl.config.runs.expand_runs`) and loads
     each run's config without it; an unset section (every list null) is dropped.
     """
-    given = sorted(key for key, value in dict(runs or {}).items() if value is not None)
+    given = sorted(key for key, value in dict(runs or {}).items()
+                   if key in RUN_AXES and value is not None)  # fmt: skip
     if not given:
         return []
     return [

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cbop_torchrl.config.load import ConfigError
+from cbop_torchrl.config.load import RUN_AXES, ConfigError
 
 SHAPE_KEYS = frozenset(
     {
@@ -66,16 +66,25 @@ class RunsConfig:
     # ["agent.actor_lr=1e-4","agent.actor_lr=3e-4"] (null: none); settings that change a
     # tensor's shape (agent.num_qvalue_nets, ...) are refused
     set: list[str] | None = None
+    # true: before the runs take turns, the dynamics models, BC actors and FQE critics of
+    # every distinct seed whose cache entry is missing train together in one go
+    # (trainers/pretrain_together.py), each as it trains alone; false: each run pretrains
+    # in its first turn, one after another
+    pretrain_together: bool = True
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any] | None) -> RunsConfig:
         values = dict(values or {})
-        return cls(values.get("seeds"), values.get("psi"), values.get("set"))
+        together = values.get("pretrain_together")
+        return cls(
+            values.get("seeds"), values.get("psi"), values.get("set"),
+            True if together is None else bool(together),
+        )  # fmt: skip
 
     @property
     def given(self) -> bool:
         """Whether any list was given (an empty one too: :func:`expand_runs` refuses it)."""
-        return any(axis is not None for axis in (self.seeds, self.psi, self.set))
+        return any(getattr(self, axis) is not None for axis in RUN_AXES)
 
 
 @dataclass(frozen=True)

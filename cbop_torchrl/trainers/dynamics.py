@@ -29,6 +29,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -481,34 +482,70 @@ def load_or_train_dynamics(
         cuda_graph: capture the minibatch step as a CUDA graph (see :func:`train_dynamics`).
     """
     config = config or DynamicsConfig()
-    directory = cache_dir("dynamics", dynamics_cache_key(info, config))
-    model_path, metrics_path = directory / "model.pt", directory / "metrics.json"
-    device = dataset_td.get("observation").device
+    directory = dynamics_entry(info, config)
     record = _data_record(info)
     with cache_entry_lock(directory, "dynamics model"):
-        state = read_stage(model_path, record, "dynamics model") if use_cache else None
-        if state is not None and metrics_path.exists():
-            try:
-                model = dynamics_from_state(state, model_path, device, termination=termination)
-                metrics = json.loads(metrics_path.read_text())
-                if bad := non_finite_parts(model, metrics):  # cached by an earlier version
-                    raise ValueError(f"its {', '.join(bad[:3])} are not finite")
-                metrics.update(cached=True, cache_path=str(model_path))
-                return model, metrics
-            except Exception as error:  # a corrupt entry is retrained, not fatal
-                warnings.warn(
-                    f"the dynamics cache file {model_path} cannot be read "
-                    f"({describe_load_error(error, model_path)}); the dynamics model is trained "
-                    "again and replaces it",
-                    stacklevel=2,
-                )
+        if use_cache:
+            device = dataset_td.get("observation").device
+            if (cached := read_cached_dynamics(directory, record, device, termination)) is not None:
+                return cached
         model, metrics = train_dynamics(
             dataset_td, termination, config, progress, log_fn, cuda_graph=cuda_graph
         )
         check_trained_dynamics(model, metrics, config, dataset_td)
-        metadata = {"dataset": info.name, "config": config.to_dict()}
-        save_stage(dynamics_state(model, metadata), model_path, record)
-        metrics.update(dataset=info.name, config=config.to_dict())
-        atomic_json_dump(metrics, metrics_path)
-        metrics.update(cached=False, cache_path=str(model_path))
-        return model, metrics
+        return model, store_dynamics(model, metrics, info, config, directory)
+
+
+def dynamics_entry(info: Any, config: DynamicsConfig) -> Path:
+    """The cache entry's folder of the ensemble trained on ``info``'s data with ``config``
+    (``model.pt`` and ``metrics.json``; hold :func:`~cbop_torchrl.io.cache_entry_lock` on it
+    to read or write them)."""
+    return cache_dir("dynamics", dynamics_cache_key(info, config))
+
+
+def read_cached_dynamics(
+    directory: Path, record: dict[str, Any], device: torch.device, termination: str
+) -> tuple[DynamicsModel, dict[str, Any]] | None:
+    """The model and metrics of the cache entry ``directory`` (on ``device``, ``cached``
+    True), or None when it has none that may be used: no ``model.pt`` or ``metrics.json``
+    (a writer killed between the two), or a damaged, other data's or non-finite one (a
+    warning names it; it is trained again and replaced)."""
+    model_path, metrics_path = directory / "model.pt", directory / "metrics.json"
+    state = read_stage(model_path, record, "dynamics model")
+    if state is None or not metrics_path.exists():
+        return None
+    try:
+        model = dynamics_from_state(state, model_path, device, termination=termination)
+        metrics = json.loads(metrics_path.read_text())
+        if bad := non_finite_parts(model, metrics):  # cached by an earlier version
+            raise ValueError(f"its {', '.join(bad[:3])} are not finite")
+    except Exception as error:  # a corrupt entry is retrained, not fatal
+        warnings.warn(
+            f"the dynamics cache file {model_path} cannot be read "
+            f"({describe_load_error(error, model_path)}); the dynamics model is trained "
+            "again and replaces it",
+            stacklevel=3,
+        )
+        return None
+    metrics.update(cached=True, cache_path=str(model_path))
+    return model, metrics
+
+
+def store_dynamics(
+    model: DynamicsModel,
+    metrics: dict[str, Any],
+    info: Any,
+    config: DynamicsConfig,
+    directory: Path,
+) -> dict[str, Any]:
+    """Writes a trained (and checked, :func:`check_trained_dynamics`) model into its cache
+    entry ``directory``, under its lock: ``model.pt`` then ``metrics.json``, each atomically,
+    so a kill leaves no entry that :func:`read_cached_dynamics` uses. Returns ``metrics``
+    with ``dataset``, ``config``, ``cached`` (False) and ``cache_path``."""
+    model_path = directory / "model.pt"
+    metadata = {"dataset": info.name, "config": config.to_dict()}
+    save_stage(dynamics_state(model, metadata), model_path, _data_record(info))
+    metrics.update(dataset=info.name, config=config.to_dict())
+    atomic_json_dump(metrics, directory / "metrics.json")
+    metrics.update(cached=False, cache_path=str(model_path))
+    return metrics

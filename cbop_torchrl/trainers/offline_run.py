@@ -80,6 +80,24 @@ class StageClock:
             self._current = None
 
 
+def resolve_run_task(config: RunConfig, info: DatasetInfo) -> tuple[Task, EnvSpecs, DatasetInfo]:
+    """The run's task, its environment's specs and the data's info as the stages see it.
+
+    For a task whose action box is not ``[-1, 1]`` the stages train on
+    ``specs.to_agent_actions(data)``, and ``info.fingerprint`` (what the cached stages' keys
+    hold) says so.
+
+    Raises:
+        TaskError: the task cannot be resolved, or the data's sizes do not fit its env.
+    """
+    task = resolve_task(config.task, info)
+    specs = read_env_specs(task)
+    check_data_fits_env(info, specs, task)
+    if specs.rescales_actions:  # the cached stages see actions in [-1, 1]: other data
+        info = dataclasses.replace(info, fingerprint=info.fingerprint + specs.fingerprint_suffix())
+    return task, specs, info
+
+
 @dataclass
 class OfflineRun:
     """What the stages of one run share: config, data, task, decisions, logger, clock, resume
@@ -132,13 +150,7 @@ class OfflineRun:
         """
         start_time = time.perf_counter()
         record = data_record(info)
-        task = resolve_task(config.task, info)
-        specs = read_env_specs(task)
-        check_data_fits_env(info, specs, task)
-        if specs.rescales_actions:  # the cached stages see actions in [-1, 1]: other data
-            info = dataclasses.replace(
-                info, fingerprint=info.fingerprint + specs.fingerprint_suffix()
-            )
+        task, specs, info = resolve_run_task(config, info)
         run_dir = Path(run_dir)
         decisions = decide_run(config, training_config, captures_step=captures_step)
         if config.threads is not None:
@@ -400,4 +412,4 @@ def _resume_state(
     return state
 
 
-__all__ = ["OfflineRun", "StageClock", "common_results", "write_results"]
+__all__ = ["OfflineRun", "StageClock", "common_results", "resolve_run_task", "write_results"]
