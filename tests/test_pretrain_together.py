@@ -1,10 +1,12 @@
 """Pretraining side by side (``runs.pretrain_together``): the seeds' stages trained together.
 
 Three debug-preset seeds pretrained together (:func:`~cbop_torchrl.trainers.pretrain_together.
-pretrain_together`) leave in the cache, under the keys each run alone looks for, the models
-the single-seed stages train (to float rounding, same early-stopping epochs and elites); a
-seed already cached is not trained again; a joint pretraining stopped after one seed's
-entry leaves no other entry, and its rerun trains the rest to the same models.
+pretrain_together`) leave in the cache, under the keys each run alone looks for, the
+dynamics models, BC actors and FQE critics the single run's stages train (to float
+rounding; the dynamics with the same early-stopping epochs, elites and holdout metrics),
+and the run's stages find them; a seed already cached is not trained again; a joint
+pretraining stopped after one seed's entry of a stage leaves no other entry of it, and
+its rerun trains the rest to the same results.
 """
 
 from __future__ import annotations
@@ -17,13 +19,8 @@ import pytest
 import torch
 from d4rl_files import pipeline_workspace
 
-from cbop_torchrl.apps.api import _load, compose_config
-from cbop_torchrl.cli import config_values
+from benchmarks.pretrain_together import load_runs, measure, run_stage, stage_view
 from cbop_torchrl.trainers import pretrain_together as together
-from cbop_torchrl.trainers.dynamics import dynamics_entry, load_or_train_dynamics
-from cbop_torchrl.trainers.offline_run import resolve_run_task
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SEEDS = (0, 1, 2)
 # An improvement rule by which the seeds stop at different epochs (one before the cap).
@@ -36,36 +33,51 @@ TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 NO_RUNS = [Path("/nonexistent")] * len(SEEDS)  # no run directory holds finished results
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_for_the_module() -> Any:
+    """Tiny networks: one torch thread, for the module's fixtures too (set up before any
+    function-scoped ``one_torch_thread``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The three seeds' run configs on the small hopper file, and its data."""
     workspace = pipeline_workspace(tmp_path_factory.mktemp("pretrain_together"))
-    configs, info, data = [], None, None
-    for seed in SEEDS:
-        overrides = ["preset=debug", f"env={workspace['dataset']}", "progress=false",
-                     f"seed={seed}", *DYNAMICS]  # fmt: skip
-        config, info, data, _ = _load(config_values(compose_config(overrides)))
-        configs.append(config)
-    return {"configs": configs, "info": info, "data": data, "root": workspace["root"]}
+    runs = load_runs("debug", str(workspace["dataset"]), list(SEEDS), list(DYNAMICS))
+    return {**runs, "root": workspace["root"]}
 
 
-def stage_view(runs: dict[str, Any]) -> tuple[Any, Any, str]:
-    """The data, info and termination the runs' stages see (as ``run_pipeline`` makes them)."""
-    task, specs, info = resolve_run_task(runs["configs"][0], runs["info"])
-    return specs.to_agent_actions(runs["data"]), info, task.termination
+def run_stages(runs: dict[str, Any], config: Any) -> dict[str, bool]:
+    """The single run's pretraining stages, called as ``run_pipeline`` calls them: whether
+    each came from the cache."""
+    return {stage: run_stage(runs, config, stage) for stage in together.STAGES}
 
 
-def alone(runs: dict[str, Any], config: Any) -> dict[str, Any]:
-    """The single run's dynamics stage (``offline.dynamics_stage``'s call): its metrics."""
+def entry_dirs(runs: dict[str, Any], config: Any) -> dict[str, Path]:
+    """The cache entries the run with ``config`` looks for, per stage."""
+    jobs = {"dynamics": together.dynamics_job, "bc": together.bc_job, "fqe": together.fqe_job}
     data, info, termination = stage_view(runs)
-    return load_or_train_dynamics(data, info, config.dynamics, False, termination=termination)[1]
+    setup = together.Pretraining(info, data, termination, False, False)
+    return {name: next(iter(job(setup, [config]).entries)) for name, job in jobs.items()}
 
 
-def entry(runs: dict[str, Any], config: Any) -> tuple[dict, dict]:
-    """The cache entry the run with ``config`` looks for: ``model.pt``'s state, metrics."""
-    directory = dynamics_entry(stage_view(runs)[1], config.dynamics)
-    state = torch.load(directory / "model.pt", weights_only=True)
-    return state, json.loads((directory / "metrics.json").read_text())
+FILES = {"dynamics": ("model.pt", "metrics.json"), "bc": ("result.pt",), "fqe": ("result.pt",)}
+
+
+def entries(runs: dict[str, Any], config: Any) -> dict[str, dict]:
+    """What the run's entries hold: the tensors and metrics of each stage."""
+    held = {}
+    for name, directory in entry_dirs(runs, config).items():
+        held[name] = {
+            file: json.loads((directory / file).read_text()) if file.endswith(".json")
+            else torch.load(directory / file, weights_only=True)
+            for file in FILES[name]
+        }  # fmt: skip
+    return held
 
 
 def use_cache(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
@@ -73,28 +85,43 @@ def use_cache(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def single(runs: dict[str, Any]) -> list[tuple[dict, dict]]:
-    """Each seed's dynamics stage alone, each in a cache of its own: the entries."""
+def single(runs: dict[str, Any]) -> list[dict[str, dict]]:
+    """Each seed's stages alone, each seed in a cache of its own: the entries."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        entries = []
+        held = []
         for config in runs["configs"]:
             use_cache(monkeypatch, runs["root"] / f"alone-{config.seed}")
-            assert alone(runs, config)["cached"] is False
-            entries.append(entry(runs, config))
-    return entries
+            assert not any(run_stages(runs, config).values())
+            held.append(entries(runs, config))
+    return held
 
 
-def assert_same_model(expected: tuple[dict, dict], actual: tuple[dict, dict]) -> None:
-    (state, metrics), (state_b, metrics_b) = expected, actual
-    assert state["elites"] == state_b["elites"]
-    assert state["architecture"] == state_b["architecture"]
-    assert state["state_dict"].keys() == state_b["state_dict"].keys()
-    for name, value in state["state_dict"].items():
-        torch.testing.assert_close(state_b["state_dict"][name], value, **TOLERANCE, msg=name)
-    assert metrics_b["epochs"] == metrics["epochs"]
-    assert metrics_b["elites"] == metrics["elites"]
-    assert metrics_b["num_train"] == metrics["num_train"]
-    assert metrics_b["num_holdout"] == metrics["num_holdout"]
+def tensors(value: Any, path: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor in a nested dict, by its path (the file's own SHA-256 record aside)."""
+    if isinstance(value, torch.Tensor):
+        return {path: value}
+    if isinstance(value, dict):
+        found = {}
+        for key, item in value.items():
+            found.update(tensors(item, f"{path}/{key}"))
+        return found
+    return {}
+
+
+def assert_same_entries(expected: dict[str, dict], actual: dict[str, dict]) -> None:
+    for stage, files in expected.items():
+        for file, content in files.items():
+            if file == "metrics.json":
+                continue
+            want, got = tensors(content), tensors(actual[stage][file])
+            assert want.keys() == got.keys(), (stage, file)
+            for name, value in want.items():
+                torch.testing.assert_close(got[name], value, **TOLERANCE, msg=name)
+    model, model_b = expected["dynamics"]["model.pt"], actual["dynamics"]["model.pt"]
+    assert model["elites"] == model_b["elites"]
+    metrics, metrics_b = expected["dynamics"]["metrics.json"], actual["dynamics"]["metrics.json"]
+    for key in ("epochs", "elites", "num_train", "num_holdout"):
+        assert metrics_b[key] == metrics[key], key
     for key in ("holdout_mse_per_member", "holdout_nll_per_member", "holdout_r2_mean"):
         torch.testing.assert_close(
             torch.tensor(metrics_b[key]), torch.tensor(metrics[key]), **TOLERANCE, msg=key
@@ -102,66 +129,72 @@ def assert_same_model(expected: tuple[dict, dict], actual: tuple[dict, dict]) ->
 
 
 def test_seeds_pretrained_together_are_each_seed_alone(
-    runs: dict[str, Any], single: list[tuple[dict, dict]], tmp_path: Path
+    runs: dict[str, Any], single: list[dict[str, dict]], tmp_path: Path
 ) -> None:
     configs = runs["configs"]
     run_dirs = [tmp_path / f"seed{seed}" for seed in SEEDS]
     trained = together.pretrain_together(configs, runs["info"], runs["data"], run_dirs)
-    assert sorted(trained["dynamics"]) == list(SEEDS)
-    epochs = [metrics["epochs"] for _, metrics in single]
+    assert {stage: sorted(seeds) for stage, seeds in trained.items()} == {
+        stage: list(SEEDS) for stage in together.STAGES
+    }
+    epochs = [held["dynamics"]["metrics.json"]["epochs"] for held in single]
     # one seed stops before the others: the joint ensemble goes on without it
     assert min(epochs) < max(epochs), f"the seeds stopped together ({epochs})"
     for config, expected in zip(configs, single, strict=True):
-        assert_same_model(expected, entry(runs, config))
-        assert alone(runs, config)["cached"] is True  # the run's own stage finds it
+        assert_same_entries(expected, entries(runs, config))
+        assert all(run_stages(runs, config).values())  # the run's own stages find them
     again = together.pretrain_together(configs, runs["info"], runs["data"], run_dirs)
-    assert again["dynamics"] == []
+    assert again == {stage: [] for stage in together.STAGES}
 
 
 def test_a_cached_seed_is_not_trained_again(
-    runs: dict[str, Any], single: list[tuple[dict, dict]]
+    runs: dict[str, Any], single: list[dict[str, dict]]
 ) -> None:
     configs = runs["configs"]
-    alone(runs, configs[1])
-    directory = dynamics_entry(stage_view(runs)[1], configs[1].dynamics)
-    before = (directory / "model.pt").stat().st_mtime_ns, (directory / "model.pt").read_bytes()
+    run_stages(runs, configs[1])
+    files = [d / f for name, d in entry_dirs(runs, configs[1]).items() for f in FILES[name]]
+    before = [(path.stat().st_mtime_ns, path.read_bytes()) for path in files]
     trained = together.pretrain_together(configs, runs["info"], runs["data"], NO_RUNS)
-    assert sorted(trained["dynamics"]) == [SEEDS[0], SEEDS[2]]
-    after = (directory / "model.pt").stat().st_mtime_ns, (directory / "model.pt").read_bytes()
-    assert after == before
+    assert {stage: sorted(seeds) for stage, seeds in trained.items()} == {
+        stage: [SEEDS[0], SEEDS[2]] for stage in together.STAGES
+    }
+    assert [(path.stat().st_mtime_ns, path.read_bytes()) for path in files] == before
     for config, expected in zip(configs, single, strict=True):
-        assert_same_model(expected, entry(runs, config))
+        assert_same_entries(expected, entries(runs, config))
 
 
 class Killed(BaseException):
-    """Stands for a kill right after the first entry is written."""
+    """Stands for a kill right after the first entry of a stage is written."""
 
 
+@pytest.mark.parametrize(("writer", "stage"), [("store_dynamics", "dynamics"),
+                                               ("_store_result", "bc")])  # fmt: skip
 def test_a_stopped_joint_pretraining_resumes(
-    runs: dict[str, Any], single: list[tuple[dict, dict]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    configs, info = runs["configs"], stage_view(runs)[1]
-    store = together.store_dynamics
+    runs: dict[str, Any], single: list[dict[str, dict]], monkeypatch: pytest.MonkeyPatch,
+    writer: str, stage: str,
+) -> None:  # fmt: skip
+    configs = runs["configs"]
+    store = getattr(together, writer)
 
     def store_then_die(*args: Any, **kwargs: Any) -> Any:
         store(*args, **kwargs)
         raise Killed
 
-    monkeypatch.setattr(together, "store_dynamics", store_then_die)
+    monkeypatch.setattr(together, writer, store_then_die)
     with pytest.raises(Killed):
         together.pretrain_together(configs, runs["info"], runs["data"], NO_RUNS)
-    directories = [dynamics_entry(info, config.dynamics) for config in configs]
-    written = [d for d in directories if (d / "model.pt").exists()]
-    assert len(written) == 1  # the first seed to stop; the others have no file at all
+    directories = [entry_dirs(runs, config)[stage] for config in configs]
+    written = [d for d in directories if (d / FILES[stage][0]).exists()]
+    assert len(written) == 1  # the first seed written; the others have no file at all
     for directory in directories:
-        leftovers = {p.name for p in directory.iterdir()} - {".lock", "model.pt", "metrics.json"}
+        leftovers = {p.name for p in directory.iterdir()} - {".lock", *FILES[stage]}
         assert not leftovers, leftovers
 
-    monkeypatch.setattr(together, "store_dynamics", store)
+    monkeypatch.setattr(together, writer, store)
     trained = together.pretrain_together(configs, runs["info"], runs["data"], NO_RUNS)
-    assert len(trained["dynamics"]) == 2
+    assert len(trained[stage]) == 2
     for config, expected in zip(configs, single, strict=True):
-        assert_same_model(expected, entry(runs, config))
+        assert_same_entries(expected, entries(runs, config))
 
 
 def test_a_finished_run_needs_no_pretraining(runs: dict[str, Any], tmp_path: Path) -> None:
@@ -174,3 +207,9 @@ def test_a_finished_run_needs_no_pretraining(runs: dict[str, Any], tmp_path: Pat
     assert together.finished_run(config, run_dir)
     (run_dir / "results.json").write_text(json.dumps({"gradient_steps": 1}))
     assert not together.finished_run(config, run_dir)  # another budget: it goes on
+
+
+def test_the_benchmark_measures_both_ways(runs: dict[str, Any], tmp_path: Path) -> None:
+    report = measure({**runs, "configs": runs["configs"][:2]}, tmp_path)  # two seeds: quicker
+    assert set(report["seconds"]["together"]) == set(together.STAGES)
+    assert report["max_abs_difference"] <= TOLERANCE["atol"] * 10

@@ -1,9 +1,10 @@
 """Runs side by side (``runs.seeds``/``runs.psi``/``runs.set``): each run is the run alone.
 
-Three debug-preset runs trained in one process (turn by turn, per CBOP gradient step) end
-with the weights, optimizer state, config.json and scores of the same three runs trained
-one by one; a job killed with SIGKILL resumes every run to those same weights; bad
-``runs`` input is refused with exit code 2 before any work.
+Three debug-preset runs trained in one process (their seeds' pretraining together first,
+then turn by turn, per CBOP gradient step) end with the weights, optimizer state,
+config.json and scores of the same three runs trained one by one on that pretraining; a
+job killed with SIGKILL resumes every run to those same weights; bad ``runs`` input is
+refused with exit code 2 before any work.
 """
 
 from __future__ import annotations
@@ -57,14 +58,17 @@ def job(workspace: dict) -> Path:
 
 
 @pytest.fixture(scope="module")
-def alone(tmp_path_factory: pytest.TempPathFactory, workspace: dict) -> list[Path]:
-    """The same three runs one by one, each in a process state of its own making."""
+def alone(tmp_path_factory: pytest.TempPathFactory, workspace: dict, job: Path) -> list[Path]:
+    """The same three runs one by one, each in a process state of its own making, on the
+    pretraining the job cached (its seeds' pretraining trained together equals each seed's
+    alone to float rounding, tests/test_pretrain_together.py; the runs' turns are checked
+    here bit for bit)."""
     other = pipeline_workspace(tmp_path_factory.mktemp("alone"))
     run_dirs = []
     for index, overrides in enumerate(ALONE):
         run_dir = other["root"] / f"alone{index}"
         command = cli(workspace, run_dir, *overrides)[2:]  # the job's data file
-        train_cbop(command, run_dir, cache_env(other))
+        train_cbop(command, run_dir, cache_env(workspace))
         run_dirs.append(run_dir)
     return run_dirs
 
@@ -107,7 +111,11 @@ def test_each_run_side_by_side_is_the_run_alone(job: Path, alone: list[Path]) ->
     assert first["episode_returns"] != second["episode_returns"] or (
         first["expected_horizon_end"] != second["expected_horizon_end"]
     )
-    assert second["stages"]["dynamics_cached"] and second["stages"]["fqe_cached"]
+    # seeds 0 and 1 were pretrained together before the runs took turns: every run found
+    # its dynamics model, BC actor and FQE critic in the cache
+    for name in RUN_NAMES:
+        stages = json.loads((job / name / "results.json").read_text())["stages"]
+        assert stages["dynamics_cached"] and stages["bc_cached"] and stages["fqe_cached"], name
 
 
 def test_a_killed_job_resumes_every_run(workspace: dict, job: Path) -> None:

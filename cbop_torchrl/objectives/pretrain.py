@@ -121,6 +121,44 @@ def member_action_gradients(
     return grad
 
 
+@torch.no_grad()
+def fqe_regression_target(
+    qvalue_network: TensorDictModule,
+    target_params: TensorDictBase,
+    tensordict: TensorDictBase,
+    gamma: float,
+) -> torch.Tensor:
+    """FQE's target ``r + gamma * (1 - terminated) * mean_m Q'_m(s', a'_data)`` of the
+    target ensemble's stacked ``[M, ...]`` parameters: ``[B]`` rows -> ``[B, 1]``."""
+    next_inputs = TensorDict(
+        {
+            "observation": tensordict.get(("next", "observation")),
+            "action": tensordict.get(("next", "action")),
+        },
+        batch_size=tensordict.batch_size,
+    )
+    next_q = ensemble_q(qvalue_network, target_params, next_inputs).mean(0)
+    reward = tensordict.get(("next", "reward"))
+    continues = (~tensordict.get(("next", "terminated"))).to(reward.dtype)
+    return reward + gamma * continues * next_q
+
+
+def member_mse(
+    q: torch.Tensor,
+    target: torch.Tensor,
+    bootstrap_weights: torch.Tensor | None,
+    rows: torch.Tensor | None,
+) -> torch.Tensor:
+    """Each member's squared error on the batch, ``q [M, B, 1]``, ``target [B, 1]`` -> ``[M]``:
+    weighted by the rows' (``rows [B]``) counts in the member's resample
+    (``bootstrap_weights [M, N]``) and normalized by their sum, or a plain mean without them."""
+    squared_error = (q - target).pow(2).squeeze(-1)  # [M, B]
+    if bootstrap_weights is None:
+        return squared_error.mean(-1)
+    weights = bootstrap_weights[:, rows].to(q.dtype)
+    return (weights * squared_error).sum(-1) / weights.sum(-1).clamp_min(1.0)
+
+
 class FittedQEvaluationLoss(LossModule):
     """Fitted Q evaluation of the behaviour policy for an M-member Q-ensemble.
 
@@ -182,29 +220,17 @@ class FittedQEvaluationLoss(LossModule):
         """``y = r + gamma * (1 - terminated) * mean_m Q'_m(s', a'_data)``: ``[B]`` -> ``[B, 1]``.
 
         ``Q'`` is the target ensemble and ``a'_data`` the batch's ``("next", "action")``;
-        no gradient flows through it.
+        no gradient flows through it (:func:`fqe_regression_target`).
         """
-        next_inputs = TensorDict(
-            {
-                "observation": tensordict.get(("next", "observation")),
-                "action": tensordict.get(("next", "action")),
-            },
-            batch_size=tensordict.batch_size,
+        return fqe_regression_target(
+            self.qvalue_network, self.target_qvalue_network_params, tensordict, self.gamma
         )
-        next_q = self.ensemble_q(next_inputs, self.target_qvalue_network_params).mean(0)
-        reward = tensordict.get(("next", "reward"))
-        continues = (~tensordict.get(("next", "terminated"))).to(reward.dtype)
-        return reward + self.gamma * continues * next_q
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         target = self.regression_target(tensordict)  # [B, 1]
         q = self.ensemble_q(tensordict, self.qvalue_network_params)  # [M, B, 1]
-        squared_error = (q - target).pow(2).squeeze(-1)  # [M, B]
-        if self.bootstrap_weights is not None:
-            weights = self.bootstrap_weights[:, tensordict.get(ROW_KEY)].to(q.dtype)
-            per_member = (weights * squared_error).sum(-1) / weights.sum(-1).clamp_min(1.0)
-        else:
-            per_member = squared_error.mean(-1)
+        rows = tensordict.get(ROW_KEY, None)  # needed with bootstrap weights only
+        per_member = member_mse(q, target, self.bootstrap_weights, rows)
         loss_qvalue = per_member.sum()
         out = {"q_mean": q.detach().mean(), "target_mean": target.mean()}
         if self.eta > 0:

@@ -14,24 +14,17 @@ stage config, the network sizes and the seed.
 
 from __future__ import annotations
 
-import math
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.checkpoint import GlobalRNGState
-from torchrl.data import ReplayBuffer
 from torchrl.objectives import HardUpdate, LossModule, SoftUpdate
-from tqdm.auto import tqdm
 
-from cbop_torchrl.accel import CapturedStep
 from cbop_torchrl.config import FQEConfig, PretrainConfig
 from cbop_torchrl.config.sections import BCConfig
-from cbop_torchrl.data import make_replay_buffer
 from cbop_torchrl.io import cache_dir, cache_entry_lock, config_hash
 from cbop_torchrl.modules.actor_critic import make_actor, make_qvalue_ensemble
 from cbop_torchrl.objectives.pretrain import (
@@ -40,210 +33,17 @@ from cbop_torchrl.objectives.pretrain import (
     FittedQEvaluationLoss,
     bootstrap_counts,
 )
-from cbop_torchrl.trainers.checkpoint import NonFiniteLossError, read_stage, save_stage
+from cbop_torchrl.trainers.checkpoint import NonFiniteLossError, save_stage
 from cbop_torchrl.trainers.decisions import BC_SEED_OFFSET, FQE_SEED_OFFSET, seed_stage
-from cbop_torchrl.trainers.update import GradientStep
-
-LogFn = Callable[[dict[str, float], int], None]
-
-
-def _sampler(data: TensorDictBase, batch_size: int, seed: int) -> tuple[ReplayBuffer, Any]:
-    buffer = make_replay_buffer(data, batch_size, device=data.device)
-    generator = torch.Generator(device=data.device).manual_seed(seed)
-    buffer.set_rng(generator)
-    return buffer, generator
-
-
-@dataclass
-class PartialStage:
-    """A stage's ``partial.pt``: what a killed stage resumes from.
-
-    It holds the loss's parameters, the optimizer, the sampling generator, the global RNG
-    and how far the stage got (``counter``: ``"step"`` for :func:`run_supervised_stage`,
-    ``"round"`` for :func:`fit_fqe_rounds_to_convergence`).
-    """
-
-    path: Path
-    loss: LossModule
-    optimizer: torch.optim.Optimizer
-    generator: torch.Generator
-    counter: str
-    rng: GlobalRNGState = field(default_factory=GlobalRNGState)
-
-    def resume(self) -> int:
-        """Loads the stage's state when ``partial.pt`` may be used; returns its counter (0
-        when there is none, :func:`read_cached_stage`)."""
-        if (state := read_cached_stage(self.path)) is None:
-            return 0
-        self.loss.load_state_dict(state["loss"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-        self.rng.load_state_dict(state["rng"])
-        return int(state[self.counter])
-
-    def save(self, counter: int) -> None:
-        """Writes the stage's state, ``counter`` steps or rounds done, as ``partial.pt``."""
-        state = {
-            "loss": self.loss.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.get_state(),
-            "rng": self.rng.state_dict(),
-            self.counter: counter,
-        }
-        save_stage(state, self.path, None)
-
-
-def run_supervised_stage(
-    name: str,
-    loss: LossModule,
-    buffer: ReplayBuffer,
-    generator: torch.Generator,
-    config: PretrainConfig,
-    work_dir: Path,
-    progress: bool = True,
-    log_fn: LogFn | None = None,
-    after_step: Callable[[int], None] | None = None,
-    log_interval: int = 1000,
-    cuda_graph: bool = False,
-) -> dict[str, float]:
-    """``config.steps`` Adam steps on the sum of ``loss``'s ``loss_*`` entries.
-
-    Resumes from ``work_dir/partial.pt`` when present and writes it every
-    ``config.checkpoint_interval`` steps. With ``cuda_graph`` (a CUDA device) each
-    step is one replay of a captured :class:`~cbop_torchrl.trainers.update.GradientStep`
-    with a fused capturable Adam: a non-finite step is skipped on the device and
-    reported at the next log step; ``after_step`` runs eagerly after each replay.
-
-    Returns:
-        The loss outputs of the last step, as floats.
-
-    Raises:
-        NonFiniteLossError: a loss or gradient became NaN/inf (the step is not applied).
-    """
-    captured = None
-    if cuda_graph:
-        optimizer = torch.optim.Adam(loss.parameters(), lr=config.lr, fused=True, capturable=True)
-        captured = CapturedStep(GradientStep(loss, optimizer))
-    else:
-        optimizer = torch.optim.Adam(loss.parameters(), lr=config.lr)
-    stage = PartialStage(work_dir / "partial.pt", loss, optimizer, generator, "step")
-    partial = stage.path
-    start = stage.resume()
-    last: dict[str, float] = {}
-    bar = tqdm(
-        range(start, config.steps),
-        initial=start,
-        total=config.steps,
-        desc=name,
-        disable=not progress,
-        dynamic_ncols=True,
-    )
-    for step in bar:
-        batch = buffer.sample()
-        done = step + 1
-        if captured is not None:
-            out = captured(batch)
-            if done % log_interval == 0 or done == config.steps:
-                _raise_if_a_step_was_not_finite(name, captured.step, start, partial)
-        else:
-            out = _eager_stage_step(name, loss, optimizer, batch, step, partial)
-        if after_step is not None:
-            after_step(done)
-        if done % log_interval == 0 or done == config.steps:
-            last = {key: float(value.detach()) for key, value in out.items() if value.ndim == 0}
-            bar.set_postfix({key: f"{value:.3g}" for key, value in last.items()})
-            if log_fn is not None:
-                log_fn({f"{name}/{key}": value for key, value in last.items()}, done)
-        if done % config.checkpoint_interval == 0 and done < config.steps:
-            stage.save(done)
-    return last
-
-
-def _eager_stage_step(
-    name: str,
-    loss: LossModule,
-    optimizer: torch.optim.Optimizer,
-    batch: TensorDictBase,
-    step: int,
-    partial: Path,
-) -> TensorDictBase:
-    """One eager Adam step, refused before ``optimizer.step()`` when not finite."""
-    out = loss(batch)
-    total = sum(value for key, value in out.items() if key.startswith("loss_"))
-    optimizer.zero_grad(set_to_none=True)
-    total.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(loss.parameters(), math.inf)
-    if not (torch.isfinite(total) and torch.isfinite(grad_norm)):
-        raise NonFiniteLossError(
-            f"the {name} stage hit a non-finite loss or gradient at step {step + 1} "
-            f"(loss {float(total)}, gradient norm {float(grad_norm)}); nothing was trained "
-            f"on it. Its last good checkpoint is {partial if partial.is_file() else 'none'}. "
-            f"Check the dataset for extreme values or lower {name}.lr."
-        )
-    optimizer.step()
-    return out
-
-
-def _raise_if_a_step_was_not_finite(
-    name: str, step: GradientStep, start: int, partial: Path
-) -> None:
-    """Reads a captured stage's finiteness record (one host read, at log steps)."""
-    bad_steps, first_bad, names = step.health.read()
-    if bad_steps:
-        raise NonFiniteLossError(
-            f"the {name} stage hit a non-finite {', '.join(names)} at step "
-            f"{start + first_bad + 1} ({bad_steps} such step(s), skipped on the device); "
-            f"nothing was trained on them. Its last good checkpoint is "
-            f"{partial if partial.is_file() else 'none'}. Check the dataset for extreme "
-            f"values or lower {name}.lr."
-        )
-
-
-def read_cached_stage(
-    path: Path, key: str | None = None, data: dict[str, Any] | None = None
-) -> Any | None:
-    """The cached stage at ``path`` (its ``key`` entry when given), or None when there is
-    none or it may not be used.
-
-    Written by :func:`~cbop_torchrl.trainers.checkpoint.save_stage`, so it carries its
-    SHA-256 and a record of its cache entry and data; :func:`~cbop_torchrl.trainers.
-    checkpoint.read_stage` checks both (``data``: the record of this run's data). A damaged,
-    unreadable, moved, other data's or unrecorded file is not fatal: a warning names it, the
-    file is removed and the stage is trained again.
-    """
-    what = {"partial.pt": "partial stage"}.get(path.name, "stage")
-    state = read_stage(path, data, f"{what} ({path.parent.parent.name})")
-    if state is None:
-        return None
-    if key is not None and key not in state:
-        warnings.warn(
-            f"the cached stage {str(path)!r} holds no {key!r}; it was removed and this stage is "
-            "trained again",
-            stacklevel=2,
-        )
-        path.unlink(missing_ok=True)
-        return None
-    return state if key is None else state[key]
-
-
-def check_finite_state(state: dict[str, torch.Tensor], stage: str, lr: float) -> None:
-    """Raises :class:`NonFiniteLossError` when a trained stage's parameters hold NaN/inf.
-
-    Checked before the stage is cached: the per-step checks see the loss and the
-    gradients, not the parameters that the last optimizer step wrote.
-    """
-    bad = [
-        name
-        for name, value in state.items()
-        if value.is_floating_point() and not bool(torch.isfinite(value).all())
-    ]
-    if bad:
-        raise NonFiniteLossError(
-            f"the {stage} stage diverged: its trained {', '.join(bad[:3])} hold NaN or inf, so "
-            f"it was not cached. The usual causes are a learning rate too large for the data "
-            f"({stage}.lr={lr:g}) or data of a very large scale; run again with a smaller "
-            f"{stage}.lr or rescale the data."
-        )
+from cbop_torchrl.trainers.stage_loop import (
+    LogFn,
+    PartialStage,
+    _eager_stage_step,
+    _sampler,
+    check_finite_state,
+    read_cached_stage,
+    run_supervised_stage,
+)
 
 
 def _stage_dir(stage: str, key: dict[str, Any]) -> Path:
@@ -260,6 +60,30 @@ def _store_result(
     save_stage({key: state}, work_dir / "result.pt", record)
     (work_dir / "partial.pt").unlink(missing_ok=True)
     return state
+
+
+def bc_entry(
+    fingerprint: str, hidden_sizes: Sequence[int], config: PretrainConfig, seed: int
+) -> Path:
+    """The cache entry's folder of the BC actor of run seed ``seed`` (``result.pt``; hold its
+    :func:`~cbop_torchrl.io.cache_entry_lock` to read or write it)."""
+    fields = config.cache_fields() if isinstance(config, BCConfig) else vars(config)
+    key = {"data": fingerprint, "config": fields, "hidden": list(hidden_sizes), "seed": seed}
+    return _stage_dir("bc", key)
+
+
+def new_bc_loss(
+    obs_dim: int,
+    action_dim: int,
+    hidden_sizes: Sequence[int],
+    stage_seed: int,
+    device: torch.device,
+) -> BehaviourCloningLoss:
+    """The BC stage's loss on a fresh actor, drawn after ``seed_stage(stage_seed)``, as the
+    stage draws it (the process's random streams are seeded)."""
+    seed_stage(stage_seed)
+    actor = make_actor(obs_dim, action_dim, tuple(hidden_sizes), device=device)
+    return BehaviourCloningLoss(actor)
 
 
 def load_or_train_bc(
@@ -287,17 +111,14 @@ def load_or_train_bc(
         stage_seed: the stage's seed (``decisions.seeds.bc``; None: ``seed + BC_SEED_OFFSET``).
     """
     stage_seed = seed + BC_SEED_OFFSET if stage_seed is None else int(stage_seed)
-    fields = config.cache_fields() if isinstance(config, BCConfig) else vars(config)
-    key = {"data": fingerprint, "config": fields, "hidden": list(hidden_sizes), "seed": seed}
-    work_dir = _stage_dir("bc", key)
+    work_dir = bc_entry(fingerprint, hidden_sizes, config, seed)
     result = work_dir / "result.pt"
     with cache_entry_lock(work_dir, "behaviour-cloning stage"):
         record = {"fingerprint": fingerprint}  # the data's fingerprint holds its content key
         if (cached := read_cached_stage(result, "actor", record)) is not None:
             return cached, True
-        seed_stage(stage_seed)
-        actor = make_actor(obs_dim, action_dim, tuple(hidden_sizes), device=data.device)
-        loss = BehaviourCloningLoss(actor)
+        loss = new_bc_loss(obs_dim, action_dim, hidden_sizes, stage_seed, data.device)
+        actor = loss.actor_network
         pairs = data.select("observation", "action")
         if getattr(config, "converge", False):
             generator = torch.Generator(device=data.device).manual_seed(stage_seed)
@@ -504,6 +325,74 @@ def fit_fqe_rounds_to_convergence(
         stage.save(round_index + 1)
 
 
+@dataclass(frozen=True)
+class FQEStage:
+    """One run's FQE stage: what names its cache entry and draws its networks.
+
+    Attributes:
+        fingerprint: the data's fingerprint (as the stages see it).
+        obs_dim, action_dim, hidden_sizes, num_members: the Q-ensemble's sizes.
+        gamma, config: the discount and the stage's settings.
+        seed: the run's seed (in the key; the priors' seed).
+        q_init, layer_norm, prior_scale: the Q-networks' options (see :func:`load_or_train_fqe`).
+        stage_seed: the stage's seed (``decisions.seeds.fqe``).
+    """
+
+    fingerprint: str
+    obs_dim: int
+    action_dim: int
+    hidden_sizes: tuple[int, ...]
+    num_members: int
+    gamma: float
+    config: FQEConfig
+    seed: int
+    q_init: str
+    layer_norm: bool
+    prior_scale: float
+    stage_seed: int
+
+    def entry(self) -> Path:
+        """The cache entry's folder (``result.pt``; hold its lock to read or write it)."""
+        fields = dict(vars(self.config))
+        if not fields.get("drop_terminal", True):  # added later: named only when on
+            fields.pop("drop_terminal")
+        key = {
+            "data": self.fingerprint, "config": fields, "hidden": list(self.hidden_sizes),
+            "members": self.num_members, "gamma": self.gamma, "seed": self.seed,
+            "init": self.q_init,
+        }  # fmt: skip
+        if self.layer_norm:
+            key["layer_norm"] = True
+        if self.prior_scale > 0:
+            key["prior_scale"] = self.prior_scale
+        return _stage_dir("fqe", key)
+
+    def rows(self, data: TensorDictBase) -> TensorDictBase:
+        """The ``[N']`` rows FQE fits (a next action; with ``drop_terminal`` no terminal
+        row), with their ``row`` index for the bootstrap counts."""
+        usable = data.get("next_action_mask")
+        if getattr(self.config, "drop_terminal", False):  # the authors' FQE (see FQEConfig)
+            usable = usable & ~data.get(("next", "terminated")).reshape(-1)
+        keys = ("observation", "action", ("next", "observation"), ("next", "action"),
+                ("next", "reward"), ("next", "terminated"))  # fmt: skip
+        rows = data.select(*keys)[usable]
+        rows.set(ROW_KEY, torch.arange(rows.shape[0], device=data.device))
+        return rows
+
+    def networks(self, rows: TensorDictBase) -> tuple[torch.Tensor, list]:
+        """``seed_stage(stage_seed)``, then the members' bootstrap counts ``[M, N']`` and the
+        M fresh Q-networks, drawn in that order as the stage draws them."""
+        seed_stage(self.stage_seed)
+        device = rows.device
+        counts = bootstrap_counts(self.num_members, rows.shape[0]).to(device)
+        qnets = make_qvalue_ensemble(
+            self.num_members, self.obs_dim, self.action_dim, self.hidden_sizes, device,
+            self.q_init, layer_norm=self.layer_norm, prior_scale=self.prior_scale,
+            prior_seed=self.seed,
+        )  # fmt: skip
+        return counts, qnets
+
+
 def load_or_train_fqe(
     data: TensorDictBase,
     fingerprint: str,
@@ -543,47 +432,20 @@ def load_or_train_fqe(
         and ``target_qvalue_network_params.*``, stacked ``[M, ...]``, the same
         names ``CBOPLoss`` uses) and whether it came from the cache.
     """
-    stage_seed = seed + FQE_SEED_OFFSET if stage_seed is None else int(stage_seed)
-    fields = dict(vars(config))
-    if not fields.get("drop_terminal", True):  # added later: named only when on
-        fields.pop("drop_terminal")
-    key = {
-        "data": fingerprint,
-        "config": fields,
-        "hidden": list(hidden_sizes),
-        "members": num_members,
-        "gamma": gamma,
-        "seed": seed,
-        "init": str(q_init),
-    }
-    if layer_norm:
-        key["layer_norm"] = True
-    if prior_scale > 0:
-        key["prior_scale"] = float(prior_scale)
-    work_dir = _stage_dir("fqe", key)
+    stage = FQEStage(
+        fingerprint, obs_dim, action_dim, tuple(hidden_sizes), num_members, gamma, config,
+        seed, str(q_init), bool(layer_norm), float(prior_scale),
+        seed + FQE_SEED_OFFSET if stage_seed is None else int(stage_seed),
+    )  # fmt: skip
+    stage_seed = stage.stage_seed
+    work_dir = stage.entry()
     result = work_dir / "result.pt"
     with cache_entry_lock(work_dir, "FQE stage"):
         record = {"fingerprint": fingerprint}
         if (cached := read_cached_stage(result, "qvalue", record)) is not None:
             return cached, True
-        seed_stage(stage_seed)
-        usable = data.get("next_action_mask")
-        if getattr(config, "drop_terminal", False):  # the authors' FQE (see FQEConfig)
-            usable = usable & ~data.get(("next", "terminated")).reshape(-1)
-        fqe_data = data.select(
-            "observation",
-            "action",
-            ("next", "observation"),
-            ("next", "action"),
-            ("next", "reward"),
-            ("next", "terminated"),
-        )[usable]
-        fqe_data.set(ROW_KEY, torch.arange(fqe_data.shape[0], device=data.device))
-        counts = bootstrap_counts(num_members, fqe_data.shape[0]).to(data.device)
-        qnets = make_qvalue_ensemble(
-            num_members, obs_dim, action_dim, tuple(hidden_sizes), data.device, str(q_init),
-            layer_norm=bool(layer_norm), prior_scale=float(prior_scale), prior_seed=seed,
-        )  # fmt: skip
+        fqe_data = stage.rows(data)
+        counts, qnets = stage.networks(fqe_data)
         if config.converge:
             loss = FittedQEvaluationLoss(qnets, gamma=gamma, eta=config.eta)
             generator = torch.Generator(device=data.device).manual_seed(stage_seed)
