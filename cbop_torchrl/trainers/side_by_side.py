@@ -9,9 +9,12 @@ TorchRL's ``GlobalRNGState``) is saved for the run that stops and restored for t
 that goes on, so every run draws what it would draw alone, and a run side by side is bit
 for bit the run alone on the CPU (``tests/test_side_by_side.py``). The hand-over is a
 TorchRL Trainer hook (:class:`TakeTurns`, on ``post_steps``), so the runs interleave per
-step of the CBOP stage; their pretraining (dynamics, BC, FQE) runs in each run's first
-turn, and runs that share a seed share its cached models (the stage caches of
-:mod:`cbop_torchrl.trainers.dynamics` and :mod:`cbop_torchrl.trainers.pretrain`).
+step of the CBOP stage. Their pretraining (dynamics, BC, FQE) is cached by data, config and
+seed (the stage caches of :mod:`cbop_torchrl.trainers.dynamics` and
+:mod:`cbop_torchrl.trainers.pretrain`), so runs that share a seed share its models; with
+``runs.pretrain_together`` (the default) the missing ones of every distinct seed are trained
+together before the first turn (:mod:`cbop_torchrl.trainers.pretrain_together`), otherwise
+each run trains its own in its first turn.
 
 On CUDA each run's thread issues its work on its own stream, and its captured step
 (:class:`~cbop_torchrl.accel.CapturedStep`) is replayed there: a replay only
