@@ -1,6 +1,6 @@
 """Pretraining side by side against one seed after another: wall time and agreement.
 
-    python benchmarks/pretrain_together.py --preset cpu --seeds 0 1 2 dynamics.max_epochs=3
+    python benchmarks/pretrain_together.py --preset cpu --seeds 0,1,2 dynamics.max_epochs=3
 
 For each seed, the run's pretraining stages (dynamics, BC, FQE) as ``run_pipeline`` calls
 them, one seed after another, in a fresh cache; then the same seeds' stages trained
@@ -143,7 +143,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--env", default="demo")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--seeds", type=lambda text: [int(word) for word in text.split(",")], default=[0, 1, 2],
+        help="the run seeds, comma-separated (default 0,1,2)",
+    )  # fmt: skip
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )

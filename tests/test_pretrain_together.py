@@ -11,6 +11,7 @@ its rerun trains the rest to the same results.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,13 @@ import torch
 from d4rl_files import pipeline_workspace
 
 from benchmarks.pretrain_together import load_runs, measure, run_stage, stage_view
+from cbop_torchrl.apps.api import compose_config, runs_given
+from cbop_torchrl.cli import config_values
+from cbop_torchrl.config.load import _runs_problems
+from cbop_torchrl.config.runs import RunsConfig
 from cbop_torchrl.trainers import pretrain_together as together
+from cbop_torchrl.trainers.dynamics import train_dynamics
+from cbop_torchrl.trainers.joint_dynamics import train_dynamics_together
 
 SEEDS = (0, 1, 2)
 # An improvement rule by which the seeds stop at different epochs (one before the cap).
@@ -213,3 +220,34 @@ def test_the_benchmark_measures_both_ways(runs: dict[str, Any], tmp_path: Path) 
     report = measure({**runs, "configs": runs["configs"][:2]}, tmp_path)  # two seeds: quicker
     assert set(report["seconds"]["together"]) == set(together.STAGES)
     assert report["max_abs_difference"] <= TOLERANCE["atol"] * 10
+
+
+def test_the_setting_is_on_by_default_and_ignored_by_a_single_run() -> None:
+    assert RunsConfig.from_values({"seeds": [0, 1]}).pretrain_together is True
+    assert (
+        RunsConfig.from_values({"seeds": [0], "pretrain_together": False}).pretrain_together
+        is False
+    )
+    assert not RunsConfig.from_values({"pretrain_together": False}).given  # no list: one run
+    single = compose_config(["preset=debug", "runs.pretrain_together=false"])
+    assert not runs_given(single)
+    assert _runs_problems(config_values(single)["runs"]) == []
+
+
+def test_the_authors_dynamics_options_train_together_too(runs: dict[str, Any]) -> None:
+    """Shared log-variance bounds (one pair per seed), a resample per epoch, a reward net."""
+    data, _, termination = stage_view(runs)
+    configs = [
+        dataclasses.replace(config.dynamics, shared_logvar_bounds=True,
+                            bootstrap_per_epoch=True, separate_reward=True)
+        for config in runs["configs"]
+    ]  # fmt: skip
+    joint = train_dynamics_together(data, termination, configs, progress=False)
+    for config, (model, metrics) in zip(configs, joint, strict=True):
+        expected, expected_metrics = train_dynamics(data, termination, config, progress=False)
+        assert metrics["epochs"] == expected_metrics["epochs"]
+        assert metrics["elites"] == expected_metrics["elites"]
+        assert model.ensemble.max_logvar.shape == expected.ensemble.max_logvar.shape
+        want = expected.ensemble.state_dict()
+        for name, value in model.ensemble.state_dict().items():
+            torch.testing.assert_close(value, want[name], **TOLERANCE, msg=name)

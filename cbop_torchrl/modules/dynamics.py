@@ -57,6 +57,10 @@ class GaussianEnsemble(nn.Module):
             The outputs are the same either way: ``[next_obs - obs, reward]``.
         shared_logvar_bounds: one pair of log-variance bounds ``[1, 1, O + 1]`` for every
             member (the authors' code) instead of one pair per member ``[E, 1, O + 1]``.
+        bound_groups: with ``shared_logvar_bounds``, ``G`` shared pairs ``[G, 1, O + 1]``,
+            pair ``g`` shared by the ``E / G`` members ``[g * E / G, (g + 1) * E / G)``: the
+            ensembles of ``G`` seeds trained as one
+            (:mod:`cbop_torchrl.trainers.joint_dynamics`). 1 (the default) is the above.
     """
 
     def __init__(
@@ -68,8 +72,12 @@ class GaussianEnsemble(nn.Module):
         activation: str = "silu",
         separate_reward: bool = False,
         shared_logvar_bounds: bool = False,
+        bound_groups: int = 1,
     ) -> None:
         super().__init__()
+        if bound_groups < 1 or num_members % bound_groups:
+            raise ValueError(f"bound_groups={bound_groups} must divide num_members={num_members}")
+        self.bound_groups = int(bound_groups) if shared_logvar_bounds else 1
         self.obs_dim = obs_dim
         self.action_dim = action_dim
         self.num_members = num_members
@@ -86,7 +94,7 @@ class GaussianEnsemble(nn.Module):
             if self.separate_reward
             else None
         )
-        bound_members = 1 if self.shared_logvar_bounds else num_members
+        bound_members = self.bound_groups if self.shared_logvar_bounds else num_members
         self.max_logvar = nn.Parameter(torch.full((bound_members, 1, out_dim), MAX_LOGVAR_INIT))
         self.min_logvar = nn.Parameter(torch.full((bound_members, 1, out_dim), MIN_LOGVAR_INIT))
         self.register_buffer("input_mean", torch.zeros(in_dim))
@@ -147,13 +155,21 @@ class GaussianEnsemble(nn.Module):
 
     def _logvar_bounds(self, members: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(max_logvar, min_logvar)`` ``[E', 1, O + 1]`` of the selected members (``[1, 1,
-        O + 1]``, broadcast over the members, with ``shared_logvar_bounds``).
+        O + 1]``, broadcast over the members, with ``shared_logvar_bounds``; with
+        ``bound_groups`` > 1 each group's pair repeated over its members).
 
         Outside autograd (rollouts: every step reads the same elites) the gathered bounds
         are cached until the parameters or ``members`` change, as
         :meth:`~cbop_torchrl.modules.ensemble.EnsembleLinear.member_params` caches weights.
         """
         max_logvar, min_logvar = self.max_logvar, self.min_logvar
+        if self.bound_groups > 1:  # each group's pair, repeated over its members
+            per_group = self.num_members // self.bound_groups
+            max_logvar = max_logvar.repeat_interleave(per_group, dim=0)
+            min_logvar = min_logvar.repeat_interleave(per_group, dim=0)
+            if members is None:
+                return max_logvar, min_logvar
+            return max_logvar[members], min_logvar[members]
         if members is None or self.shared_logvar_bounds:
             return max_logvar, min_logvar
         if (torch.is_grad_enabled() and max_logvar.requires_grad) or (

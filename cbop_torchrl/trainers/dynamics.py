@@ -80,7 +80,9 @@ def split_holdout(
     return order[:num_holdout], order[num_holdout:]
 
 
-def _build_ensemble(config: DynamicsConfig, obs_dim: int, action_dim: int) -> GaussianEnsemble:
+def _build_ensemble(
+    config: DynamicsConfig, obs_dim: int, action_dim: int, bound_groups: int = 1
+) -> GaussianEnsemble:
     return GaussianEnsemble(
         obs_dim,
         action_dim,
@@ -89,6 +91,7 @@ def _build_ensemble(config: DynamicsConfig, obs_dim: int, action_dim: int) -> Ga
         activation=config.activation,
         separate_reward=config.separate_reward,
         shared_logvar_bounds=config.shared_logvar_bounds,
+        bound_groups=bound_groups,
     )
 
 

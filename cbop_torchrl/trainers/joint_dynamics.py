@@ -12,10 +12,10 @@ a sum over members, Adam is elementwise), so a seed axis is just more members, a
 training step is :func:`~cbop_torchrl.trainers.dynamics.minibatch_step` itself, with its
 CUDA-graph capture, on the module the rest of the package uses. ``vmap`` would run the same
 batched matmuls through functorch's batching rules and need a functional copy of the
-step, of the optimizer and of the capture. The one thing stacking cannot hold is the
-authors' ``dynamics.shared_logvar_bounds`` (one bound pair shared by a seed's members, a
-member dimension of 1): such seeds are not joined (:func:`joinable`) and train one after
-another.
+step, of the optimizer and of the capture. The authors' ``dynamics.shared_logvar_bounds``
+(one bound pair shared by a seed's members) becomes one pair per seed
+(:class:`~cbop_torchrl.modules.dynamics.GaussianEnsemble`'s ``bound_groups``), repeated
+over that seed's members.
 
 What each seed keeps of its own, drawn exactly as :func:`~cbop_torchrl.trainers.dynamics.
 train_dynamics` draws it from its ``config.seed`` (:func:`~cbop_torchrl.trainers.dynamics.
@@ -30,8 +30,10 @@ EarlyStopping`) are its own; a seed that stops takes its snapshots, selects its 
 is handed to ``on_trained`` (which caches it) at once, and the joint ensemble and Adam
 state are cut down to the seeds still training. Each member's arithmetic is the same as
 alone; only the kernels differ (a batched matmul over more members, a fused Adam over
-longer tensors), so a seed's model equals the model alone to float rounding
-(``tests/test_pretrain_together.py``; on the CPU it has been bit for bit equal).
+longer tensors; with shared bounds the bounds' gradient is summed over a seed's members in
+another order), so a seed's model equals the model alone to float rounding
+(``tests/test_pretrain_together.py``; on the CPU, without shared bounds, it has been bit for
+bit equal).
 """
 
 from __future__ import annotations
@@ -72,14 +74,11 @@ def without_seed(config: DynamicsConfig) -> dict[str, Any]:
 
 
 def joinable(configs: Sequence[DynamicsConfig]) -> bool:
-    """Whether ``configs`` can train as one ensemble: equal but for ``seed``, seeds distinct,
-    and no ``shared_logvar_bounds`` (a bound pair shared by a seed's members)."""
+    """Whether ``configs`` can train as one ensemble: equal but for ``seed``, seeds distinct."""
     first = without_seed(configs[0])
-    return (
-        all(without_seed(config) == first for config in configs)
-        and len({config.seed for config in configs}) == len(configs)
-        and not configs[0].shared_logvar_bounds
-    )
+    return all(without_seed(config) == first for config in configs) and len(
+        {config.seed for config in configs}
+    ) == len(configs)
 
 
 class _Joint:
@@ -88,8 +87,9 @@ class _Joint:
     Args:
         fits: every seed's fit (its ensemble holds its current parameters).
         active: the indices into ``fits`` of the seeds still training, in block order.
-        train_x, train_y: every seed's standardized training rows, seed ``i``'s the row
-            block ``i`` (``[R * N, O + A]``, ``[R * N, O + 1]``).
+        data: ``(train_x, train_y)``, every seed's standardized training rows, seed ``i``'s
+            the row block ``i`` (``[R * N, O + A]``, ``[R * N, O + 1]``).
+        cuda_graph: capture the joint minibatch step as a CUDA graph.
         optimizer_state: the Adam state of the previous joint ensemble, already cut to
             ``active``'s member blocks (None: a fresh Adam).
     """
@@ -108,7 +108,9 @@ class _Joint:
         template = fits[active[0]].ensemble
         joint_config = dataclasses.replace(config, num_members=len(active) * self.members)
         with torch.random.fork_rng(devices=[]):  # its own initialisation is overwritten
-            ensemble = _build_ensemble(joint_config, template.obs_dim, template.action_dim)
+            ensemble = _build_ensemble(
+                joint_config, template.obs_dim, template.action_dim, bound_groups=len(active)
+            )
         self.ensemble = ensemble.to(template.input_mean.device)
         with torch.no_grad():
             for name, param in self.ensemble.named_parameters():
@@ -123,35 +125,40 @@ class _Joint:
         self.step = minibatch_step(self.ensemble, self.optimizer, *data, config)
         self.captured = CapturedStep(self.step) if cuda_graph else None
 
-    def block(self, position: int) -> slice:
-        """The members of the seed at ``position`` in :attr:`active`."""
-        return slice(position * self.members, (position + 1) * self.members)
+    def block(self, position: int, rows: int | None = None) -> slice:
+        """The seed at ``position`` in :attr:`active`'s rows of a joint tensor whose first
+        dimension holds ``rows`` per seed (its members, or 1: a shared bound pair)."""
+        rows = self.members if rows is None else rows
+        return slice(position * rows, (position + 1) * rows)
 
     @torch.no_grad()
     def copy_out(self, fits: Sequence[DynamicsFit]) -> None:
-        """Every active seed's members into its own ensemble."""
+        """Every active seed's members (and bounds) into its own ensemble."""
         for position, index in enumerate(self.active):
             for name, param in fits[index].ensemble.named_parameters():
-                param.copy_(self.ensemble.get_parameter(name)[self.block(position)])
+                joint = self.ensemble.get_parameter(name)
+                param.copy_(joint[self.block(position, joint.shape[0] // len(self.active))])
 
     def optimizer_state_for(self, keep: Sequence[int]) -> dict[str, Any]:
-        """The Adam state of the member blocks of the seeds ``keep`` (indices into ``fits``,
-        a subsequence of :attr:`active`), for the joint ensemble of those seeds."""
-        rows = torch.cat(
-            [torch.arange(self.members) + self.active.index(i) * self.members for i in keep]
-        )
+        """The Adam state of the seeds ``keep`` (indices into ``fits``, a subsequence of
+        :attr:`active`), for the joint ensemble of those seeds."""
+        seeds = len(self.active)
+
+        def cut(value: torch.Tensor) -> torch.Tensor:
+            if value.dim() == 0 or value.shape[0] % seeds:
+                return value  # Adam's step count
+            per_seed = value.shape[0] // seeds
+            rows = torch.cat(
+                [torch.arange(per_seed) + self.active.index(i) * per_seed for i in keep]
+            )
+            return value.index_select(0, rows.to(value.device))
+
         state = self.optimizer.state_dict()
-        total = len(self.active) * self.members
-        cut = {
-            key: {
-                name: value.index_select(0, rows.to(value.device))
-                if value.dim() > 0 and value.shape[0] == total
-                else value
-                for name, value in values.items()
-            }
+        kept = {
+            key: {name: cut(value) for name, value in values.items()}
             for key, values in state["state"].items()
         }
-        return {"state": cut, "param_groups": state["param_groups"]}
+        return {"state": kept, "param_groups": state["param_groups"]}
 
 
 def _joint_epoch(joint: _Joint, fits: Sequence[DynamicsFit]) -> torch.Tensor:

@@ -334,8 +334,7 @@ def fqe_job(setup: Pretraining, configs: Sequence[RunConfig]) -> StageJob:
         ]
 
     def group_key(stage: FQEStage) -> Any:
-        values = dict(vars(stage))
-        values.pop("seed"), values.pop("stage_seed")
+        values = {k: v for k, v in vars(stage).items() if k not in ("seed", "stage_seed")}
         return {**values, "config": vars(stage.config)}
 
     return StageJob("FQE critics", "FQE stage", entries, group_key, fqe_joinable, cached,
