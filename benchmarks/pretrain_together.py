@@ -8,7 +8,8 @@ together (:func:`~cbop_torchrl.trainers.pretrain_together.pretrain_together`, on
 a time, so each stage is timed), in another fresh cache. Prints a JSON record: each
 stage's wall-clock and process CPU seconds both ways (with one torch thread the CPU
 seconds are the work, whatever else the machine runs), their ratios, and the largest
-absolute difference between the cached tensors of the two ways (0: the same bit for bit).
+absolute difference between the cached tensors of the two ways (0: the same bit for bit)
+with each seed's dynamics elites and their holdout MSE both ways.
 Overrides after the options are ``cbop-train``'s (``dynamics.max_epochs=3`` keeps a
 CPU-preset measurement short).
 """
@@ -125,6 +126,20 @@ class Clock:
             self.seconds[kind].setdefault(way, {})[stage] = now - start
 
 
+def dynamics_fit(runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each seed's cached dynamics elites and their holdout MSE (its ``metrics.json``)."""
+    data, info, termination = stage_view(runs)
+    setup = together.Pretraining(info, data, termination, False, False)
+    fits = {}
+    for config in runs["configs"]:
+        directory = next(iter(together.dynamics_job(setup, [config]).entries))
+        metrics = json.loads((directory / "metrics.json").read_text())
+        fits[f"seed{config.seed}"] = {
+            key: metrics[key] for key in ("elites", "holdout_mse_elites", "epochs")
+        }
+    return fits
+
+
 def measure(runs: dict[str, Any], root: Path) -> dict[str, Any]:
     """Seconds per stage, one seed after another and together, and their largest difference."""
     clock = Clock()
@@ -133,7 +148,7 @@ def measure(runs: dict[str, Any], root: Path) -> dict[str, Any]:
         with clock("one_after_another", stage):
             for config in runs["configs"]:
                 run_stage(runs, config, stage)
-    alone = cached_tensors(runs)
+    alone, alone_fit = cached_tensors(runs), dynamics_fit(runs)
     os.environ["CBOP_TORCHRL_CACHE"] = str(root / "together")
     no_runs = [root / "no-run"] * len(runs["configs"])
     for stage in together.STAGES:
@@ -141,12 +156,15 @@ def measure(runs: dict[str, Any], root: Path) -> dict[str, Any]:
             together.pretrain_together(
                 runs["configs"], runs["info"], runs["data"], no_runs, [stage]
             )
-    joint = cached_tensors(runs)
+    joint, joint_fit = cached_tensors(runs), dynamics_fit(runs)
     difference = max(
         (joint[key].double() - value.double()).abs().max().item() if value.numel() else 0.0
         for key, value in alone.items()
     )
-    report: dict[str, Any] = {"max_abs_difference": difference}
+    report: dict[str, Any] = {
+        "max_abs_difference": difference,
+        "dynamics_fit": {"one_after_another": alone_fit, "together": joint_fit},
+    }
     for kind, seconds in clock.seconds.items():
         totals = {way: sum(times.values()) for way, times in seconds.items()}
         report[f"{kind}_s"] = seconds
