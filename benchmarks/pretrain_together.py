@@ -154,8 +154,9 @@ def measure(runs: dict[str, Any], root: Path) -> dict[str, Any]:
     for stage in together.STAGES:
         with clock("together", stage):
             together.pretrain_together(
-                runs["configs"], runs["info"], runs["data"], no_runs, [stage]
-            )
+                runs["configs"], runs["info"], runs["data"], no_runs, [stage],
+                device=torch.device("cpu"), cuda_graph=False,  # as stand_in_run's runs alone
+            )  # fmt: skip
     joint, joint_fit = cached_tensors(runs), dynamics_fit(runs)
     difference = max(
         (joint[key].double() - value.double()).abs().max().item() if value.numel() else 0.0

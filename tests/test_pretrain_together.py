@@ -58,6 +58,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {**runs, "root": workspace["root"]}
 
 
+def pretrain(runs: dict[str, Any], run_dirs: list[Path]) -> dict[str, list[int]]:
+    """The seeds' pretraining together on the CPU without capture, where
+    :func:`run_stages`' runs alone train (the caller decides both)."""
+    return together.pretrain_together(
+        runs["configs"], runs["info"], runs["data"], run_dirs,
+        device=torch.device("cpu"), cuda_graph=False,
+    )  # fmt: skip
+
+
 def run_stages(runs: dict[str, Any], config: Any) -> dict[str, bool]:
     """The single run's pretraining stages, called as ``run_pipeline`` calls them: whether
     each came from the cache."""
@@ -140,7 +149,7 @@ def test_seeds_pretrained_together_are_each_seed_alone(
 ) -> None:
     configs = runs["configs"]
     run_dirs = [tmp_path / f"seed{seed}" for seed in SEEDS]
-    trained = together.pretrain_together(configs, runs["info"], runs["data"], run_dirs)
+    trained = pretrain(runs, run_dirs)
     assert {stage: sorted(seeds) for stage, seeds in trained.items()} == {
         stage: list(SEEDS) for stage in together.STAGES
     }
@@ -150,7 +159,7 @@ def test_seeds_pretrained_together_are_each_seed_alone(
     for config, expected in zip(configs, single, strict=True):
         assert_same_entries(expected, entries(runs, config))
         assert all(run_stages(runs, config).values())  # the run's own stages find them
-    again = together.pretrain_together(configs, runs["info"], runs["data"], run_dirs)
+    again = pretrain(runs, run_dirs)
     assert again == {stage: [] for stage in together.STAGES}
 
 
@@ -161,7 +170,7 @@ def test_a_cached_seed_is_not_trained_again(
     run_stages(runs, configs[1])
     files = [d / f for name, d in entry_dirs(runs, configs[1]).items() for f in FILES[name]]
     before = [(path.stat().st_mtime_ns, path.read_bytes()) for path in files]
-    trained = together.pretrain_together(configs, runs["info"], runs["data"], NO_RUNS)
+    trained = pretrain(runs, NO_RUNS)
     assert {stage: sorted(seeds) for stage, seeds in trained.items()} == {
         stage: [SEEDS[0], SEEDS[2]] for stage in together.STAGES
     }
@@ -189,7 +198,7 @@ def test_a_stopped_joint_pretraining_resumes(
 
     monkeypatch.setattr(together, writer, store_then_die)
     with pytest.raises(Killed):
-        together.pretrain_together(configs, runs["info"], runs["data"], NO_RUNS)
+        pretrain(runs, NO_RUNS)
     directories = [entry_dirs(runs, config)[stage] for config in configs]
     written = [d for d in directories if (d / FILES[stage][0]).exists()]
     assert len(written) == 1  # the first seed written; the others have no file at all
@@ -198,7 +207,7 @@ def test_a_stopped_joint_pretraining_resumes(
         assert not leftovers, leftovers
 
     monkeypatch.setattr(together, writer, store)
-    trained = together.pretrain_together(configs, runs["info"], runs["data"], NO_RUNS)
+    trained = pretrain(runs, NO_RUNS)
     assert len(trained[stage]) == 2
     for config, expected in zip(configs, single, strict=True):
         assert_same_entries(expected, entries(runs, config))

@@ -237,10 +237,15 @@ def train_side_by_side(
         print(f"[cbop] {len(names)} runs side by side in {_shown_path(job_dir)}: "
               f"{', '.join(names)}", flush=True)  # fmt: skip
 
+    device = resolve_device(first.device)  # decided once for the job: its runs share it
     if runs.pretrain_together:  # the seeds' missing dynamics, BC and FQE, trained together
+        from cbop_torchrl.trainers.decisions import uses_cuda_graph
         from cbop_torchrl.trainers.pretrain_together import pretrain_together
 
-        pretrain_together(configs, info, data, [job_dir / name for name in names])
+        pretrain_together(
+            configs, info, data, [job_dir / name for name in names],
+            device=device, cuda_graph=uses_cuda_graph(first, device),
+        )  # fmt: skip
 
     def trainer(config: Any, run_dir: Path) -> Any:
         return lambda take_turns: run_pipeline(config, info, data, run_dir, take_turns)
@@ -248,7 +253,7 @@ def train_side_by_side(
     results = train_in_turn(
         [trainer(config, job_dir / name) for config, name in zip(configs, names, strict=True)],
         names,
-        resolve_device(first.device),
+        device,
     )
     return dict(zip(names, results, strict=True))
 

@@ -81,7 +81,8 @@ def uses_cuda_graph(config: RunConfig, device: torch.device) -> bool:
 
     With ``compile=true`` the captured step holds the CBOP target compiled by inductor
     (:attr:`~cbop_torchrl.accel.estimator.EstimatorFastPaths.whole_step_graph`).
-    Called once per run, by :func:`decide_run`.
+    Called once per run, by :func:`decide_run`, and once per side-by-side job for its joint
+    pretraining, by :func:`~cbop_torchrl.apps.api.train_side_by_side`.
 
     Raises:
         ConfigError: ``cuda_graph=true`` on a device that is not CUDA.

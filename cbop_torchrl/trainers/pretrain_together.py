@@ -46,11 +46,10 @@ from tensordict import TensorDictBase
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo
 from cbop_torchrl.io import cache_entry_lock
-from cbop_torchrl.runtime import resolve_device
 from cbop_torchrl.trainers.cbop_stage import critic_hidden_sizes
 from cbop_torchrl.trainers.checkpoint import CHECKPOINT_NAME, NonFiniteLossError
 from cbop_torchrl.trainers.datasize import check_dataset_size
-from cbop_torchrl.trainers.decisions import StageSeeds, uses_cuda_graph
+from cbop_torchrl.trainers.decisions import StageSeeds
 from cbop_torchrl.trainers.dynamics import (
     _data_record,
     dynamics_entry,
@@ -81,7 +80,8 @@ class Pretraining:
         info: the data's info as the stages see it (its fingerprint names the entries).
         data: the dataset ``[N]`` on the runs' device, actions in the agent's ``[-1, 1]``.
         termination: the task's termination function name.
-        cuda_graph: whether the stages capture their steps (:func:`uses_cuda_graph`).
+        cuda_graph: whether the stages capture their steps (the caller's
+            :func:`~cbop_torchrl.trainers.decisions.uses_cuda_graph`).
         progress: whether to print what is trained together.
     """
 
@@ -145,6 +145,9 @@ def pretrain_together(
     data: TensorDictBase,
     run_dirs: Sequence[Path],
     stages: Sequence[str] = STAGES,
+    *,
+    device: torch.device,
+    cuda_graph: bool,
 ) -> dict[str, list[int]]:
     """Trains the missing pretraining stages of the runs ``configs`` together and caches
     each where its run will look for it.
@@ -155,6 +158,13 @@ def pretrain_together(
         data: the dataset TensorDict.
         run_dirs: each run's directory (a finished run's stages are not needed).
         stages: which of :data:`STAGES` to train (all by default).
+        device: the runs' device, decided by the caller
+            (:func:`~cbop_torchrl.runtime.resolve_device` of ``configs[0].device``, as
+            :func:`~cbop_torchrl.apps.api.train_side_by_side` resolves it once for the
+            job); the data and every stage train there.
+        cuda_graph: whether the stages capture their steps as CUDA graphs, decided by the
+            caller (:func:`~cbop_torchrl.trainers.decisions.uses_cuda_graph` of
+            ``configs[0]`` on ``device``); nothing here decides either again.
 
     Returns:
         The run seeds trained together per stage, e.g. ``{"dynamics": [0, 1, 2], "bc":
@@ -175,12 +185,11 @@ def pretrain_together(
             fqe_batch=("fqe.batch_size", config.fqe.batch_size), dynamics=config.dynamics,
         )  # fmt: skip
     task, specs, info = resolve_run_task(first, info)
-    device = resolve_device(first.device)
     if first.threads is not None:
         torch.set_num_threads(first.threads)
     setup = Pretraining(
         info, specs.to_agent_actions(data.to(device)), task.termination,
-        uses_cuda_graph(first, device), bool(first.progress),
+        bool(cuda_graph), bool(first.progress),
     )  # fmt: skip
     jobs = {"dynamics": dynamics_job, "bc": bc_job, "fqe": fqe_job}
     rng = PortableRNGState()
