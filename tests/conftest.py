@@ -37,14 +37,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(LoggingIsolation(), LOGGING_ISOLATION)
 
 
-#: The files that take longest (``pytest --durations``), run first: under ``--dist loadfile``
-#: each worker takes the next file when it finishes one, so a long file collected last keeps
-#: one worker busy while the other has nothing left. Only the order changes.
+#: The files that take longest (worker-seconds in a quiet ``pytest --junitxml`` run), run
+#: first: under ``--dist loadfile`` each worker takes the next file when it finishes one, so a
+#: long file collected last keeps one worker busy while the other has nothing left. Only the
+#: order changes. pytest-xdist would otherwise reorder the files by their number of tests
+#: (pyproject's ``--no-loadscope-reorder`` keeps this order).
 LONGEST_FIRST = (
-    "test_install.py", "test_run_state.py", "test_gpu_grid.py", "test_collect.py",
-    "test_reliability_rules.py", "test_bundle.py", "test_gpu_session.py", "test_slicing.py",
-    "test_report.py", "test_refusals_outputs_and_caches.py", "test_config.py",
-    "test_headline.py", "test_refusals_across_programs.py", "test_refusals_cbop_train.py",
+    "test_slicing.py", "test_reliability_rules.py", "test_install.py", "test_run_state.py",
+    "test_collect.py", "test_bundle.py", "test_refusals_cbop_train.py", "test_config.py",
+    "test_gpu_session.py", "test_gpu_grid.py", "test_refusals_across_programs.py",
+    "test_report.py", "test_refusals_outputs_and_caches.py", "test_learning_groupings.py",
+    "test_sweep.py", "test_baselines.py", "test_tasks.py", "test_score.py", "test_docs_site.py",
 )  # fmt: skip
 
 
