@@ -270,6 +270,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 KILL_GRACE_S = 60.0
 
 
+def _interruptible() -> None:
+    """Runs in the child before it starts: SIGINT back to its default action.
+
+    A process started with SIGINT ignored (a job a script put in the background with ``&``,
+    some CI runners, pytest-xdist's workers) passes that on, and Python then never turns
+    SIGINT into KeyboardInterrupt: the deadline's SIGINT would do nothing until the SIGKILL
+    30 s later, which skips the program's own message on how to resume.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class SliceOutcome(NamedTuple):
     """How one invocation of a run's command ended under a slice budget.
 
@@ -343,7 +354,7 @@ def run_slice(
     (run_dir / SLICE_END_NAME).unlink(missing_ok=True)
     started_utc = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     start = time.time()
-    process = subprocess.Popen(command, cwd=ROOT, env=env)
+    process = subprocess.Popen(command, cwd=ROOT, env=env, preexec_fn=_interruptible)
     try:
         timeout = None if deadline is None else max(deadline + KILL_GRACE_S - time.time(), 1.0)
         returncode = process.wait(timeout=timeout)

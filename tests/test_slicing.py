@@ -8,9 +8,12 @@ The wall-clock decision is checked with an injected clock.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -164,6 +167,15 @@ def test_a_budget_that_is_not_positive_is_refused(
     assert flag[0] in capsys.readouterr().err
 
 
+@contextlib.contextmanager
+def signal_ignored(signum: int) -> Iterator[None]:
+    previous = signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+
+
 @pytest.mark.parametrize("logged", [None, 9000])
 def test_a_run_interrupted_between_checkpoints_is_recorded_in_the_stage_it_was_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logged: int | None
@@ -176,10 +188,21 @@ def test_a_run_interrupted_between_checkpoints_is_recorded_in_the_stage_it_was_i
     if logged is not None:
         curve.write_text(f"1000,2.0\n{logged},1.0\n")
     monkeypatch.setattr(learning, "KILL_GRACE_S", 0.2)
-    command = [sys.executable, "-c", "import time; time.sleep(60)"]
+    interrupted = tmp_path / "interrupted"
+    child = (
+        "import pathlib, sys, time\n"
+        "try:\n    time.sleep(60)\n"
+        f"except KeyboardInterrupt:\n    pathlib.Path({str(interrupted)!r}).touch()\n"
+        "    sys.exit(130)\n"
+    )
     args = SimpleNamespace(slice_steps=None, max_minutes=0.01)
-    outcome = learning.run_slice(command, run_dir, args, deadline=time.time() + 0.5)
+    with signal_ignored(signal.SIGINT):  # as in a job put in the background with `&`
+        outcome = learning.run_slice(
+            [sys.executable, "-c", child], run_dir, args, deadline=time.time() + 1.5
+        )
     assert outcome.returncode == SLICE_EXIT_CODE and outcome.step is None
+    # SIGINT reached the program as KeyboardInterrupt (its own way out), not the SIGKILL
+    assert interrupted.is_file()
     assert outcome.logged_step == logged
     record = json.loads((run_dir / "slices.json").read_text())[-1]
     assert record["stage"] == ("before cbop" if logged is None else "cbop")
