@@ -165,3 +165,16 @@ def test_a_paper_table_null_says_what_the_table_gives():
     assert config_reference.with_resolution("estimator.psi", "`2.0`", "LCB") == "LCB"
     horizon = config_reference.with_resolution("estimator.horizon", "`null`", "H")
     assert horizon.startswith("H; null: the paper's 10")
+
+
+def test_the_psi_resolution_does_not_follow_the_psi_dicts_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A test that deletes and restores a GENERATED_PSI entry moves it to the dict's end, for
+    the rest of its worker; the reference keeps the benchmark's set order."""
+    from cbop_torchrl.config import paper
+
+    described = config_reference.null_resolution("estimator.psi")
+    reordered = dict(reversed(list(paper.GENERATED_PSI.items())))
+    monkeypatch.setattr(paper, "GENERATED_PSI", reordered)
+    assert config_reference.null_resolution("estimator.psi") == described

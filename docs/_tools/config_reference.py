@@ -277,10 +277,17 @@ def null_resolution(key: str) -> str | None:
             "(`PAPER_QVALUE_NETS`, config/paper.py)"
         )
     if key == "estimator.psi":
+        from cbop_torchrl.evaluation.headline import SETS
+
         copies = {name: copy for copy, name in paper.SAME_FILE_AS.items()}
+        # The benchmark's set order, not the dict's: a test that deletes and restores an
+        # entry (monkeypatch.delitem) moves it to the end for the rest of its worker.
+        order = {name: index for index, name in enumerate(SETS)}
+        names = sorted(paper.GENERATED_PSI, key=lambda name: (order.get(name, len(order)), name))
         chosen = ", ".join(
-            f"{name} {psi:g}" + (f" (also {copies[name]})" if name in copies else "")
-            for name, psi in paper.GENERATED_PSI.items()
+            f"{name} {paper.GENERATED_PSI[name]:g}"
+            + (f" (also {copies[name]})" if name in copies else "")
+            for name in names
         )
         example = paper.PAPER_PSI["hopper"]["medium-replay"]
         return (
