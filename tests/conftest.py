@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from programs import logging_restored
+from programs import absl_logs_to_the_process_stderr, logging_restored
 
 pytest_plugins = ("pytester",)  # tests/test_cli_messages.py runs a session of two tests
 LOGGING_ISOLATION = "cbop-logging-isolation"
@@ -35,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
     config.pluginmanager.register(LoggingIsolation(), LOGGING_ISOLATION)
+    absl_logs_to_the_process_stderr()
 
 
 #: The files that take longest (worker-seconds in a quiet ``pytest --junitxml`` run), run

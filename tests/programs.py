@@ -153,6 +153,25 @@ def logging_restored() -> Iterator[None]:
         logging.disable(disabled)
 
 
+def absl_logs_to_the_process_stderr() -> None:
+    """Points absl's Python log handler at ``sys.__stderr__``, so no handler owns a pytest
+    capture stream.
+
+    ``absl.logging`` (imported by tensorboard and rliable) makes one handler at import,
+    writing to ``sys.stderr`` as it is then: in a test, pytest's capture file. Any
+    ``logging.config.dictConfig`` (Hydra's, for a program run in-process) closes every live
+    handler, and absl's ``close`` closes its stream unless it is the current
+    ``sys.stdout``/``sys.stderr``; while a program runs with its streams sent elsewhere,
+    that is the worker's capture file, and every later test of the worker then errors with
+    "I/O operation on closed file" at setup. File descriptor 2 is still captured.
+    """
+    try:
+        import absl.logging
+    except ImportError:
+        return
+    absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
+
+
 # -------------------------------------------------------------------------- the child
 
 

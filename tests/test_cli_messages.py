@@ -171,6 +171,57 @@ def test_a_logging_handler_an_earlier_test_set_up_does_not_reach_the_next_test(
     isolated.assert_outcomes(passed=2)
 
 
+#: Two tests of a fresh session: the first imports absl (tensorboard and rliable do) and then
+#: reconfigures logging with its streams sent elsewhere, as a program run in-process does.
+ABSL_TESTS = """
+import contextlib
+import io
+import logging.config
+
+
+def test_a_program_reconfigures_logging_with_its_streams_elsewhere():
+    import absl.logging  # noqa: F401 (its handler is made now, on this test's stderr)
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})
+
+
+def test_the_next_test_is_captured():
+    print("captured")
+"""
+
+ABSL_CONFTEST = """
+import os
+import sys
+
+sys.path.insert(0, os.environ["CBOP_TESTS_DIR"])
+
+
+def pytest_configure(config):
+    if os.environ.get("CBOP_ABSL_FIX") == "1":
+        from programs import absl_logs_to_the_process_stderr
+
+        absl_logs_to_the_process_stderr()
+"""
+
+
+def test_absls_handler_never_closes_the_workers_capture_file(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flake that errored every later test of one xdist worker at setup: any dictConfig
+    closes absl's handler, and absl closes the stream it was made on (the capture file)."""
+    pytester.makepyfile(test_two=ABSL_TESTS)
+    pytester.makeconftest(ABSL_CONFTEST)
+    monkeypatch.setenv("CBOP_TESTS_DIR", str(Path(__file__).resolve().parent))
+    monkeypatch.setenv("CBOP_ABSL_FIX", "0")
+    without = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    assert without.ret != 0  # pytest itself loses its stderr: "lost sys.stderr"
+    assert "I/O operation on closed file" in without.stdout.str() + without.stderr.str()
+    monkeypatch.setenv("CBOP_ABSL_FIX", "1")
+    fixed = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
+    fixed.assert_outcomes(passed=2)
+
+
 def test_each_program_help_says_what_it_does_and_lists_only_its_own_choices(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
