@@ -100,7 +100,7 @@ SUMMARY_EXPERIMENTS = {
         (*HALFCHEETAH_AMD, ["cbop-dyn15", "cql"]),
     ],
     44: [(*HALFCHEETAH_AMD, ["bc", "td3bc", "iql", "cql", "cbop-dyn15", "cbop-penalty1"])],
-    63: [("hopper-medium-replay-gen", None, ["cbop-50k", "cbop-psi5"])],
+    63: [("hopper-medium-replay-gen", None, ["cbop-50k", "bc-50k", "cbop-psi5"])],
 }
 """Experiments whose runs are benchmark rows: (set, the file they ran on, the variants), drawn
 from the summaries; the file's first 12 sha256 characters, None: the set's current file (its
