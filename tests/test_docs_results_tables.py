@@ -289,3 +289,41 @@ def test_the_50k_headline_gives_each_long_row_its_final_and_seeds(tmp_path: Path
     assert table[2] == f"| CBOP (50,000 steps) | {cell} | not run | not run |"
     assert table[3].startswith("| BC (60,000 steps) | not run |")
     assert "99.0" not in "\n".join(table)
+
+
+def _long_row(variant: str, finals: list[float], sha: str) -> dict:
+    return {
+        "variant": variant,
+        "measure": "reset",
+        "dataset_sha256": sha[:12],
+        "seeds": list(range(len(finals))),
+        "final": sum(finals) / len(finals),
+        "final_per_seed": finals,
+    }
+
+
+@pytest.mark.parametrize(("seeds", "expected"), [(5, ["above BC on hopper (30.0 against 10.0)"]),
+                                                 (4, [])])  # fmt: skip
+def test_the_status_names_only_50k_comparisons_with_every_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeds: int, expected: list[str]
+) -> None:
+    from cbop_torchrl.evaluation.headline import SETS
+    from cbop_torchrl.evaluation.summaries import ALGO_NAMES, BASELINES
+
+    sha = "e" * 64
+    cbop = _long_row("cbop-50k", [28.0, 29.0, 30.0, 31.0, 32.0][:seeds], sha)
+    bc = _long_row("bc-50k", [9.0, 9.5, 10.0, 10.5, 11.0][:seeds], sha)
+    cbop["final"], bc["final"] = 30.0, 10.0
+    (tmp_path / SETS[0]).mkdir()
+    (tmp_path / SETS[0] / "rows.json").write_text(json.dumps({"sha256": sha, "rows": [cbop, bc]}))
+    monkeypatch.setattr(results_tables, "RESULTS", tmp_path)
+    assert results_tables._long_comparisons(SETS, BASELINES, ALGO_NAMES) == expected
+
+
+def test_the_not_shown_bullet_keeps_only_the_comparisons_that_fit() -> None:
+    head = "**Not shown:** the bar: 14 of 22 conditions fail; 15 of 75 runs made"
+    clauses = [f"above BC on set{i} (30.0 against 10.0)" for i in range(5)]
+    bullet = results_tables._within_words(head, "; so far, CBOP ", clauses)
+    assert results_tables.words(bullet) <= results_tables.STATUS_WORDS
+    assert "set0" in bullet and "set4" not in bullet and bullet.endswith(").")
+    assert results_tables._within_words(head, "; so far, CBOP ", []) == head + "."
