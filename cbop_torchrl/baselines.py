@@ -7,7 +7,9 @@ Four algorithms, each a TorchRL loss with a small config (``cbop_torchrl/configs
 - ``td3bc``: TD3+BC (``torchrl.objectives.TD3BCLoss``), a deterministic tanh actor,
   actor updated every ``policy_delay`` steps;
 - ``iql``: implicit Q-learning (``torchrl.objectives.IQLLoss``) with a state-value network;
-- ``cql``: conservative Q-learning (``torchrl.objectives.CQLLoss``), auto-tuned entropy.
+- ``cql``: conservative Q-learning (``torchrl.objectives.CQLLoss``; its penalty scores the
+  next state's actions at the current state, as the authors' code does:
+  :class:`~cbop_torchrl.objectives.cql.AuthorsCQLLoss`), auto-tuned entropy.
 
 Training runs on TorchRL's ``Trainer`` with the same hooks as the CBOP stage
 (:mod:`cbop_torchrl.trainers.hooks`, registered by
@@ -47,6 +49,7 @@ from cbop_torchrl.modules.actor_critic import (
     make_qvalue_ensemble,
 )
 from cbop_torchrl.modules.standardize import observation_statistics, standardize_observation
+from cbop_torchrl.objectives.cql import NEXT_ACTIONS_SCORED_AT, AuthorsCQLLoss
 from cbop_torchrl.objectives.pretrain import ACTION_EPS, BehaviourCloningLoss
 from cbop_torchrl.trainers.checkpoint import CheckpointHook
 from cbop_torchrl.trainers.datasize import check_dataset_size, warn_about_terminals
@@ -162,6 +165,7 @@ class AlgoConfig:
     cql_temperature: float = 1.0  # CQL: temperature of that log-sum-exp
     with_lagrange: bool = False  # CQL: tune the penalty's weight to reach lagrange_thresh
     lagrange_thresh: float = 10.0  # CQL: the penalty's target with_lagrange aims for
+    next_actions_scored_at: str = "state"  # CQL: state (the authors') | next_state (TorchRL's)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> AlgoConfig:
@@ -182,6 +186,7 @@ class AlgoConfig:
         for key, value, allowed in (
             ("reward_scale", config.reward_scale, REWARD_SCALES),
             ("actor_lr_schedule", config.actor_lr_schedule, ACTOR_LR_SCHEDULES),
+            ("next_actions_scored_at", config.next_actions_scored_at, NEXT_ACTIONS_SCORED_AT),
         ):
             if value not in allowed:
                 raise BaselineConfigError(
@@ -317,7 +322,8 @@ def _build_iql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
 def _build_cql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
     actor = sizes.actor()
     qnets = sizes.critics(algo.num_qvalue_nets)
-    loss = CQLLoss(
+    loss_class = AuthorsCQLLoss if algo.next_actions_scored_at == "state" else CQLLoss
+    loss = loss_class(
         actor,
         qnets,
         action_spec=action_spec(sizes.act, sizes.device),
