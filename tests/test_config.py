@@ -29,6 +29,7 @@ from cbop_torchrl.config import (
     ConfigError,
     infer_dataset_kind,
     load_config,
+    paper,
     paper_settings,
     run_name,
 )
@@ -116,7 +117,11 @@ def test_the_demo_file_takes_its_sets_psi(monkeypatch: pytest.MonkeyPatch) -> No
     assert config.estimator.psi == 3.0 and "estimator.psi" in filled
     banner = run_banner(config, "hopper-demo-medium-replay-gen", Path("runs/x"), filled)
     assert "estimator.psi=3.0: this project's offline choice" in banner.splitlines()[-1], banner
-    monkeypatch.delitem(GENERATED_PSI, "hopper-medium-replay-gen")
+    # A copy without the set, not delitem: restoring a deleted key would move it to the
+    # dict's end for the rest of this worker (the docs' generated psi lists read that order).
+    listed = GENERATED_PSI.items()
+    unlisted = {name: psi for name, psi in listed if name != "hopper-medium-replay-gen"}
+    monkeypatch.setattr(paper, "GENERATED_PSI", unlisted)
     assert load("env=demo")[0].estimator.psi == PAPER_PSI["hopper"]["medium-replay"]
 
 
