@@ -3,10 +3,10 @@
 ``python -m benchmarks.speed.baseline_steps`` builds every baseline as ``cbop-baseline``
 does (:func:`cbop_torchrl.baselines.build_baseline`, ``configs/algo/<name>.yaml``: batch and
 network sizes, state normalisation, reward scaling), on a random dataset with hopper's
-sizes (11 observation and 3 action dimensions), and times its step: the losses, one
-``torch.autograd.grad`` per optimizer group (as
-:class:`~cbop_torchrl.trainers.grouped_step.GroupedOptimizationStepper` does), Adam and the
-target networks' Polyak update. The algorithms take turns, round after round, so a load
+sizes (11 observation and 3 action dimensions), and times its step: the losses and
+:class:`~cbop_torchrl.trainers.grouped_step.GroupedOptimizationStepper`'s step (one
+``torch.autograd.grad`` per optimizer group, the finite checks, Adam), then the target
+networks' Polyak update. The algorithms take turns, round after round, so a load
 that comes and goes reaches each alike; each one's figure is the median over its steps and
 its ratio to BC's. For each it also prints the share of the step spent in matrix products
 (PyTorch's profiler: ``aten::mm``, ``addmm``, ``bmm``) and the hours one run of the
@@ -24,6 +24,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import yaml
@@ -33,6 +34,7 @@ from torchrl.objectives import SoftUpdate
 from cbop_torchrl.baselines import ALGOS, AlgoConfig, BaselineParts, build_baseline
 from cbop_torchrl.config import RunConfig, load_config
 from cbop_torchrl.data import DatasetInfo
+from cbop_torchrl.trainers.grouped_step import GroupedOptimizationStepper
 
 CONFIGS = Path(__file__).resolve().parents[2] / "cbop_torchrl" / "configs" / "algo"
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
@@ -87,41 +89,39 @@ def cpu_preset() -> RunConfig:
 class BaselineStep:
     """One baseline's gradient step on batches of its recipe's size from ``data``."""
 
-    def __init__(self, algo: AlgoConfig, data: TensorDict, seed: int = 0) -> None:
+    def __init__(
+        self, algo: AlgoConfig, config: RunConfig, data: TensorDict, seed: int = 0
+    ) -> None:
         info = DatasetInfo("hopper-bench", "random", data.shape[0], "hdf5",
                            obs_dim=data["observation"].shape[-1],
                            action_dim=data["action"].shape[-1])  # fmt: skip
         torch.manual_seed(seed)
-        self.parts: BaselineParts = build_baseline(
-            algo, cpu_preset(), info, torch.device("cpu"), data
-        )
-        self.optimizer = torch.optim.Adam(
+        self.algo = algo
+        self.parts: BaselineParts = build_baseline(algo, config, info, torch.device("cpu"), data)
+        optimizer = torch.optim.Adam(
             [{"params": params, "lr": lr} for _, params, lr, _ in self.parts.groups]
         )
+        # What the stepper reads of TorchRL's Trainer: the loss, the optimizer, the step count.
+        self.trainer = SimpleNamespace(
+            compute_loss=self.parts.loss, optimizer=optimizer, _optim_count=0
+        )
+        schedule = config.train.total_steps if algo.actor_lr_schedule == "cosine" else None
+        # No checkpoint (None): the stepper reads it only to name the last good one when a
+        # step is non-finite, which a benchmark on random data does not recover from anyway.
+        self.stepper = GroupedOptimizationStepper(self.parts.groups, None, algo.name, schedule)
         self.target = SoftUpdate(self.parts.loss, tau=0.005) if self.parts.has_targets else None
         self.data, self.batch = data, int(algo.batch_size)
         self.generator = torch.Generator().manual_seed(seed)
-        self.count = 0
 
     def sample(self) -> TensorDictBase:
         rows = torch.randint(self.data.shape[0], (self.batch,), generator=self.generator)
         return self.data[rows]
 
     def __call__(self) -> None:
-        losses = self.parts.loss(self.sample())
-        self.optimizer.zero_grad(set_to_none=True)
-        due = [group for group in self.parts.groups if self.count % group[3] == 0]
-        for index, (keys, params, _, _) in enumerate(due):
-            total = sum(losses.get(key) for key in keys)
-            grads = torch.autograd.grad(
-                total, params, retain_graph=index < len(due) - 1, allow_unused=True
-            )
-            for param, grad in zip(params, grads, strict=True):
-                param.grad = grad
-        self.optimizer.step()
+        self.stepper.step(self.trainer, self.sample())
         if self.target is not None:
             self.target.step()
-        self.count += 1
+        self.trainer._optim_count += 1
 
 
 def matmul_share(step: BaselineStep, steps: int) -> float:
@@ -148,8 +148,8 @@ def bench(
     profile_steps: int = 3,
 ) -> dict:
     """Milliseconds per gradient step of each of ``algos``, taking turns for ``rounds`` rounds."""
-    data = random_dataset(rows, 11, 3)
-    steps = {name: BaselineStep(recipe(name, hidden, batch), data) for name in algos}
+    data, config = random_dataset(rows, 11, 3), cpu_preset()
+    steps = {name: BaselineStep(recipe(name, hidden, batch), config, data) for name in algos}
     for step in steps.values():  # warm-up: first calls allocate and pick kernels
         step()
     times: dict[str, list[float]] = {name: [] for name in algos}
@@ -172,7 +172,7 @@ def bench(
         ms = statistics.median(times[name])
         result["algos"][name] = {
             "batch_size": step.batch,
-            "hidden_sizes": list(recipe(name, hidden, batch).hidden_sizes or []),
+            "hidden_sizes": list(step.algo.hidden_sizes or []),
             "step_ms": ms,
             "ratio_to_reference": ms / reference,
             "matmul_share": matmul_share(step, profile_steps) if profile_steps else None,
