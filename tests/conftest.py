@@ -94,3 +94,18 @@ def no_repository_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setattr(set_files, "DEMO_COPIES", {})
     monkeypatch.setattr(set_files, "COPIES", tmp_path / "no-repository-copies.json")
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A finished debug CBOP run, trained once per test process and only read by the tests
+    that take it (a test that edits a file edits a copy): ``{"root", "dataset", "env", "run"}``.
+    """
+    from d4rl_files import debug_cbop_command, pipeline_workspace
+    from inprocess import train_cbop
+
+    root = tmp_path_factory.mktemp("finished_run")
+    workspace = pipeline_workspace(root)
+    run = root / "run"
+    train_cbop(debug_cbop_command(workspace, run)[2:], run, workspace["env"])
+    return {**workspace, "run": run}

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import h5py
 import numpy as np
+import torch
 from d4rl_files import write_d4rl_hdf5
 
 from cbop_torchrl.io import OUTPUTS_MANIFEST
+from cbop_torchrl.trainers.checkpoint import seal
 from cbop_torchrl.trainers.rundir import LOCK_NAME
 
 COLLECT = ["env=hopper", "kind=random", "rollout_transitions=2000", "progress=false"]
@@ -246,3 +249,14 @@ def write_inputs(root: Path) -> SimpleNamespace:
         collect_dirs=collect_dirs, run_like={r: root / f"run_like_{r}" for r in ("false", "auto")},
         dyn_out=root / "dyn_out", **datasets, **vars(_user_files(root)),
     )  # fmt: skip
+
+
+def edited_policy(finished_run: dict, tmp_path: Path, edit: Callable[[dict], None]) -> Path:
+    """A copy of the run's ``policy.pt`` changed by ``edit(state)`` (a hostile file: its
+    integrity digest is made again, as a deliberate edit would, so the checks of its content
+    are what refuses it)."""
+    state = torch.load(finished_run["run"] / "policy.pt", weights_only=True)
+    edit(state)
+    path = tmp_path / "policy.pt"
+    torch.save(seal(state), path)
+    return path

@@ -70,7 +70,7 @@ ROUND_WORDS = {"first", "second", "third", "fourth", "fifth", "one", "two", "thr
 
 
 def test_no_test_file_is_named_after_an_issue_or_a_numbered_round() -> None:
-    """A test file says what it tests (``test_refusals_data_and_disk.py``), not which issue or
+    """A test file says what it tests (``test_refusals_disk_and_cache.py``), not which issue or
     which numbered round of work added it (``test_issue_28.py``, ``test_checks_four.py``)."""
     named_by_history = [
         path.name

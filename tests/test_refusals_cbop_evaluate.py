@@ -4,17 +4,21 @@ before any work, nothing left behind.
 A missing checkpoint, bad values, an output it cannot write, and files that are no
 checkpoint (JSON, CSV, text, HDF5, a folder, a FIFO), never unpickled. The cases run in
 this process, each from its own empty working folder (tests/refusals.py); one runs as a
-process of its own.
+process of its own. On a finished run (conftest's ``finished_run``): an ``output=`` it did not
+write, more episodes than fit, an out-of-memory error, and edited policies (NaN weights,
+equal reference scores).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from refusal_inputs import write_inputs
+import torch
+from refusal_inputs import edited_policy, write_inputs
 from refusals import (
     OMEGACONF_FIELDS,
     Case,
@@ -24,6 +28,10 @@ from refusals import (
     run_cases,
     selected_cases,
 )
+
+from cbop_torchrl.apps import evaluate as evaluate_app
+from cbop_torchrl.cli import run_entry
+from cbop_torchrl.envs import EVALUATION_FORMAT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,3 +95,97 @@ def test_the_script_exits_2_without_a_checkpoint(tmp_path: Path) -> None:
         cwd=tmp_path, env=case_env(tmp_path), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert_refused(done, tmp_path, Case("evaluate.py", [], ["checkpoint"], OMEGACONF_FIELDS))
+
+
+# ------------------------------------------------------------ a finished run's evaluation
+
+
+def _evaluate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
+    monkeypatch.chdir(tmp_path)
+    return run_entry(evaluate_app.main, list(argv))
+
+
+def test_evaluate_never_replaces_a_file_it_did_not_write(
+    finished_run: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    checkpoint = finished_run["run"] / "checkpoint.pt"
+    before = checkpoint.read_bytes()
+    user_file = tmp_path / "notes.txt"
+    user_file.write_text("mine\n")
+    results = finished_run["run"] / "results.json"
+    results_before = results.read_text()
+    cases = [
+        (checkpoint, "is the checkpoint being evaluated"),
+        (user_file, "is not an evaluation output of cbop-evaluate"),
+        (results, "is not an evaluation output of cbop-evaluate"),
+        (tmp_path, "is a directory; output= takes the path of a JSON file"),
+    ]
+    for output, words in cases:
+        code = _evaluate(tmp_path, monkeypatch, f"checkpoint={checkpoint}", f"output={output}")
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert words in err and "Traceback" not in err, err
+    assert checkpoint.read_bytes() == before
+    assert user_file.read_text() == "mine\n" and results.read_text() == results_before
+
+    # a previous output of this program is replaced
+    output = tmp_path / "eval.json"
+    argv = [f"checkpoint={checkpoint}", f"output={output}", "episodes=1", "max_steps=5"]
+    assert _evaluate(tmp_path, monkeypatch, *argv) == 0, capsys.readouterr().err
+    assert json.loads(output.read_text())["format"] == EVALUATION_FORMAT
+    assert _evaluate(tmp_path, monkeypatch, *argv, "seed=1") == 0, capsys.readouterr().err
+    assert json.loads(output.read_text())["episodes"] == 1
+
+
+def test_evaluate_refuses_more_episodes_than_fit_before_making_any_environment(
+    finished_run: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    import cbop_torchrl.envs.gym as gym_module
+
+    def no_env(*args, **kwargs):
+        raise AssertionError("an environment was made before the size check")
+
+    monkeypatch.setattr(gym_module, "SerialEnv", no_env)
+    checkpoint = finished_run["run"] / "policy.pt"
+    assert _evaluate(tmp_path, monkeypatch, f"checkpoint={checkpoint}", "episodes=100000") == 2
+    err = capsys.readouterr().err
+    assert "episodes=100000 (at most about" in err and "available memory" in err, err
+    assert "closed environment" not in err
+
+
+def test_an_out_of_memory_error_while_evaluating_is_reported_not_a_closed_environment(
+    finished_run: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    import cbop_torchrl.envs as envs
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("mj_makeData: could not allocate memory")  # before any env started
+
+    monkeypatch.setattr(envs, "evaluate_policy", out_of_memory)
+    checkpoint = finished_run["run"] / "policy.pt"
+    assert _evaluate(tmp_path, monkeypatch, f"checkpoint={checkpoint}", "episodes=2") == 2
+    err = capsys.readouterr().err
+    assert "ran out of memory with episodes=2" in err and "could not allocate" in err, err
+    assert "closed environment" not in err and "Traceback" not in err
+
+
+def test_an_edited_policy_with_nan_weights_or_equal_reference_scores_is_refused(
+    finished_run: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    def nan_weights(state: dict) -> None:
+        name = next(iter(state["actor"]))
+        state["actor"][name] = torch.full_like(state["actor"][name], float("nan"))
+
+    policy = edited_policy(finished_run, tmp_path, nan_weights)
+    assert _evaluate(tmp_path, monkeypatch, f"checkpoint={policy}") == 2
+    err = capsys.readouterr().err
+    assert "non-finite weights" in err and "Traceback" not in err, err
+
+    def equal_scores(state: dict) -> None:
+        state["policy"]["task"]["ref_min_score"] = 100.0
+        state["policy"]["task"]["ref_max_score"] = 100.0
+
+    policy = edited_policy(finished_run, tmp_path, equal_scores)
+    assert _evaluate(tmp_path, monkeypatch, f"checkpoint={policy}") == 2
+    err = capsys.readouterr().err
+    assert "must be finite and differ" in err and "Traceback" not in err, err
