@@ -113,6 +113,16 @@ def run_one(script: str, args: list[str], cwd: Path, env: dict[str, str]) -> Fin
             setattr(sys.modules[parent], child, module)
 
 
+def evaluate_in(folder: Path, monkeypatch, *argv: str) -> int:  # noqa: ANN001 (pytest.MonkeyPatch)
+    """``cbop-evaluate *argv`` from ``folder`` through its entry point, in this process; the
+    exit code (its output goes to pytest's capture)."""
+    from cbop_torchrl.apps import evaluate
+    from cbop_torchrl.cli import run_entry
+
+    monkeypatch.chdir(folder)
+    return run_entry(evaluate.main, list(argv))
+
+
 def run_cases(cases: dict[str, Case], root: Path) -> dict[str, tuple[Finished, Path, Case]]:
     """Runs every case, each in its own empty working folder under ``root``:
     case id -> (what it did, its folder, the case)."""

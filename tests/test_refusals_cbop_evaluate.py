@@ -25,12 +25,11 @@ from refusals import (
     assert_refused,
     case_env,
     case_ids,
+    evaluate_in,
     run_cases,
     selected_cases,
 )
 
-from cbop_torchrl.apps import evaluate as evaluate_app
-from cbop_torchrl.cli import run_entry
 from cbop_torchrl.envs import EVALUATION_FORMAT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,11 +99,6 @@ def test_the_script_exits_2_without_a_checkpoint(tmp_path: Path) -> None:
 # ------------------------------------------------------------ a finished run's evaluation
 
 
-def _evaluate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
-    monkeypatch.chdir(tmp_path)
-    return run_entry(evaluate_app.main, list(argv))
-
-
 def test_evaluate_never_replaces_a_file_it_did_not_write(
     finished_run: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
@@ -121,7 +115,7 @@ def test_evaluate_never_replaces_a_file_it_did_not_write(
         (tmp_path, "is a directory; output= takes the path of a JSON file"),
     ]
     for output, words in cases:
-        code = _evaluate(tmp_path, monkeypatch, f"checkpoint={checkpoint}", f"output={output}")
+        code = evaluate_in(tmp_path, monkeypatch, f"checkpoint={checkpoint}", f"output={output}")
         err = capsys.readouterr().err
         assert code == 2, err
         assert words in err and "Traceback" not in err, err
@@ -131,9 +125,9 @@ def test_evaluate_never_replaces_a_file_it_did_not_write(
     # a previous output of this program is replaced
     output = tmp_path / "eval.json"
     argv = [f"checkpoint={checkpoint}", f"output={output}", "episodes=1", "max_steps=5"]
-    assert _evaluate(tmp_path, monkeypatch, *argv) == 0, capsys.readouterr().err
+    assert evaluate_in(tmp_path, monkeypatch, *argv) == 0, capsys.readouterr().err
     assert json.loads(output.read_text())["format"] == EVALUATION_FORMAT
-    assert _evaluate(tmp_path, monkeypatch, *argv, "seed=1") == 0, capsys.readouterr().err
+    assert evaluate_in(tmp_path, monkeypatch, *argv, "seed=1") == 0, capsys.readouterr().err
     assert json.loads(output.read_text())["episodes"] == 1
 
 
@@ -147,7 +141,7 @@ def test_evaluate_refuses_more_episodes_than_fit_before_making_any_environment(
 
     monkeypatch.setattr(gym_module, "SerialEnv", no_env)
     checkpoint = finished_run["run"] / "policy.pt"
-    assert _evaluate(tmp_path, monkeypatch, f"checkpoint={checkpoint}", "episodes=100000") == 2
+    assert evaluate_in(tmp_path, monkeypatch, f"checkpoint={checkpoint}", "episodes=100000") == 2
     err = capsys.readouterr().err
     assert "episodes=100000 (at most about" in err and "available memory" in err, err
     assert "closed environment" not in err
@@ -163,7 +157,7 @@ def test_an_out_of_memory_error_while_evaluating_is_reported_not_a_closed_enviro
 
     monkeypatch.setattr(envs, "evaluate_policy", out_of_memory)
     checkpoint = finished_run["run"] / "policy.pt"
-    assert _evaluate(tmp_path, monkeypatch, f"checkpoint={checkpoint}", "episodes=2") == 2
+    assert evaluate_in(tmp_path, monkeypatch, f"checkpoint={checkpoint}", "episodes=2") == 2
     err = capsys.readouterr().err
     assert "ran out of memory with episodes=2" in err and "could not allocate" in err, err
     assert "closed environment" not in err and "Traceback" not in err
@@ -177,7 +171,7 @@ def test_an_edited_policy_with_nan_weights_or_equal_reference_scores_is_refused(
         state["actor"][name] = torch.full_like(state["actor"][name], float("nan"))
 
     policy = edited_policy(finished_run, tmp_path, nan_weights)
-    assert _evaluate(tmp_path, monkeypatch, f"checkpoint={policy}") == 2
+    assert evaluate_in(tmp_path, monkeypatch, f"checkpoint={policy}") == 2
     err = capsys.readouterr().err
     assert "non-finite weights" in err and "Traceback" not in err, err
 
@@ -186,6 +180,6 @@ def test_an_edited_policy_with_nan_weights_or_equal_reference_scores_is_refused(
         state["policy"]["task"]["ref_max_score"] = 100.0
 
     policy = edited_policy(finished_run, tmp_path, equal_scores)
-    assert _evaluate(tmp_path, monkeypatch, f"checkpoint={policy}") == 2
+    assert evaluate_in(tmp_path, monkeypatch, f"checkpoint={policy}") == 2
     err = capsys.readouterr().err
     assert "must be finite and differ" in err and "Traceback" not in err, err

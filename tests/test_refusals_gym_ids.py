@@ -15,20 +15,14 @@ from pathlib import Path
 
 import pytest
 from refusal_inputs import edited_policy
+from refusals import evaluate_in
 
-from cbop_torchrl.apps import evaluate as evaluate_app
-from cbop_torchrl.cli import run_entry
 from cbop_torchrl.data.info import DatasetInfo
 from cbop_torchrl.envs import TaskError, resolve_task
 from cbop_torchrl.evaluation.analysis import load_run_config
 from cbop_torchrl.trainers.checkpoint import CheckpointError, load_policy
 
 ZEN = "Beautiful is better than ugly"  # what `import this` prints
-
-
-def _evaluate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
-    monkeypatch.chdir(tmp_path)
-    return run_entry(evaluate_app.main, list(argv))
 
 
 def test_a_module_qualified_gym_id_in_a_checkpoint_is_refused_unless_given_on_the_command_line(
@@ -39,7 +33,7 @@ def test_a_module_qualified_gym_id_in_a_checkpoint_is_refused_unless_given_on_th
 
     policy = edited_policy(finished_run, tmp_path, zen)
     assert "this" not in sys.modules
-    assert _evaluate(tmp_path, monkeypatch, f"checkpoint={policy}") == 2
+    assert evaluate_in(tmp_path, monkeypatch, f"checkpoint={policy}") == 2
     captured = capsys.readouterr()
     assert "'this:Zen-v0'" in captured.err and "task.gym_id=this:Zen-v0" in captured.err
     assert "Traceback" not in captured.err
@@ -48,7 +42,7 @@ def test_a_module_qualified_gym_id_in_a_checkpoint_is_refused_unless_given_on_th
     # Given on the command line, the user trusts it: gymnasium imports `this` (the Zen
     # is printed) and then finds no Zen-v0 there.
     argv = [f"checkpoint={policy}", "task.gym_id=this:Zen-v0"]
-    assert _evaluate(tmp_path, monkeypatch, *argv) == 2
+    assert evaluate_in(tmp_path, monkeypatch, *argv) == 2
     captured = capsys.readouterr()
     assert "gymnasium cannot make task.gym_id=this:Zen-v0" in captured.err
     assert ZEN in captured.out
@@ -74,7 +68,7 @@ def test_a_trusted_module_qualified_gym_id_evaluates(
     assert "my_envs" not in sys.modules
     argv = [f"checkpoint={policy}", "task.gym_id=my_envs:MyHopper-v0", "episodes=1",
             "max_steps=5"]  # fmt: skip
-    assert _evaluate(tmp_path, monkeypatch, *argv) == 0, capsys.readouterr().err
+    assert evaluate_in(tmp_path, monkeypatch, *argv) == 0, capsys.readouterr().err
     assert "on my_envs:MyHopper-v0" in capsys.readouterr().out
 
 
