@@ -7,9 +7,9 @@ Four algorithms, each a TorchRL loss with a small config (``cbop_torchrl/configs
 - ``td3bc``: TD3+BC (``torchrl.objectives.TD3BCLoss``), a deterministic tanh actor,
   actor updated every ``policy_delay`` steps;
 - ``iql``: implicit Q-learning (``torchrl.objectives.IQLLoss``) with a state-value network;
-- ``cql``: conservative Q-learning (``torchrl.objectives.CQLLoss``; its penalty scores the
-  next state's actions at the current state, as the authors' code does:
-  :class:`~cbop_torchrl.objectives.cql.AuthorsCQLLoss`), auto-tuned entropy.
+- ``cql``: conservative Q-learning (``torchrl.objectives.CQLLoss`` with its penalty as the
+  authors' code computes it: :class:`~cbop_torchrl.objectives.cql.AuthorsCQLLoss`),
+  auto-tuned entropy.
 
 Training runs on TorchRL's ``Trainer`` with the same hooks as the CBOP stage
 (:mod:`cbop_torchrl.trainers.hooks`, registered by
@@ -49,7 +49,7 @@ from cbop_torchrl.modules.actor_critic import (
     make_qvalue_ensemble,
 )
 from cbop_torchrl.modules.standardize import observation_statistics, standardize_observation
-from cbop_torchrl.objectives.cql import NEXT_ACTIONS_SCORED_AT, AuthorsCQLLoss
+from cbop_torchrl.objectives.cql import LOGSUMEXP_OVER, NEXT_ACTIONS_SCORED_AT, AuthorsCQLLoss
 from cbop_torchrl.objectives.pretrain import ACTION_EPS, BehaviourCloningLoss
 from cbop_torchrl.trainers.checkpoint import CheckpointHook
 from cbop_torchrl.trainers.datasize import check_dataset_size, warn_about_terminals
@@ -166,6 +166,7 @@ class AlgoConfig:
     with_lagrange: bool = False  # CQL: tune the penalty's weight to reach lagrange_thresh
     lagrange_thresh: float = 10.0  # CQL: the penalty's target with_lagrange aims for
     next_actions_scored_at: str = "state"  # CQL: state (the authors') | next_state (TorchRL's)
+    logsumexp_over: str = "state"  # CQL: state, all 3N actions (the authors') | draw (TorchRL's)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> AlgoConfig:
@@ -187,6 +188,7 @@ class AlgoConfig:
             ("reward_scale", config.reward_scale, REWARD_SCALES),
             ("actor_lr_schedule", config.actor_lr_schedule, ACTOR_LR_SCHEDULES),
             ("next_actions_scored_at", config.next_actions_scored_at, NEXT_ACTIONS_SCORED_AT),
+            ("logsumexp_over", config.logsumexp_over, LOGSUMEXP_OVER),
         ):
             if value not in allowed:
                 raise BaselineConfigError(
@@ -322,7 +324,10 @@ def _build_iql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
 def _build_cql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
     actor = sizes.actor()
     qnets = sizes.critics(algo.num_qvalue_nets)
-    loss_class = AuthorsCQLLoss if algo.next_actions_scored_at == "state" else CQLLoss
+    torchrls = (algo.next_actions_scored_at, algo.logsumexp_over) == ("next_state", "draw")
+    choices = {"next_actions_scored_at": algo.next_actions_scored_at,
+               "logsumexp_over": algo.logsumexp_over}  # fmt: skip
+    loss_class = partial(AuthorsCQLLoss, **choices) if not torchrls else CQLLoss
     loss = loss_class(
         actor,
         qnets,

@@ -46,6 +46,7 @@ RECIPES = {
         "batch_size": 256, "hidden_sizes": [256, 256, 256], "actor_lr": 1e-4,
         "critic_lr": 3e-4, "min_q_weight": 5.0, "num_random": 10, "with_lagrange": False,
         "normalize_states": False, "reward_scale": "none", "next_actions_scored_at": "state",
+        "logsumexp_over": "state",
     },
     "bc": {  # CORL's any_percent_bc
         "batch_size": 256, "hidden_sizes": [256, 256], "actor_lr": 3e-4,
