@@ -43,8 +43,8 @@ from cbop_torchrl.data import DatasetInfo, make_replay_buffer
 from cbop_torchrl.data.transitions import warn_about_action_range
 from cbop_torchrl.envs import make_eval_env
 from cbop_torchrl.modules.actor_critic import (
+    ACTOR_BUILDERS,
     action_spec,
-    make_actor,
     make_deterministic_actor,
     make_qvalue_ensemble,
 )
@@ -63,6 +63,10 @@ from cbop_torchrl.trainers.offline_training import (
     restore_final_records,
 )
 from cbop_torchrl.trainers.recipes import ACTOR_LR_SCHEDULES, REWARD_SCALES, reward_scale
+
+POLICY_DISTRIBUTIONS = ("tanh_normal", "tanh_mean_gaussian")
+"""IQL's actor: a tanh-squashed Gaussian (the project's other stochastic actors') or a
+Gaussian with a tanh'd mean and a state-independent std (IQL's authors' code)."""
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -165,6 +169,8 @@ class AlgoConfig:
     cql_temperature: float = 1.0  # CQL: temperature of that log-sum-exp
     with_lagrange: bool = False  # CQL: tune the penalty's weight to reach lagrange_thresh
     lagrange_thresh: float = 10.0  # CQL: the penalty's target with_lagrange aims for
+    # IQL: tanh_normal | tanh_mean_gaussian (the authors': tanh'd mean, state-independent std)
+    policy_distribution: str = "tanh_normal"
     next_actions_scored_at: str = "state"  # CQL: state (the authors') | next_state (TorchRL's)
     logsumexp_over: str = "state"  # CQL: state, all 3N actions (the authors') | draw (TorchRL's)
 
@@ -187,6 +193,7 @@ class AlgoConfig:
         for key, value, allowed in (
             ("reward_scale", config.reward_scale, REWARD_SCALES),
             ("actor_lr_schedule", config.actor_lr_schedule, ACTOR_LR_SCHEDULES),
+            ("policy_distribution", config.policy_distribution, POLICY_DISTRIBUTIONS),
             ("next_actions_scored_at", config.next_actions_scored_at, NEXT_ACTIONS_SCORED_AT),
             ("logsumexp_over", config.logsumexp_over, LOGSUMEXP_OVER),
         ):
@@ -214,7 +221,8 @@ class BaselineParts:
             keys are differentiated w.r.t. these parameters only, every
             ``every``-th step.
         has_targets: whether a ``SoftUpdate`` of the target networks runs after each step.
-        actor_kind: ``"tanh_normal"`` (:func:`make_actor`) or ``"deterministic"``.
+        actor_kind: the actor's kind, a key of
+            :data:`~cbop_torchrl.modules.actor_critic.ACTOR_BUILDERS`.
     """
 
     loss: LossModule
@@ -259,9 +267,10 @@ class _Sizes:
         """``module`` reading standardized observations where the recipe asks for them."""
         return module if self.norm is None else standardize_observation(module, *self.norm)
 
-    def actor(self) -> TensorDictModuleBase:
-        """A tanh-Gaussian actor (:func:`make_actor`)."""
-        return self.standardized(make_actor(self.obs, self.act, self.hidden, device=self.device))
+    def actor(self, kind: str = "tanh_normal") -> TensorDictModuleBase:
+        """A stochastic actor of ``kind`` (a key of ``ACTOR_BUILDERS``)."""
+        build = ACTOR_BUILDERS[kind]
+        return self.standardized(build(self.obs, self.act, self.hidden, device=self.device))
 
     def critics(self, count: int) -> TensorDictModuleBase:
         """``count`` Q-networks (:func:`make_qvalue_ensemble`)."""
@@ -300,7 +309,7 @@ def _build_td3bc(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
 
 
 def _build_iql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
-    actor = sizes.actor()
+    actor = sizes.actor(algo.policy_distribution)
     qnets = sizes.critics(algo.num_qvalue_nets)
     value = sizes.standardized(make_state_value(sizes.obs, sizes.hidden, sizes.device))
     loss = IQLLoss(
@@ -318,7 +327,7 @@ def _build_iql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
         (("loss_qvalue",), _params(loss.qvalue_network_params), sizes.critic_lr, 1),
         (("loss_value",), _params(loss.value_network_params), algo.value_lr, 1),
     ]
-    return BaselineParts(loss, actor, groups, True, "tanh_normal")
+    return BaselineParts(loss, actor, groups, True, algo.policy_distribution)
 
 
 def _build_cql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:

@@ -41,6 +41,7 @@ RECIPES = {
         "batch_size": 256, "hidden_sizes": [256, 256], "actor_lr": 3e-4, "critic_lr": 3e-4,
         "value_lr": 3e-4, "expectile": 0.7, "temperature": 3.0, "normalize_states": False,
         "reward_scale": "return_range", "actor_lr_schedule": "cosine",
+        "policy_distribution": "tanh_mean_gaussian",
     },
     "cql": {  # Kumar et al. 2020; aviralkumar2907/CQL README's gym command and code
         "batch_size": 256, "hidden_sizes": [256, 256, 256], "actor_lr": 1e-4,
@@ -143,3 +144,27 @@ def test_the_recipes_sizes_apply_except_on_the_smoke_test_preset() -> None:
     config.preset = "debug"
     assert baseline_batch_size(algo, config) == 16
     assert baseline_hidden_sizes(algo, config) == (8,)
+
+
+def test_iqls_actor_is_a_gaussian_around_a_tanh_mean_with_one_std_for_every_state() -> None:
+    info = DatasetInfo("hopper-x", "fp", 64, "hdf5", obs_dim=4, action_dim=2)
+    recipe = AlgoConfig.from_dict(yaml.safe_load((CONFIGS / "iql.yaml").read_text()))
+    recipe.hidden_sizes = [8]
+    parts = build_baseline(recipe, small_config(), info, torch.device("cpu"))
+    actor, head = parts.actor, parts.actor.module[0].module[1]  # MLP, then TanhMeanHead
+    assert parts.actor_kind == "tanh_mean_gaussian"
+    observation = torch.randn(5, 4) * 10  # large inputs: a mean far out would show
+    with torch.no_grad():
+        head.log_std.copy_(torch.tensor([-9.0, 0.3]))  # below the floor, inside the range
+        dist = actor.get_dist(TensorDict({"observation": observation}, [5]))
+        features = actor.module[0].module[0](observation)  # [5, 2] before the head
+    torch.testing.assert_close(dist.mean, torch.tanh(features))
+    torch.testing.assert_close(dist.stddev, torch.tensor([-5.0, 0.3]).exp().expand(5, 2))
+    edges = torch.tensor([[1.0, -1.0]]).expand(5, 2)  # clipped data actions: no atanh needed
+    expected = torch.distributions.Normal(torch.tanh(features), dist.stddev).log_prob(edges)
+    torch.testing.assert_close(dist.log_prob(edges), expected.sum(-1))
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        action = actor(TensorDict({"observation": observation}, [5])).get("action")
+    torch.testing.assert_close(action, torch.tanh(features))  # it acts with its mean
+    trained = {id(p) for p in parts.groups[0][1]}  # the actor's group holds the std
+    assert id(head.log_std) in trained

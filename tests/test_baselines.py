@@ -82,6 +82,8 @@ def test_every_algorithm_trains_and_writes_results(sweep: Path) -> None:
         assert state["step"] == 120
         actor, task, meta = load_policy(run / "policy.pt")
         assert task.name == "hopper" and meta["algo"] == algo
+        kind = {"td3bc": "deterministic", "iql": "tanh_mean_gaussian"}.get(algo, "tanh_normal")
+        assert meta["actor_kind"] == kind
         action = actor(_obs_td(meta["obs_dim"])).get("action")
         assert action.shape == (4, meta["action_dim"]) and action.abs().max() <= 1.0
         assert list((run / "logs").rglob("eval/normalized_score.csv"))

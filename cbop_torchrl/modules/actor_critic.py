@@ -1,4 +1,4 @@
-"""The actor and the Q-network of the EDAC-style SAC that CBOP trains.
+"""The actor and the Q-network of the EDAC-style SAC that CBOP trains, and the baselines' actors.
 
 Both are plain TorchRL modules, so they plug into ``SACLoss`` unchanged: the
 actor is a ``ProbabilisticActor`` over a tanh-squashed Gaussian
@@ -21,7 +21,7 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import distributions as D
 from torch import nn
 from torchrl.data import Bounded
-from torchrl.modules import MLP, ProbabilisticActor, TanhModule, ValueOperator
+from torchrl.modules import MLP, IndependentNormal, ProbabilisticActor, TanhModule, ValueOperator
 
 LOG_STD_MIN = -5.0
 LOG_STD_MAX = 2.0
@@ -117,6 +117,36 @@ def action_spec(action_dim: int, device: torch.device | str | None = None) -> Bo
     return Bounded(-1.0, 1.0, shape=(action_dim,), device=device)
 
 
+def _probabilistic_actor(
+    obs_dim: int,
+    action_dim: int,
+    hidden_sizes: Sequence[int],
+    features: int,
+    head: nn.Module,
+    distribution: tuple[type, dict],
+    device: torch.device | str | None,
+) -> ProbabilisticActor:
+    """``observation -> MLP -> head -> (loc, scale) -> distribution`` over the action box."""
+    net = MLP(
+        in_features=obs_dim,
+        out_features=features,
+        num_cells=list(hidden_sizes),
+        activation_class=nn.ReLU,
+        device=device,
+    )
+    params = TensorDictModule(
+        nn.Sequential(net, head), in_keys=["observation"], out_keys=["loc", "scale"]
+    )
+    return ProbabilisticActor(
+        params,
+        in_keys=["loc", "scale"],
+        spec=action_spec(action_dim, device),
+        distribution_class=distribution[0],
+        distribution_kwargs=distribution[1],
+        return_log_prob=False,
+    )
+
+
 def make_actor(
     obs_dim: int,
     action_dim: int,
@@ -130,25 +160,9 @@ def make_actor(
     ``set_exploration_type(ExplorationType.DETERMINISTIC)`` for the tanh of
     the mean (evaluation), or ``RANDOM`` for samples (training).
     """
-    net = MLP(
-        in_features=obs_dim,
-        out_features=2 * action_dim,
-        num_cells=list(hidden_sizes),
-        activation_class=nn.ReLU,
-        device=device,
-    )
-    params = TensorDictModule(
-        nn.Sequential(net, ClampedLogStdHead()),
-        in_keys=["observation"],
-        out_keys=["loc", "scale"],
-    )
-    return ProbabilisticActor(
-        params,
-        in_keys=["loc", "scale"],
-        spec=action_spec(action_dim, device),
-        distribution_class=BoxTanhNormal,
-        distribution_kwargs={"low": -1.0, "high": 1.0},
-        return_log_prob=False,
+    distribution = (BoxTanhNormal, {"low": -1.0, "high": 1.0})
+    return _probabilistic_actor(
+        obs_dim, action_dim, hidden_sizes, 2 * action_dim, ClampedLogStdHead(), distribution, device
     )
 
 
@@ -170,6 +184,57 @@ def make_deterministic_actor(
         TensorDictModule(net, in_keys=["observation"], out_keys=["param"]),
         TanhModule(in_keys=["param"], out_keys=["action"], spec=action_spec(action_dim, device)),
     )
+
+
+GAUSSIAN_LOG_STD_MIN = -5.0
+GAUSSIAN_LOG_STD_MAX = 2.0
+
+
+class TanhMeanHead(nn.Module):
+    """``[..., A]`` features -> ``loc = tanh(features)`` and a state-independent ``scale``.
+
+    ``scale = exp(clamp(log_std, GAUSSIAN_LOG_STD_MIN, GAUSSIAN_LOG_STD_MAX))``, expanded to
+    ``[..., A]``; ``log_std`` is one learned ``[A]`` parameter starting at 0. IQL's actor for
+    D4RL locomotion in its authors' code (ikostrikov/implicit_q_learning, ``learner.py``:
+    ``NormalTanhPolicy(..., log_std_min=-5.0, state_dependent_std=False,
+    tanh_squash_distribution=False)``, ``policy.py``'s clip at 2.0).
+    """
+
+    def __init__(self, action_dim: int, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.log_std = nn.Parameter(torch.zeros(action_dim, device=device))
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc = torch.tanh(features)
+        scale = self.log_std.clamp(GAUSSIAN_LOG_STD_MIN, GAUSSIAN_LOG_STD_MAX).exp()
+        return loc, scale.expand_as(loc)
+
+
+def make_tanh_mean_gaussian_actor(
+    obs_dim: int,
+    action_dim: int,
+    hidden_sizes: Sequence[int] = (256, 256),
+    device: torch.device | str | None = None,
+) -> ProbabilisticActor:
+    """A Gaussian policy ``observation [..., obs_dim] -> action [..., action_dim]`` whose mean
+    is ``tanh(MLP(obs))`` and whose std is state-independent (:class:`TanhMeanHead`).
+
+    The Gaussian is not squashed: its log-density of a data action needs no ``atanh``, and
+    under ``ExplorationType.DETERMINISTIC`` it acts with its mean, inside ``(-1, 1)``.
+    """
+    head = TanhMeanHead(action_dim, device)
+    distribution = (IndependentNormal, {"validate_args": False})
+    return _probabilistic_actor(
+        obs_dim, action_dim, hidden_sizes, action_dim, head, distribution, device
+    )
+
+
+ACTOR_BUILDERS = {
+    "tanh_normal": make_actor,
+    "deterministic": make_deterministic_actor,
+    "tanh_mean_gaussian": make_tanh_mean_gaussian_actor,
+}
+"""The actors a policy file names by its ``actor_kind``, and what builds each."""
 
 
 AUTHORS_HIDDEN_BIAS = 0.1

@@ -66,7 +66,7 @@ from cbop_torchrl.io import (
     describe_load_error,
     require_regular_file,
 )
-from cbop_torchrl.modules.actor_critic import make_actor, make_deterministic_actor
+from cbop_torchrl.modules.actor_critic import ACTOR_BUILDERS
 from cbop_torchrl.modules.standardize import standardize_observation
 from cbop_torchrl.registry import Task, get_family
 
@@ -366,9 +366,10 @@ def load_policy(
 ) -> tuple[TensorDictModuleBase, Task, dict[str, Any]]:
     """The actor stored in a ``checkpoint.pt`` or ``policy.pt``, its task and metadata.
 
-    CBOP's and the stochastic baselines' actors are TanhNormal policies
-    (:func:`make_actor`); TD3+BC's records ``actor_kind="deterministic"`` in
-    its metadata (:func:`make_deterministic_actor`). An actor recorded with
+    The actor is built by its recorded ``actor_kind``
+    (:data:`~cbop_torchrl.modules.actor_critic.ACTOR_BUILDERS`): CBOP's and most baselines'
+    are TanhNormal policies (``tanh_normal``, none recorded by older files), TD3+BC's
+    ``deterministic``, IQL's ``tanh_mean_gaussian``. An actor recorded with
     ``observation_norm`` standardizes its observations
     (:func:`~cbop_torchrl.modules.standardize.standardize_observation`).
 
@@ -396,9 +397,7 @@ def load_policy(
     try:
         # Policies saved before tasks were recorded name a known family only.
         task = Task(**meta["task"]) if "task" in meta else get_family(meta["family"])
-        build = (
-            make_deterministic_actor if meta.get("actor_kind") == "deterministic" else make_actor
-        )
+        build = ACTOR_BUILDERS[meta.get("actor_kind", "tanh_normal")]
         actor = build(meta["obs_dim"], meta["action_dim"], tuple(meta["hidden_sizes"]))
         if meta.get("observation_norm"):  # the dataset's statistics come with the weights
             ones = torch.ones(int(meta["obs_dim"]))
