@@ -28,7 +28,10 @@
 # ("": the runs as set:seed[:override[:override...]] words instead of DATASETS x SEEDS, each
 # with its own overrides after OVERRIDES, e.g. the psi grid side by side:
 # RUNS="halfcheetah-medium-replay-gen:0:estimator.psi=2 halfcheetah-medium-replay-gen:0:estimator.psi=3";
-# a run with overrides is labelled by them, psi2, so its directory, log and summary are its own).
+# a run with overrides is labelled by them, psi2, so its directory, log and summary are its own;
+# a word's algo=<name> field runs that algorithm instead of ALGO and is no override) and ALGO
+# (cbop: the algorithm of every run, or a baseline of benchmarks/learning.py --algos, e.g. the
+# 50,000-step protocol's rows: ALGO=cql PRESET=cpu STEPS=50000 EVAL_INTERVAL=2500 LABEL=50k).
 # SCREEN=1 sets the last four for a short look at the paper's sizes (docs/gpu.md, "A
 # paper-size screen"): 10,000 CBOP steps after 10,000 BC and 20,000 FQE steps, the dynamics
 # capped at 60 epochs, evaluation and the diagnostics (Q - MC at 100 dataset states) every
@@ -49,6 +52,7 @@ PRESET=${PRESET:-paper}
 EVAL_INTERVAL=${EVAL_INTERVAL:-10000}
 LABEL=${LABEL:-}
 OVERRIDES=${OVERRIDES:-}
+ALGO=${ALGO:-cbop}
 SCREEN_PRETRAIN="bc.steps=10000 fqe.steps=20000 dynamics.max_epochs=60 eval.episodes=5 eval.diagnostics=true eval.background=true"
 if [ "${SCREEN:-0}" = 1 ]; then
     STEPS=10000 EVAL_INTERVAL=1000 LABEL=screen
@@ -173,7 +177,7 @@ if [ -n "${GRID:-}" ] && ! skipped slices; then
 fi
 if ! skipped slices; then
     # The runs: (set, seed, own overrides, label) for each RUNS word, else DATASETS x SEEDS.
-    run_sets=() run_seeds=() run_overrides=() run_labels=()
+    run_sets=() run_seeds=() run_overrides=() run_labels=() run_algos=()
     if [ -n "${RUNS:-}" ]; then
         read -r -a words <<<"$RUNS"
         for word in "${words[@]}"; do
@@ -182,8 +186,11 @@ if ! skipped slices; then
                 say "RUNS: '$word' is not set:seed[:override...] (e.g. hopper-medium-replay-gen:0:estimator.psi=2)"
                 exit 2
             fi
-            own=("${fields[@]:2}")
-            run_sets+=("${fields[0]}") run_seeds+=("${fields[1]}")
+            own=() algo=$ALGO
+            for field in "${fields[@]:2}"; do  # algo=<name> picks the run's algorithm
+                if [[ $field == algo=* ]]; then algo=${field#algo=}; else own+=("$field"); fi
+            done
+            run_sets+=("${fields[0]}") run_seeds+=("${fields[1]}") run_algos+=("$algo")
             run_overrides+=("${own[*]}")
             own_label=$(overrides_label "${own[@]}")
             run_labels+=("$LABEL${LABEL:+${own_label:+-}}$own_label")
@@ -194,6 +201,7 @@ if ! skipped slices; then
         for set in "${sets[@]}"; do
             for seed in "${seeds[@]}"; do
                 run_sets+=("$set") run_seeds+=("$seed") run_overrides+=("") run_labels+=("$LABEL")
+                run_algos+=("$ALGO")
             done
         done
     fi
@@ -206,8 +214,19 @@ if ! skipped slices; then
         done
         say "the CUDA tests failed: the slices run the eager step (cuda_graph=false)"
     fi
-    # The name of run i: its log, its folder in runs.tgz (<set>/seed<k>[-<own label>]).
-    run_name() { echo "seed${run_seeds[$1]}${run_overrides[$1]:+-$(overrides_label ${run_overrides[$1]})}"; }
+    # The name of run i: its log, its folder in runs.tgz (<set>/[<algo>-]seed<k>[-<own label>],
+    # the algorithm named unless it is CBOP).
+    run_name() {
+        local prefix=""
+        [ "${run_algos[$1]}" != cbop ] && prefix="${run_algos[$1]}-"
+        echo "${prefix}seed${run_seeds[$1]}${run_overrides[$1]:+-$(overrides_label ${run_overrides[$1]})}"
+    }
+    # The variant of run i as learning.py names it: <algo>[-<preset>][-<label>], no preset for cpu.
+    run_variant() {
+        local preset_part=-$PRESET label=${run_labels[$1]}
+        [ "$PRESET" = cpu ] && preset_part=""
+        echo "${run_algos[$1]}$preset_part${label:+-$label}"
+    }
     runs=${#run_sets[@]}
     threads=${RUN_THREADS:-$(( $(nproc) / runs > 0 ? $(nproc) / runs : 1 ))}
     mkdir -p "$STATE/logs"
@@ -219,7 +238,7 @@ if ! skipped slices; then
         for i in "${!run_sets[@]}"; do
             set=${run_sets[i]} seed=${run_seeds[i]} label=${run_labels[i]}
             # shellcheck disable=SC2086  # the overrides: one Hydra override per word
-            $PYTHON benchmarks/learning.py --preset "$PRESET" --datasets "$set" --algos cbop \
+            $PYTHON benchmarks/learning.py --preset "$PRESET" --datasets "$set" --algos "${run_algos[i]}" \
                 --seeds "$seed" --threads "$threads" \
                 --epochs $((STEPS / STEPS_PER_EPOCH)) --steps-per-epoch "$STEPS_PER_EPOCH" \
                 --eval-interval "$EVAL_INTERVAL" \
@@ -246,8 +265,7 @@ if ! skipped slices; then
     pack="$STATE/pack"
     rm -rf "$pack"
     for i in "${!run_sets[@]}"; do
-        set=${run_sets[i]} seed=${run_seeds[i]} label=${run_labels[i]} name=$(run_name "$i")
-        variant=cbop-$PRESET${label:+-$label}
+        set=${run_sets[i]} seed=${run_seeds[i]} name=$(run_name "$i") variant=$(run_variant "$i")
         dest="$pack/$set/$name"
         mkdir -p "$dest"
         [ -f "$STATE/logs/$set-$name.log" ] && cp "$STATE/logs/$set-$name.log" "$dest/run.log"

@@ -70,7 +70,7 @@ def test_every_algorithm_trains_and_writes_results(sweep: Path) -> None:
     for algo in ALGOS:
         run = sweep / algo
         results = json.loads((run / "results.json").read_text())
-        assert results["algo"] == algo
+        assert results["algo"] == algo and results["device"] == "cpu"
         # debug preset: CBOP's whole pipeline, BC 40 + FQE 40 + CBOP 2 x 20
         assert results["gradient_steps"] == 120
         assert results["dataset"] == "hopper-tiny"

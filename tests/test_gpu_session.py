@@ -52,8 +52,9 @@ def run_session(tmp_path: Path, cache: Path, **settings: str) -> subprocess.Comp
 def test_runs_side_by_side_come_back_in_one_archive_each_under_its_label(
     tmp_path: Path, isolated_cache: Path
 ) -> None:
-    """Two runs at once (seed 0 as the preset has it; seed 1 with its own override, as a psi
-    grid gives each run its own) after a failed CUDA test call: each has its own directory,
+    """Three runs at once (seed 0 as the preset has it; seed 1 with its own override, as a psi
+    grid gives each run its own; a baseline, IQL, by its word's algo=) after a failed CUDA
+    test call: each has its own directory,
     log, summary and folder in the one archive, named after its overrides, and trains the
     eager step (a captured step is refused without CUDA, so the runs finish only if the
     script drops it)."""
@@ -65,14 +66,15 @@ def test_runs_side_by_side_come_back_in_one_archive_each_under_its_label(
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "tests.failed").touch()  # as a failed CUDA test call leaves it
     done = run_session(
-        tmp_path, isolated_cache, RUNS=f"{DATASET}:0 {DATASET}:1:estimator.psi=3",
+        tmp_path, isolated_cache,
+        RUNS=f"{DATASET}:0 {DATASET}:1:estimator.psi=3 {DATASET}:0:algo=iql",
         OVERRIDES="estimator.rollout_dtype=float32 cuda_graph=true",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     log = (tmp_path / "out" / "gpu_session.log").read_text()
-    assert "2 run(s) at once" in log
+    assert "3 run(s) at once" in log
     assert "the CUDA tests failed: the slices run the eager step (cuda_graph=false)" in log
-    labels = {"seed0": "cbop-debug", "seed1-psi3": "cbop-debug-psi3"}
+    labels = {"seed0": "cbop-debug", "seed1-psi3": "cbop-debug-psi3", "iql-seed0": "iql-debug"}
     for label in labels:
         assert f"{DATASET} {label.replace('seed', 'seed ', 1)}: [bench] finished" in log, log
 
@@ -85,16 +87,18 @@ def test_runs_side_by_side_come_back_in_one_archive_each_under_its_label(
     unpacked = tmp_path / "unpacked"
     with tarfile.open(out / "runs.tgz") as archive:
         archive.extractall(unpacked, filter="data")
-    for (label, variant), seed in zip(labels.items(), (0, 1), strict=True):
+    for (label, variant), seed in zip(labels.items(), (0, 1, 0), strict=True):
         run = unpacked / DATASET / label
         summary = json.loads((run / "summary.json").read_text())
-        assert summary["seed"] == seed and summary["gradient_steps"] == 20
-        assert summary["variant"] == variant
+        # CBOP's 20 steps; the baseline's are CBOP's whole pipeline's (debug: BC 40 + FQE 40)
+        assert summary["seed"] == seed
+        assert summary["gradient_steps"] == (20 if variant.startswith("cbop") else 100)
+        assert summary["variant"] == variant and summary["algo"] == variant.split("-")[0]
         assert ("estimator.psi=3" in summary["command"]) == (seed == 1)
         assert "finished" in (run / "run.log").read_text()
         assert [s["outcome"] for s in json.loads((run / "slices.json").read_text())] == ["finished"]
         scores = next(run.glob("logs/*/scalars/eval/normalized_score.csv")).read_text()
-        assert scores.splitlines()[-1].startswith("20,")
+        assert scores.splitlines()[-1].startswith(f"{summary['gradient_steps']},")
         assert not list(run.rglob("checkpoint.pt"))
 
 

@@ -295,6 +295,7 @@ def test_actor_average_is_evaluated_beside_an_unchanged_training(workspace: dict
     scalars = next((runs["average"] / "logs").glob("*/scalars"))
     assert (scalars / "eval" / "average_normalized_score.csv").is_file()
     summaries = {n: summarize_run(runs[n], analysis=False) for n in runs}
+    assert summaries["plain"]["device"] == "cpu"  # from results.json: where it trained
     assert "actor_average" not in summaries["plain"]
     summarized = summaries["average"]["actor_average"]
     assert summarized["decay"] == 0.5

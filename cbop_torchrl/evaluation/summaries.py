@@ -192,6 +192,7 @@ def summarize_run(run_dir: str | Path, analysis: bool = True) -> dict[str, Any]:
         "env_family": results.get("env_family"),
         "seed": int(results["seed"]),
         "preset": results.get("preset"),
+        "device": results.get("device"),  # None: a run from before results.json recorded it
         "final_normalized_score": final_window_score(curve, final),
         "last_normalized_score": final,
         "final_normalized_score_std": float(results.get("normalized_score_std", 0.0)),

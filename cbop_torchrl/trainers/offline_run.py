@@ -388,6 +388,7 @@ def write_results(
             train_time=training.train_time,
             wall_time=run.wall_time(),
         ),
+        "device": str(run.device),  # where it trained (cpu, cuda:0): rows may pool both
         "eval_history": training.evaluation.history,
         **fields,
         "checkpoint": str(run.checkpoint_path),
