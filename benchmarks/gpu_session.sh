@@ -221,7 +221,8 @@ if ! skipped slices; then
         [ "${run_algos[$1]}" != cbop ] && prefix="${run_algos[$1]}-"
         echo "${prefix}seed${run_seeds[$1]}${run_overrides[$1]:+-$(overrides_label ${run_overrides[$1]})}"
     }
-    # The variant of run i as learning.py names it: <algo>[-<preset>][-<label>], no preset for cpu.
+    # The variant of run i, by the rule of benchmarks/learning.py's variant_name:
+    # <algo>[-<preset>][-<label>], no preset for cpu.
     run_variant() {
         local preset_part=-$PRESET label=${run_labels[$1]}
         [ "$PRESET" = cpu ] && preset_part=""

@@ -333,10 +333,14 @@ def _build_iql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
 def _build_cql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
     actor = sizes.actor()
     qnets = sizes.critics(algo.num_qvalue_nets)
-    torchrls = (algo.next_actions_scored_at, algo.logsumexp_over) == ("next_state", "draw")
-    choices = {"next_actions_scored_at": algo.next_actions_scored_at,
-               "logsumexp_over": algo.logsumexp_over}  # fmt: skip
-    loss_class = partial(AuthorsCQLLoss, **choices) if not torchrls else CQLLoss
+    if (algo.next_actions_scored_at, algo.logsumexp_over) == ("next_state", "draw"):
+        loss_class = CQLLoss  # both of TorchRL's choices: its own loss
+    else:
+        loss_class = partial(
+            AuthorsCQLLoss,
+            next_actions_scored_at=algo.next_actions_scored_at,
+            logsumexp_over=algo.logsumexp_over,
+        )
     loss = loss_class(
         actor,
         qnets,

@@ -44,9 +44,10 @@ def _penalty(loss: CQLLoss, batch) -> dict[str, torch.Tensor]:
     """The penalty, the critics' gradients, and what the critics scored and returned.
 
     ``observation``, ``action`` and ``q`` are ``[3, CRITICS, B*N, .]``: uniform actions, the
-    policy's at s, the policy's at s' (each for each critic)."""
-    seen = {}
-    scored = loss._vmap_qvalue_network00
+    policy's at s, the policy's at s' (each for each critic); ``log_pi`` ``[2, B*N]`` holds the
+    log-probs of the policy's draws (at s, at s')."""
+    seen = {"log_pi": []}
+    scored, draw = loss._vmap_qvalue_network00, loss._get_policy_actions
 
     def record(td, params):
         seen["observation"] = td.get("observation").clone()
@@ -55,7 +56,13 @@ def _penalty(loss: CQLLoss, batch) -> dict[str, torch.Tensor]:
         seen["q"] = out.get("state_action_value").detach().clone()
         return out
 
+    def record_draws(data, params, num_actions):
+        actions, log_pi = draw(data, params, num_actions=num_actions)
+        seen["log_pi"].append(log_pi.detach().clone())
+        return actions, log_pi
+
     loss._vmap_qvalue_network00 = record
+    loss._get_policy_actions = record_draws
     torch.manual_seed(5)
     td = batch.clone()
     loss.q_loss(td)
@@ -67,6 +74,7 @@ def _penalty(loss: CQLLoss, batch) -> dict[str, torch.Tensor]:
         "penalty": penalty.detach(),
         "grads": [g for g in grads if g is not None],
         "pred": torch.stack([td.get("pred_q1"), td.get("pred_q2")]).detach(),  # [C, B, 1]
+        "log_pi": torch.stack(seen["log_pi"]),
         **{key: seen[key].reshape(shape) for key in ("observation", "action", "q")},
     }
 
@@ -112,24 +120,12 @@ def _authors_penalty(q: torch.Tensor, pred: torch.Tensor, log_pi: torch.Tensor) 
     return total
 
 
-def _policy_log_probs(loss: CQLLoss, batch) -> torch.Tensor:
-    """The log-probs of the penalty's policy draws [2, B*N], redrawn from the same seed."""
-    torch.manual_seed(5)
-    td = batch.clone()
-    loss.q_loss(td)
-    torch.empty(ROWS * NUM_RANDOM, ACT).uniform_(-1, 1)  # the uniform draw comes first
-    params = loss.actor_network_params
-    _, at_state = loss._get_policy_actions(td.copy(), params, num_actions=NUM_RANDOM)
-    _, at_next = loss._get_policy_actions(td.get("next").copy(), params, num_actions=NUM_RANDOM)
-    return torch.stack([at_state, at_next]).detach()
-
-
 def test_the_logsumexp_runs_over_every_sampled_action_of_a_state() -> None:
     batch = _batch()
     for scored_at in ("state", "next_state"):
         loss = _loss(AuthorsCQLLoss, next_actions_scored_at=scored_at)
         got = _penalty(loss, batch)
-        expected = _authors_penalty(got["q"], got["pred"], _policy_log_probs(loss, batch))
+        expected = _authors_penalty(got["q"], got["pred"], got["log_pi"])
         torch.testing.assert_close(got["penalty"], expected, rtol=1e-6, atol=1e-6)
         per_draw = _penalty(
             _loss(AuthorsCQLLoss, next_actions_scored_at=scored_at, logsumexp_over="draw"),
