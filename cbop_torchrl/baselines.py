@@ -68,6 +68,11 @@ POLICY_DISTRIBUTIONS = ("tanh_normal", "tanh_mean_gaussian")
 """IQL's actor: a tanh-squashed Gaussian (the project's other stochastic actors') or a
 Gaussian with a tanh'd mean and a state-independent std (IQL's authors' code)."""
 
+UPDATE_ORDERS = ("value_first", "together")
+"""IQL's update: the value network steps first and the actor and critics then read the new
+V (the authors' code, ``learner.py``'s ``_update_jit``), or all three losses from the same
+parameters in one step (TorchRL's ``IQLLoss`` and CORL's ``iql.py``)."""
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
@@ -173,6 +178,7 @@ class AlgoConfig:
     policy_distribution: str = "tanh_normal"
     next_actions_scored_at: str = "state"  # CQL: state (the authors') | next_state (TorchRL's)
     logsumexp_over: str = "state"  # CQL: state, all 3N actions (the authors') | draw (TorchRL's)
+    update_order: str = "value_first"  # IQL: value_first, V then the rest (the authors') | together
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> AlgoConfig:
@@ -196,6 +202,7 @@ class AlgoConfig:
             ("policy_distribution", config.policy_distribution, POLICY_DISTRIBUTIONS),
             ("next_actions_scored_at", config.next_actions_scored_at, NEXT_ACTIONS_SCORED_AT),
             ("logsumexp_over", config.logsumexp_over, LOGSUMEXP_OVER),
+            ("update_order", config.update_order, UPDATE_ORDERS),
         ):
             if value not in allowed:
                 raise BaselineConfigError(
@@ -223,6 +230,9 @@ class BaselineParts:
         has_targets: whether a ``SoftUpdate`` of the target networks runs after each step.
         actor_kind: the actor's kind, a key of
             :data:`~cbop_torchrl.modules.actor_critic.ACTOR_BUILDERS`.
+        stepped_first: ``(loss method, loss key)``: that loss's group takes its step
+            before the other losses are computed, from the updated parameters (IQL's
+            ``value_first``); None: every loss from the same parameters.
     """
 
     loss: LossModule
@@ -230,6 +240,7 @@ class BaselineParts:
     groups: list[tuple[tuple[str, ...], list[nn.Parameter], float, int]]
     has_targets: bool
     actor_kind: str
+    stepped_first: tuple[str, str] | None = None
 
 
 def make_state_value(
@@ -327,7 +338,8 @@ def _build_iql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
         (("loss_qvalue",), _params(loss.qvalue_network_params), sizes.critic_lr, 1),
         (("loss_value",), _params(loss.value_network_params), algo.value_lr, 1),
     ]
-    return BaselineParts(loss, actor, groups, True, algo.policy_distribution)
+    first = ("value_loss", "loss_value") if algo.update_order == "value_first" else None
+    return BaselineParts(loss, actor, groups, True, algo.policy_distribution, first)
 
 
 def _build_cql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
@@ -503,6 +515,7 @@ def run_baseline(
         stepper=GroupedOptimizationStepper(
             parts.groups, checkpoint, algo.name,
             total_steps if algo.actor_lr_schedule == "cosine" else None,
+            parts.stepped_first,
         ),
         checkpoint=checkpoint,
         buffer=buffer, generator=generator, actor=parts.actor, eval_env=eval_env,

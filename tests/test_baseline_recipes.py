@@ -41,7 +41,7 @@ RECIPES = {
         "batch_size": 256, "hidden_sizes": [256, 256], "actor_lr": 3e-4, "critic_lr": 3e-4,
         "value_lr": 3e-4, "expectile": 0.7, "temperature": 3.0, "normalize_states": False,
         "reward_scale": "return_range", "actor_lr_schedule": "cosine",
-        "policy_distribution": "tanh_mean_gaussian",
+        "policy_distribution": "tanh_mean_gaussian", "update_order": "value_first",
     },
     "cql": {  # Kumar et al. 2020; aviralkumar2907/CQL README's gym command and code
         "batch_size": 256, "hidden_sizes": [256, 256, 256], "actor_lr": 1e-4,

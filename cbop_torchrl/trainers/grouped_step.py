@@ -24,10 +24,16 @@ class GroupedOptimizationStepper(OptimizationStepper):
     actor. Each group's loss is differentiated w.r.t. its parameters with
     ``torch.autograd.grad``; groups not due this step (TD3's delayed actor)
     get no gradient, so Adam leaves them untouched. Non-finite values stop the
-    run before any parameter changes (:class:`NonFiniteLossError`). With
+    run before the update they would feed is applied (:class:`NonFiniteLossError`). With
     ``actor_schedule_steps`` the actor's group (``loss_actor``) follows IQL's cosine
     decay over that many steps (:func:`~cbop_torchrl.trainers.recipes.cosine_factor`),
     set from the step count each step, so a resumed run has the same rate.
+
+    With ``stepped_first = (method, key)`` the step has two parts: the loss module's
+    ``method`` gives the ``key`` loss, whose group steps alone; the module's forward then
+    gives the other groups' losses from the updated parameters (IQL's authors step the
+    value network before the actor and critics read it). The logged ``key`` is the one
+    before its step.
     """
 
     def __init__(
@@ -36,14 +42,15 @@ class GroupedOptimizationStepper(OptimizationStepper):
         checkpoint: CheckpointHook,
         algo: str,
         actor_schedule_steps: int | None = None,
+        stepped_first: tuple[str, str] | None = None,
     ) -> None:
         self.groups = groups
         self.checkpoint = checkpoint
         self.algo = algo
         self.actor_schedule_steps = actor_schedule_steps
+        self.stepped_first = stepped_first
 
     def step(self, trainer: Trainer, sub_batch: TensorDictBase) -> TensorDictBase:
-        losses = trainer.compute_loss(sub_batch)
         step = trainer._optim_count
         if self.actor_schedule_steps is not None:
             factor = cosine_factor(step, self.actor_schedule_steps)
@@ -52,38 +59,60 @@ class GroupedOptimizationStepper(OptimizationStepper):
             ):
                 if keys == ("loss_actor",):
                     group["lr"] = lr * factor
-        trainer.optimizer.zero_grad(set_to_none=True)
         due = [g for g in self.groups if step % g[3] == 0]
+        norms: list[torch.Tensor] = []
+        first_losses = {}
+        if self.stepped_first is not None:
+            method, key = self.stepped_first
+            first_losses[key] = trainer.compute_loss(sub_batch, method=method)[0]
+            leading = [g for g in due if g[0] == (key,)]
+            norms += self._apply(trainer, first_losses, leading, step)
+            due = [g for g in due if g[0] != (key,)]
+        losses = trainer.compute_loss(sub_batch)
+        norms += self._apply(trainer, losses, due, step)
+        grad_norm = torch.stack(norms).norm() if norms else torch.zeros(())
+        scalars = {
+            k: v.detach() for k, v in losses.items() if v.ndim == 0 and v.is_floating_point()
+        }
+        scalars.update({k: v.detach() for k, v in first_losses.items()})
+        out = losses.empty()
+        out.update(scalars)
+        out.set("grad_norm", grad_norm.detach())
+        return out
+
+    def _apply(
+        self,
+        trainer: Trainer,
+        losses: TensorDictBase | dict[str, torch.Tensor],
+        groups: list[tuple[tuple[str, ...], list[nn.Parameter], float, int]],
+        step: int,
+    ) -> list[torch.Tensor]:
+        """Sets each group's gradient from its losses and steps Adam; returns the grads' norms."""
+        trainer.optimizer.zero_grad(set_to_none=True)
         bad = []
         norms = []
-        for index, (keys, params, _, _) in enumerate(due):
+        for index, (keys, params, _, _) in enumerate(groups):
             total = sum(losses.get(key) for key in keys)
-            last = index == len(due) - 1
+            last = index == len(groups) - 1
             grads = torch.autograd.grad(total, params, retain_graph=not last, allow_unused=True)
             for param, grad in zip(params, grads, strict=True):
                 param.grad = grad
             norms += [g.norm() for g in grads if g is not None]
             if not torch.isfinite(total):
                 bad.append("+".join(keys))
-        grad_norm = torch.stack(norms).norm() if norms else torch.zeros(())
-        if not torch.isfinite(grad_norm):
+        if norms and not torch.isfinite(torch.stack(norms).norm()):
             bad.append("gradient norm")
         if bad:
             trainer.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(
                 f"non-finite {', '.join(bad)} at gradient step {step} of the {self.algo} "
-                "baseline; the step was not applied and the run stopped. Last good checkpoint: "
-                f"{self.checkpoint.describe_last()}. Lower the learning rates (agent.*_lr) and "
-                "resume (the same command continues from that checkpoint)."
+                "baseline; that update was not applied and the run stopped. Last good "
+                f"checkpoint: {self.checkpoint.describe_last()}. Lower the learning rates "
+                "(agent.*_lr) and resume (the same command continues from that checkpoint)."
             )
         trainer.optimizer.step()
-        scalars = {
-            k: v.detach() for k, v in losses.items() if v.ndim == 0 and v.is_floating_point()
-        }
-        out = losses.empty()
-        out.update(scalars)
-        out.set("grad_norm", grad_norm.detach())
-        return out
+        trainer.optimizer.zero_grad(set_to_none=True)
+        return norms
 
 
 __all__ = ["GroupedOptimizationStepper"]
