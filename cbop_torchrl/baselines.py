@@ -227,7 +227,9 @@ class BaselineParts:
         groups: ``(loss keys, parameters, learning rate, every)``: the summed
             keys are differentiated w.r.t. these parameters only, every
             ``every``-th step.
-        has_targets: whether a ``SoftUpdate`` of the target networks runs after each step.
+        has_targets: whether a ``SoftUpdate`` of the target networks runs after the steps.
+        target_every: the target networks move after every ``target_every``-th step only
+            (TD3+BC's ``policy_delay``, with its actor).
         actor_kind: the actor's kind, a key of
             :data:`~cbop_torchrl.modules.actor_critic.ACTOR_BUILDERS`.
         stepped_first: ``(loss method, loss key)``: that loss's group takes its step
@@ -241,6 +243,7 @@ class BaselineParts:
     has_targets: bool
     actor_kind: str
     stepped_first: tuple[str, str] | None = None
+    target_every: int = 1
 
 
 def make_state_value(
@@ -316,7 +319,7 @@ def _build_td3bc(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
         (("loss_actor",), _params(loss.actor_network_params), sizes.actor_lr, algo.policy_delay),
         (("loss_qvalue",), _params(loss.qvalue_network_params), sizes.critic_lr, 1),
     ]
-    return BaselineParts(loss, actor, groups, True, "deterministic")
+    return BaselineParts(loss, actor, groups, True, "deterministic", target_every=algo.policy_delay)
 
 
 def _build_iql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
@@ -520,6 +523,7 @@ def run_baseline(
         checkpoint=checkpoint,
         buffer=buffer, generator=generator, actor=parts.actor, eval_env=eval_env,
         target_update=SoftUpdate(parts.loss, tau=config.agent.tau) if parts.has_targets else None,
+        target_update_every=parts.target_every,
     )  # fmt: skip
     restore_final_records(run, training)
     if config.progress and training.start_step:  # the settings are in the run banner

@@ -13,6 +13,8 @@ for the baselines):
 - :class:`SampleFromBuffer` (``process_optim_batch``, where TorchRL's own
   ``ReplayBufferTrainer`` samples) replaces that empty batch with one drawn
   from the dataset's replay buffer;
+- :class:`DelayedTargetUpdate` (``post_optim``) moves the target networks on every
+  ``every``-th step only (TD3+BC's, with its delayed actor);
 - :class:`EvaluationHook` (``post_steps``) evaluates the policy every
   ``eval.interval`` steps (with ``eval.actor_average``, also the weight average
   :class:`ActorWeightAverage` keeps at ``post_optim``), :class:`QValueStats`
@@ -41,6 +43,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import ReplayBuffer
 from torchrl.envs import EnvBase
+from torchrl.objectives import SoftUpdate
 from torchrl.record.loggers import Logger
 from torchrl.trainers import Trainer, TrainerHookBase
 
@@ -98,6 +101,30 @@ class SampleFromBuffer(TrainerHookBase):
 
     def register(self, trainer: Trainer, name: str = "replay_sampler") -> None:
         trainer.register_op("process_optim_batch", self)
+
+
+class DelayedTargetUpdate(TrainerHookBase):
+    """``updater.step()`` after each optimizer step whose count is a multiple of ``every``.
+
+    TorchRL's ``TargetNetUpdaterHook`` steps after every optimizer step. TD3's target
+    networks move only on the steps its delayed actor takes (TD3+BC's authors' code, and
+    TorchRL's td3_bc sota-implementation, which steps its updater inside the actor's
+    branch). The count is the trainer's, which a resumed run restores, so a resumed run
+    moves its targets on the same steps.
+    """
+
+    def __init__(self, updater: SoftUpdate, every: int) -> None:
+        self.updater = updater
+        self.every = every
+        self.trainer: Trainer | None = None
+
+    def __call__(self) -> None:
+        if self.trainer._optim_count % self.every == 0:  # the stepper's own step count
+            self.updater.step()
+
+    def register(self, trainer: Trainer, name: str = "delayed_target_update") -> None:
+        self.trainer = trainer
+        trainer.register_op("post_optim", self)
 
 
 class ActorWeightAverage(TrainerHookBase):

@@ -10,7 +10,8 @@ on a :class:`~torchrl.trainers.Trainer` and resumes it from the run's checkpoint
 - the optimization stepper (for CBOP
   :class:`~cbop_torchrl.trainers.cbop_stage.GuardedOptimizationStepper`) does the optimizer
   step and refuses non-finite losses, targets and gradients;
-- ``TargetNetUpdaterHook(SoftUpdate)`` updates the target networks;
+- ``TargetNetUpdaterHook(SoftUpdate)`` updates the target networks (every
+  ``target_update_every``-th step: :class:`~cbop_torchrl.trainers.hooks.DelayedTargetUpdate`);
 - :class:`~cbop_torchrl.trainers.logging.MetricsHook`,
   :class:`~cbop_torchrl.trainers.hooks.EvaluationHook` and
   :class:`~cbop_torchrl.trainers.checkpoint.CheckpointHook` log, evaluate and save.
@@ -40,6 +41,7 @@ from cbop_torchrl.trainers.checkpoint import CheckpointHook
 from cbop_torchrl.trainers.diagnostics import LearningDiagnostics
 from cbop_torchrl.trainers.hooks import (
     ActorWeightAverage,
+    DelayedTargetUpdate,
     EvaluationHook,
     GradientSteps,
     ResumeProgressBar,
@@ -102,6 +104,7 @@ def build_offline_training(
     actor: Any,
     eval_env: EnvBase,
     target_update: SoftUpdate | None,
+    target_update_every: int = 1,
     extra_hooks: tuple[TrainerHookBase, ...] = (),
     diagnostics: LearningDiagnostics | None = None,
     take_turns: TrainerHookBase | None = None,
@@ -130,7 +133,9 @@ def build_offline_training(
         log_interval=config.train.log_interval,
     )
     SampleFromBuffer(buffer, generator).register(trainer)
-    if target_update is not None:
+    if target_update is not None and target_update_every > 1:
+        DelayedTargetUpdate(target_update, target_update_every).register(trainer)
+    elif target_update is not None:
         trainer.register_op("post_optim", TargetNetUpdaterHook(target_update))
     metrics = MetricsHook(run.logger, config.train.log_interval)
     metrics.register(trainer)

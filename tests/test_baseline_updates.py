@@ -1,8 +1,11 @@
-"""IQL's update order. With ``value_first`` (its recipe, as its authors' ``learner.py``) the
-value network takes its Adam step first and the actor and critics then read the new V;
-``together`` (TorchRL's ``IQLLoss`` and CORL) computes all three losses from the same
-parameters. The baseline's stepper is compared with the same updates written out by hand,
-with one Adam per network."""
+"""The baselines' update steps, as their authors' code takes them.
+
+- IQL: with ``value_first`` (its recipe, as its authors' ``learner.py``) the value network
+  takes its Adam step first and the actor and critics then read the new V; ``together``
+  (TorchRL's ``IQLLoss`` and CORL) computes all three losses from the same parameters. The
+  baseline's stepper is compared with the same updates written out by hand, with one Adam per
+  network.
+- TD3+BC: the target networks move on the delayed actor's steps only."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import pytest
 import torch
 import yaml
 from batches import random_transitions
+from torchrl.objectives import SoftUpdate
 from torchrl.trainers import Trainer
 
 from cbop_torchrl.baselines import (
@@ -27,6 +31,7 @@ from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo
 from cbop_torchrl.trainers.checkpoint import CheckpointHook, NonFiniteLossError
 from cbop_torchrl.trainers.grouped_step import GroupedOptimizationStepper
+from cbop_torchrl.trainers.hooks import DelayedTargetUpdate
 
 CONFIGS = Path(__file__).resolve().parents[1] / "cbop_torchrl" / "configs" / "algo"
 OBS, ACT, ROWS, STEPS = 4, 2, 32, 4
@@ -148,3 +153,44 @@ def test_a_non_finite_value_loss_stops_before_the_value_network_moves(tmp_path: 
         stepper.step(trainer, batch)
     for key, value in _state(parts).items():
         assert torch.equal(value, before[key]), key
+
+
+def test_td3bcs_target_networks_move_only_with_its_delayed_actor(tmp_path: Path) -> None:
+    info = DatasetInfo("hopper-x", "fp", 64, "hdf5", obs_dim=OBS, action_dim=ACT)
+    algo = AlgoConfig(name="td3bc", hidden_sizes=[8], actor_lr=LR, critic_lr=LR, policy_delay=2)
+    torch.manual_seed(0)
+    parts = build_baseline(algo, RunConfig(), info, torch.device("cpu"))
+    assert parts.target_every == 2
+    optimizer = torch.optim.Adam([{"params": p, "lr": lr} for _, p, lr, _ in parts.groups])
+    registered = []
+    trainer = SimpleNamespace(
+        loss_module=parts.loss, optimizer=optimizer, _optim_count=0,
+        register_op=lambda where, op: registered.append((where, op)),
+    )  # fmt: skip
+    trainer.compute_loss = partial(Trainer.compute_loss, trainer)
+    hook = DelayedTargetUpdate(SoftUpdate(parts.loss, tau=0.5), parts.target_every)
+    hook.register(trainer)
+    assert registered == [("post_optim", hook)]
+    checkpoint = CheckpointHook(tmp_path / "checkpoint.pt", 100, STEPS, dict)
+    stepper = GroupedOptimizationStepper(parts.groups, checkpoint, "td3bc")
+
+    def targets() -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in _state(parts).items() if k.startswith("target_")}
+
+    moved, actor_moved = [], []
+    for batch in _batches():
+        trainer._optim_count += 1
+        before, actor_before = targets(), _state(parts)
+        stepper.step(trainer, batch)
+        hook()
+        after = targets()
+        moved.append(any(not torch.equal(after[k], before[k]) for k in after))
+        actor_moved.append(
+            any(
+                not torch.equal(v, actor_before[k])
+                for k, v in _state(parts).items()
+                if k.startswith("actor_network_params")
+            )
+        )
+    assert actor_moved == [False, True, False, True]
+    assert moved == actor_moved  # the authors' TD3+BC: targets with the actor
