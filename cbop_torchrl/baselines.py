@@ -73,6 +73,13 @@ UPDATE_ORDERS = ("value_first", "together")
 V (the authors' code, ``learner.py``'s ``_update_jit``), or all three losses from the same
 parameters in one step (TorchRL's ``IQLLoss`` and CORL's ``iql.py``)."""
 
+CRITIC_PASSES = ("auto", "loop", "vmap")
+"""How CQL runs its critics (``CQLLoss``'s ``deactivate_vmap``): one after another
+(``loop``), or as one batched product over the critics (``vmap``); ``auto`` loops on a CPU
+and vmaps elsewhere. The same products either way, equal to float rounding; on a CPU the
+penalty's passes of 2,560 rows per critic and group run faster as plain matrix products
+than as batched ones (``python -m benchmarks.speed.baseline_steps``, ``cql-vmap``'s row)."""
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
@@ -179,6 +186,7 @@ class AlgoConfig:
     next_actions_scored_at: str = "state"  # CQL: state (the authors') | next_state (TorchRL's)
     logsumexp_over: str = "state"  # CQL: state, all 3N actions (the authors') | draw (TorchRL's)
     update_order: str = "value_first"  # IQL: value_first, V then the rest (the authors') | together
+    critic_passes: str = "auto"  # CQL: auto (loop on a CPU, else vmap) | loop | vmap: speed only
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> AlgoConfig:
@@ -203,6 +211,7 @@ class AlgoConfig:
             ("next_actions_scored_at", config.next_actions_scored_at, NEXT_ACTIONS_SCORED_AT),
             ("logsumexp_over", config.logsumexp_over, LOGSUMEXP_OVER),
             ("update_order", config.update_order, UPDATE_ORDERS),
+            ("critic_passes", config.critic_passes, CRITIC_PASSES),
         ):
             if value not in allowed:
                 raise BaselineConfigError(
@@ -345,6 +354,14 @@ def _build_iql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
     return BaselineParts(loss, actor, groups, True, algo.policy_distribution, first)
 
 
+def critics_loop(critic_passes: str, device: Any) -> bool:
+    """Whether ``critic_passes`` (:data:`CRITIC_PASSES`) runs the critics one after another
+    on ``device`` (``CQLLoss``'s ``deactivate_vmap``)."""
+    if critic_passes == "auto":
+        return torch.device(device).type == "cpu"
+    return critic_passes == "loop"
+
+
 def _build_cql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
     actor = sizes.actor()
     qnets = sizes.critics(algo.num_qvalue_nets)
@@ -368,6 +385,7 @@ def _build_cql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
         lagrange_thresh=algo.lagrange_thresh,
         deterministic_backup=True,
         loss_function="l2",
+        deactivate_vmap=critics_loop(algo.critic_passes, sizes.device),
     )
     loss.make_value_estimator(gamma=agent.gamma)
     groups = [
@@ -573,10 +591,12 @@ __all__ = [
     "AlgoConfig",
     "BaselineConfigError",
     "BaselineParts",
+    "CRITIC_PASSES",
     "PipelineBudget",
     "GroupedOptimizationStepper",
     "build_baseline",
     "cbop_pipeline_budget",
+    "critics_loop",
     "pipeline_epochs",
     "make_state_value",
     "run_baseline",

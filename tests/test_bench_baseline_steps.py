@@ -21,13 +21,17 @@ def test_every_baseline_is_timed_against_bc_and_written(tmp_path: Path, capsys) 
     assert baseline_steps.main(args) == 0
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
-    assert sorted(result["algos"]) == sorted(ALGOS) and result["reference"] == "bc"
+    assert sorted(result["algos"]) == sorted([*ALGOS, "cql-vmap"]) and result["reference"] == "bc"
+    # the recipe's auto on a CPU, and the batched pass beside it
+    critics = [result["algos"][name]["critics"] for name in ("cql", "cql-vmap")]
+    assert critics == ["loop", "vmap"]
     assert result["algos"]["bc"]["ratio_to_reference"] == 1.0
     for name, row in result["algos"].items():
         assert row["batch_size"] == 8 and row["hidden_sizes"] == [8]
         assert row["step_ms"] > 0 and 0 <= row["matmul_share"] <= 1
         assert row["run_hours"] == pytest.approx(row["step_ms"] * 1000 / 3.6e6)
         assert any(line.startswith(f"{name} ") for line in printed.splitlines())
+    assert "x the batched (vmap) step" in printed
 
 
 def test_the_recipes_sizes_are_the_algo_configs() -> None:

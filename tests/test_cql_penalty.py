@@ -19,7 +19,7 @@ import torch
 from batches import random_transitions
 from torchrl.objectives import CQLLoss
 
-from cbop_torchrl.baselines import AlgoConfig, BaselineConfigError, build_baseline
+from cbop_torchrl.baselines import AlgoConfig, BaselineConfigError, build_baseline, critics_loop
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
@@ -166,3 +166,41 @@ def test_the_cql_recipe_takes_the_authors_penalty_and_torchrls_is_an_option() ->
         AlgoConfig.from_dict({"name": "cql", "next_actions_scored_at": "s"})
     with pytest.raises(BaselineConfigError, match="algo.logsumexp_over=state"):
         AlgoConfig.from_dict({"name": "cql", "logsumexp_over": "states"})
+
+
+def _loss_and_grads(loss: CQLLoss, batch) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """Every term of the loss on ``batch`` and the critics' gradients of the Q and CQL terms."""
+    torch.manual_seed(5)
+    out = loss(batch.clone())
+    params = list(loss.qvalue_network_params.values(True, True))
+    critic_terms = out.get("loss_qvalue") + out.get("loss_cql")
+    grads = torch.autograd.grad(critic_terms, params)
+    return {key: value.detach() for key, value in out.items() if key.startswith("loss_")}, grads
+
+
+@pytest.mark.parametrize("choices", [{}, {"next_actions_scored_at": "next_state"}])
+def test_critics_one_after_another_compute_the_batched_critics_loss(choices) -> None:
+    batch = _batch()
+    batched, batched_grads = _loss_and_grads(_loss(AuthorsCQLLoss, **choices), batch)
+    looped, looped_grads = _loss_and_grads(
+        _loss(AuthorsCQLLoss, deactivate_vmap=True, **choices), batch
+    )
+    assert sorted(looped) == sorted(batched) and "loss_cql" in looped
+    for key, value in batched.items():
+        torch.testing.assert_close(looped[key], value, rtol=1e-5, atol=1e-6)
+    assert len(looped_grads) == len(batched_grads) > 0
+    for mine, theirs in zip(looped_grads, batched_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_critic_passes_loop_on_a_cpu_by_default_and_can_be_chosen() -> None:
+    info = DatasetInfo("hopper-x", "fp", 64, "hdf5", obs_dim=OBS, action_dim=ACT)
+    config = RunConfig()
+    config.agent.hidden_sizes = [8]
+    assert AlgoConfig(name="cql").critic_passes == "auto"
+    for passes, loops in (("auto", True), ("loop", True), ("vmap", False)):
+        algo = AlgoConfig(name="cql", hidden_sizes=[8], critic_passes=passes)
+        assert build_baseline(algo, config, info, "cpu").loss.deactivate_vmap is loops
+    assert critics_loop("auto", "cuda:0") is False and critics_loop("loop", "cuda") is True
+    with pytest.raises(BaselineConfigError, match="algo.critic_passes"):
+        AlgoConfig.from_dict({"name": "cql", "critic_passes": "serial"})

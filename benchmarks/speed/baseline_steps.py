@@ -15,7 +15,9 @@ protocol's budget (``--run-steps``, 60,000: CBOP's whole pipeline) takes at that
 CQL's step is dominated by its conservative penalty: each of the batch's states is scored by
 both critics at 10 uniform actions, 10 of the policy's actions there and 10 at the next
 state (``num_random``), 30 critic evaluations per state beside the TD loss's few, forward
-and backward.
+and backward. Where CQL is timed, a ``cql-vmap`` row times it again with its critics as one
+batched product (``algo.critic_passes=vmap``) beside its recipe's (``auto``: one after
+another on a CPU), and the last line gives the ratio of the two.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import statistics
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 import yaml
@@ -64,9 +67,12 @@ def random_dataset(rows: int, obs_dim: int, act_dim: int, seed: int = 0) -> Tens
     )
 
 
-def recipe(name: str, hidden: list[int] | None = None, batch: int | None = None) -> AlgoConfig:
-    """The baseline's ``configs/algo/<name>.yaml``, with its sizes replaced where given."""
-    values = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+def recipe(
+    name: str, hidden: list[int] | None = None, batch: int | None = None, **settings: Any
+) -> AlgoConfig:
+    """The baseline's ``configs/algo/<name>.yaml``, with its sizes replaced where given and
+    ``settings`` over its other values."""
+    values = {**yaml.safe_load((CONFIGS / f"{name}.yaml").read_text()), **settings}
     if hidden is not None:
         values["hidden_sizes"] = hidden
     if batch is not None:
@@ -124,6 +130,13 @@ class BaselineStep:
         self.trainer._optim_count += 1
 
 
+def critics_run(step: BaselineStep) -> str | None:
+    """How CQL's loss runs its critics in ``step`` (``loop`` or ``vmap``); None for the others."""
+    if step.algo.name != "cql":
+        return None
+    return "loop" if step.parts.loss.deactivate_vmap else "vmap"
+
+
 def matmul_share(step: BaselineStep, steps: int) -> float:
     """The share of ``steps`` steps' CPU time in matrix products (the profiler's self time)."""
     from torch.profiler import ProfilerActivity, profile
@@ -150,9 +163,12 @@ def bench(
     """Milliseconds per gradient step of each of ``algos``, taking turns for ``rounds`` rounds."""
     data, config = random_dataset(rows, 11, 3), cpu_preset()
     steps = {name: BaselineStep(recipe(name, hidden, batch), config, data) for name in algos}
+    if "cql" in steps:  # its critics as one batched product, against the recipe's auto
+        steps["cql-vmap"] = BaselineStep(recipe("cql", hidden, batch, critic_passes="vmap"),
+                                         config, data)  # fmt: skip
     for step in steps.values():  # warm-up: first calls allocate and pick kernels
         step()
-    times: dict[str, list[float]] = {name: [] for name in algos}
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
             start = time.perf_counter()
@@ -171,6 +187,7 @@ def bench(
     for name, step in steps.items():
         ms = statistics.median(times[name])
         result["algos"][name] = {
+            "critics": critics_run(step),
             "batch_size": step.batch,
             "hidden_sizes": list(step.algo.hidden_sizes or []),
             "step_ms": ms,
@@ -186,15 +203,22 @@ def report(result: dict) -> str:
     lines = [
         f"one gradient step per baseline, {result['threads']} torch thread(s), median of "
         f"{result['rounds']} rounds of {result['steps_per_round']} steps, taking turns",
-        f"{'algo':<7} {'batch':>5} {'hidden':<16} {'ms/step':>8} "
+        f"{'algo':<9} {'batch':>5} {'hidden':<16} {'critics':<7} {'ms/step':>8} "
         f"{'x ' + result['reference']:>6} {'matmul':>7} {'h/run':>6}",
     ]
     for name, row in result["algos"].items():
         share = "" if row["matmul_share"] is None else f"{row['matmul_share']:.0%}"
         lines.append(
-            f"{name:<7} {row['batch_size']:>5} {str(row['hidden_sizes']):<16} "
+            f"{name:<9} {row['batch_size']:>5} {str(row['hidden_sizes']):<16} "
+            f"{row['critics'] or '':<7} "
             f"{row['step_ms']:>8.1f} {row['ratio_to_reference']:>6.2f} {share:>7} "
             f"{row['run_hours']:>6.2f}"
+        )
+    rows = result["algos"]
+    if "cql" in rows and "cql-vmap" in rows:
+        lines.append(
+            f"cql: its recipe's critic_passes (auto: {rows['cql']['critics']} on a CPU) at "
+            f"{rows['cql']['step_ms'] / rows['cql-vmap']['step_ms']:.2f} x the batched (vmap) step"
         )
     lines.append(f"h/run: hours for {result['run_steps']:,} steps at this pace")
     return "\n".join(lines)

@@ -506,7 +506,7 @@ class CheckpointHook(TrainerHookBase):
 
     def describe_last(self) -> str:
         if self.last_saved_step is None:
-            return "none yet (the run has written no CBOP checkpoint)"
+            return "none yet (the run has written no checkpoint)"
         return f"{self.path} (gradient step {self.last_saved_step})"
 
     def register(self, trainer: Trainer, name: str = "checkpoint") -> None:
