@@ -49,7 +49,13 @@ from cbop_torchrl.modules.actor_critic import (
     make_qvalue_ensemble,
 )
 from cbop_torchrl.modules.standardize import observation_statistics, standardize_observation
-from cbop_torchrl.objectives.cql import LOGSUMEXP_OVER, NEXT_ACTIONS_SCORED_AT, AuthorsCQLLoss
+from cbop_torchrl.objectives.cql import (
+    CRITIC_PASSES,
+    LOGSUMEXP_OVER,
+    NEXT_ACTIONS_SCORED_AT,
+    AuthorsCQLLoss,
+    critics_loop,
+)
 from cbop_torchrl.objectives.pretrain import ACTION_EPS, BehaviourCloningLoss
 from cbop_torchrl.trainers.checkpoint import CheckpointHook
 from cbop_torchrl.trainers.datasize import check_dataset_size, warn_about_terminals
@@ -72,13 +78,6 @@ UPDATE_ORDERS = ("value_first", "together")
 """IQL's update: the value network steps first and the actor and critics then read the new
 V (the authors' code, ``learner.py``'s ``_update_jit``), or all three losses from the same
 parameters in one step (TorchRL's ``IQLLoss`` and CORL's ``iql.py``)."""
-
-CRITIC_PASSES = ("auto", "loop", "vmap")
-"""How CQL runs its critics (``CQLLoss``'s ``deactivate_vmap``): one after another
-(``loop``), or as one batched product over the critics (``vmap``); ``auto`` loops on a CPU
-and vmaps elsewhere. The same products either way, equal to float rounding; on a CPU the
-penalty's passes of 2,560 rows per critic and group run faster as plain matrix products
-than as batched ones (``python -m benchmarks.speed.baseline_steps``, ``cql-vmap``'s row)."""
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -354,14 +353,6 @@ def _build_iql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
     return BaselineParts(loss, actor, groups, True, algo.policy_distribution, first)
 
 
-def critics_loop(critic_passes: str, device: Any) -> bool:
-    """Whether ``critic_passes`` (:data:`CRITIC_PASSES`) runs the critics one after another
-    on ``device`` (``CQLLoss``'s ``deactivate_vmap``)."""
-    if critic_passes == "auto":
-        return torch.device(device).type == "cpu"
-    return critic_passes == "loop"
-
-
 def _build_cql(algo: AlgoConfig, agent: Any, sizes: _Sizes) -> BaselineParts:
     actor = sizes.actor()
     qnets = sizes.critics(algo.num_qvalue_nets)
@@ -591,12 +582,10 @@ __all__ = [
     "AlgoConfig",
     "BaselineConfigError",
     "BaselineParts",
-    "CRITIC_PASSES",
     "PipelineBudget",
     "GroupedOptimizationStepper",
     "build_baseline",
     "cbop_pipeline_budget",
-    "critics_loop",
     "pipeline_epochs",
     "make_state_value",
     "run_baseline",

@@ -19,11 +19,11 @@ import torch
 from batches import random_transitions
 from torchrl.objectives import CQLLoss
 
-from cbop_torchrl.baselines import AlgoConfig, BaselineConfigError, build_baseline, critics_loop
+from cbop_torchrl.baselines import AlgoConfig, BaselineConfigError, build_baseline
 from cbop_torchrl.config import RunConfig
 from cbop_torchrl.data import DatasetInfo
 from cbop_torchrl.modules.actor_critic import action_spec, make_actor, make_qvalue_ensemble
-from cbop_torchrl.objectives.cql import AuthorsCQLLoss
+from cbop_torchrl.objectives.cql import AuthorsCQLLoss, critics_loop
 
 OBS, ACT, ROWS, NUM_RANDOM, CRITICS = 4, 2, 6, 3, 2
 WEIGHT, TEMPERATURE = 5.0, 0.7

@@ -41,6 +41,22 @@ state, the authors' code) or ``draw`` (the three groups' actions of each of the 
 ``torchrl.objectives.CQLLoss``)."""
 
 
+CRITIC_PASSES = ("auto", "loop", "vmap")
+"""How CQL runs its critics (``CQLLoss``'s ``deactivate_vmap``): one after another
+(``loop``), or as one batched product over the critics (``vmap``); ``auto`` loops on a CPU
+and vmaps elsewhere. The same products either way, equal to float rounding; on a CPU the
+penalty's passes of 2,560 rows per critic and group run faster as plain matrix products
+than as batched ones (``python -m benchmarks.speed.baseline_steps``, ``cql-vmap``'s row)."""
+
+
+def critics_loop(critic_passes: str, device: Any) -> bool:
+    """Whether ``critic_passes`` (:data:`CRITIC_PASSES`) runs the critics one after another
+    on ``device`` (``CQLLoss``'s ``deactivate_vmap``)."""
+    if critic_passes == "auto":
+        return torch.device(device).type == "cpu"
+    return critic_passes == "loop"
+
+
 class AuthorsCQLLoss(CQLLoss):
     """``CQLLoss`` whose penalty follows the CQL authors' code (by default).
 
@@ -137,4 +153,10 @@ class AuthorsCQLLoss(CQLLoss):
         return self._reduce_loss(penalty, tensordict=tensordict), {}
 
 
-__all__ = ["LOGSUMEXP_OVER", "NEXT_ACTIONS_SCORED_AT", "AuthorsCQLLoss"]
+__all__ = [
+    "CRITIC_PASSES",
+    "LOGSUMEXP_OVER",
+    "NEXT_ACTIONS_SCORED_AT",
+    "AuthorsCQLLoss",
+    "critics_loop",
+]
