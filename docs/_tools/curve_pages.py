@@ -88,6 +88,8 @@ RUN_WORDS = {
 }
 WALKER2D_AMD = ("walker2d-medium-replay-gen", "c3d99b8eb2f6")  # the file of Experiments 42-43
 HALFCHEETAH_AMD = ("halfcheetah-medium-replay-gen", "025a3446b8db")  # of Experiments 42-44
+LONG_ROWS = ["cbop-50k", "bc-50k", "td3bc-50k", "iql-50k", "cql-50k"]
+"""The 50,000-step protocol's rows (Experiment 63), drawn as their seeds come in."""
 SUMMARY_EXPERIMENTS = {
     36: [("hopper-medium-replay-gen", None, ["bc", "td3bc", "iql", "cql", "cbop-starts"])],
     37: [("hopper-medium-replay-gen", None, ["cbop-m10", "cbop-starts", "cql"])],
@@ -100,7 +102,10 @@ SUMMARY_EXPERIMENTS = {
         (*HALFCHEETAH_AMD, ["cbop-dyn15", "cql"]),
     ],
     44: [(*HALFCHEETAH_AMD, ["bc", "td3bc", "iql", "cql", "cbop-dyn15", "cbop-penalty1"])],
-    63: [("hopper-medium-replay-gen", None, ["cbop-50k", "bc-50k", "cbop-psi5"])],
+    63: [
+        (f"{name}-medium-replay-gen", None, [*LONG_ROWS, f"cbop-psi{psi}"])
+        for name, psi in (("hopper", 5), ("walker2d", 3), ("halfcheetah", 3))
+    ],
 }
 """Experiments whose runs are benchmark rows: (set, the file they ran on, the variants), drawn
 from the summaries; the file's first 12 sha256 characters, None: the set's current file (its
