@@ -88,8 +88,10 @@ RUN_WORDS = {
 }
 WALKER2D_AMD = ("walker2d-medium-replay-gen", "c3d99b8eb2f6")  # the file of Experiments 42-43
 HALFCHEETAH_AMD = ("halfcheetah-medium-replay-gen", "025a3446b8db")  # of Experiments 42-44
-LONG_ROWS = ["cbop-50k", "bc-50k", "td3bc-50k", "iql-50k", "cql-50k"]
-"""The 50,000-step protocol's rows (Experiment 63), drawn as their seeds come in."""
+LONG_PROTOCOL_ROWS = "the 50,000-step protocol's rows"
+"""Variants that stand for the 50,000-step protocol's rows (``benchmarks/bar_long.py``'s CBOP
+and baseline rows) and the 20,000-step row at the set's psi (``GENERATED_PSI``), drawn as
+their seeds come in; resolved by :func:`summary_runs`, which imports the checkout's package."""
 SUMMARY_EXPERIMENTS = {
     36: [("hopper-medium-replay-gen", None, ["bc", "td3bc", "iql", "cql", "cbop-starts"])],
     37: [("hopper-medium-replay-gen", None, ["cbop-m10", "cbop-starts", "cql"])],
@@ -103,14 +105,14 @@ SUMMARY_EXPERIMENTS = {
     ],
     44: [(*HALFCHEETAH_AMD, ["bc", "td3bc", "iql", "cql", "cbop-dyn15", "cbop-penalty1"])],
     63: [
-        (f"{name}-medium-replay-gen", None, [*LONG_ROWS, f"cbop-psi{psi}"])
-        for name, psi in (("hopper", 5), ("walker2d", 3), ("halfcheetah", 3))
+        (f"{name}-medium-replay-gen", None, LONG_PROTOCOL_ROWS)
+        for name in ("hopper", "walker2d", "halfcheetah")
     ],
 }
-"""Experiments whose runs are benchmark rows: (set, the file they ran on, the variants), drawn
-from the summaries; the file's first 12 sha256 characters, None: the set's current file (its
-``rows.json``). The ``cbop`` rows of Experiments 42-44 are named ``cbop-dyn15`` since the
-preset's dynamics cap changed."""
+"""Experiments whose runs are benchmark rows: (set, the file they ran on, the variants or
+:data:`LONG_PROTOCOL_ROWS`), drawn from the summaries; the file's first 12 sha256
+characters, None: the set's current file (its ``rows.json``). The ``cbop`` rows of
+Experiments 42-44 are named ``cbop-dyn15`` since the preset's dynamics cap changed."""
 
 
 def _pyplot():
@@ -291,10 +293,15 @@ def summary_runs(number: int) -> list[tuple[str, list[tuple[str, dict]]]]:
     """(set, [(variant (n seeds), columns)]) of a benchmark experiment, mean over seeds."""
     sys.path.insert(0, str(ROOT))
     from benchmarks import cbop_row
+    from benchmarks.bar_long import BASELINE_ROWS, CBOP_ROW
+    from cbop_torchrl.config.paper import GENERATED_PSI
     from cbop_torchrl.evaluation.summaries import load_summaries
 
     groups = []
     for dataset, file, variants in SUMMARY_EXPERIMENTS[number]:
+        if variants == LONG_PROTOCOL_ROWS:
+            psi_row = cbop_row.grid_variant(GENERATED_PSI[dataset])
+            variants = [CBOP_ROW, *BASELINE_ROWS, psi_row]
         if file is None:
             file = cbop_row.current_file(cbop_row.load_rows(RESULTS, dataset))
         # Named as if the experiment's file were current: its runs keep their plain names.
